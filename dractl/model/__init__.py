@@ -1,0 +1,15 @@
+"""The model layer: `resource.k8s.io/v1` values with the API's defaults applied.
+
+What it does: defines the value types (`types`), quantities and versions, and decodes and
+validates manifests into values (`decode`) and encodes values back into the API's shape
+(`encode`). What it must not do: talk to an API server, evaluate CEL, or allocate.
+Everything here is pure and importable from any layer.
+
+Use it as `from dractl import model` and then `model.ResourceClaim`, `model.quantity.parse`.
+"""
+
+from dractl.model import quantity, semver
+from dractl.model.types import *  # noqa: F403  (the types are the package's vocabulary)
+from dractl.model.types import __dict__ as _types
+
+__all__ = ["quantity", "semver", *(name for name, value in _types.items() if isinstance(value, type) and value.__module__ == "dractl.model.types")]

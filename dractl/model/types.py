@@ -1,0 +1,379 @@
+"""`resource.k8s.io/v1` objects and the Pod/Node fields the allocator needs, as plain values.
+
+Every type is a frozen, slotted dataclass with the API's defaults already applied (the
+decoder applies them). Mappings are plain dicts that nobody mutates after decoding.
+Field names are the API's, in snake_case. Pure: no I/O, no validation (see `decode`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from dractl.model import quantity, semver
+
+frozen = dataclasses.dataclass(frozen=True, slots=True)
+
+
+@frozen
+class Source:
+    """Where an object came from, for messages: `claims.yaml` and the document index."""
+
+    file: str = "<input>"
+    document: int = 0
+
+    def __str__(self) -> str:
+        return self.file
+
+
+@frozen
+class ObjectMeta:
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    generate_name: str = ""
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    resource_version: str = ""
+    generation: int = 0
+    finalizers: tuple[str, ...] = ()
+    owner_references: tuple[Mapping[str, Any], ...] = ()
+    deletion_timestamp: str | None = None
+
+
+# --- Node selection (core/v1 NodeSelector) -------------------------------------------------
+
+
+@frozen
+class NodeSelectorRequirement:
+    key: str
+    operator: str  # In, NotIn, Exists, DoesNotExist, Gt, Lt
+    values: tuple[str, ...] = ()
+
+
+@frozen
+class NodeSelectorTerm:
+    match_expressions: tuple[NodeSelectorRequirement, ...] = ()
+    match_fields: tuple[NodeSelectorRequirement, ...] = ()
+
+
+@frozen
+class NodeSelector:
+    """Terms are ORed; requirements inside a term are ANDed."""
+
+    terms: tuple[NodeSelectorTerm, ...]
+
+
+# --- Device attributes and capacity --------------------------------------------------------
+
+
+class AttributeKind(enum.Enum):
+    INT = "int"
+    BOOL = "bool"
+    STRING = "string"
+    VERSION = "version"
+
+
+AttributeScalar = int | bool | str | semver.Semver
+
+
+@frozen
+class DeviceAttribute:
+    """Exactly one typed value. `is_list` marks the list-typed variants (`ints`, `strings`, ...).
+
+    For a scalar, `values` holds one element. Versions are parsed `Semver` values and
+    `text` keeps the spelling (upstream compares versions in constraints as strings).
+    """
+
+    kind: AttributeKind
+    values: tuple[AttributeScalar, ...]
+    is_list: bool = False
+    texts: tuple[str, ...] = ()
+
+    @property
+    def scalar(self) -> AttributeScalar:
+        return self.values[0]
+
+
+@frozen
+class CapacityRequestPolicyRange:
+    min: quantity.Quantity
+    max: quantity.Quantity | None = None
+    step: quantity.Quantity | None = None
+
+
+@frozen
+class CapacityRequestPolicy:
+    default: quantity.Quantity | None = None
+    valid_values: tuple[quantity.Quantity, ...] = ()
+    valid_range: CapacityRequestPolicyRange | None = None
+
+
+@frozen
+class DeviceCapacity:
+    value: quantity.Quantity
+    request_policy: CapacityRequestPolicy | None = None
+
+
+@frozen
+class DeviceCounterConsumption:
+    counter_set: str
+    counters: Mapping[str, quantity.Quantity]
+
+
+@frozen
+class CounterSet:
+    name: str
+    counters: Mapping[str, quantity.Quantity]
+
+
+class TaintEffect(enum.Enum):
+    NONE = "None"
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+@frozen
+class DeviceTaint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"  # kept as text: unknown effects are treated like None
+    time_added: str | None = None
+
+
+@frozen
+class Device:
+    """One device of a slice. Attribute and capacity keys are as published: a bare C
+    identifier belongs to the slice's driver domain, `domain/id` to its own domain."""
+
+    name: str
+    attributes: Mapping[str, DeviceAttribute] = dataclasses.field(default_factory=dict)
+    capacity: Mapping[str, DeviceCapacity] = dataclasses.field(default_factory=dict)
+    consumes_counters: tuple[DeviceCounterConsumption, ...] = ()
+    node_name: str | None = None
+    node_selector: NodeSelector | None = None
+    all_nodes: bool = False
+    taints: tuple[DeviceTaint, ...] = ()
+    binds_to_node: bool = False
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
+    allow_multiple_allocations: bool = False
+
+
+@frozen
+class ResourcePool:
+    name: str
+    generation: int = 0
+    resource_slice_count: int = 1
+
+
+@frozen
+class ResourceSlice:
+    meta: ObjectMeta
+    driver: str
+    pool: ResourcePool
+    node_name: str | None = None
+    node_selector: NodeSelector | None = None
+    all_nodes: bool = False
+    per_device_node_selection: bool = False
+    devices: tuple[Device, ...] = ()
+    shared_counters: tuple[CounterSet, ...] = ()
+    source: Source = Source()
+
+
+# --- DeviceClass -----------------------------------------------------------------------------
+
+
+@frozen
+class OpaqueDeviceConfiguration:
+    driver: str
+    parameters: Any  # a JSON object, kept as decoded
+
+
+@frozen
+class DeviceClass:
+    meta: ObjectMeta
+    selectors: tuple[str, ...] = ()  # CEL expressions, in order
+    config: tuple[OpaqueDeviceConfiguration, ...] = ()
+    extended_resource_name: str | None = None
+    source: Source = Source()
+
+
+# --- ResourceClaim -------------------------------------------------------------------------
+
+
+class AllocationMode(enum.Enum):
+    EXACT_COUNT = "ExactCount"
+    ALL = "All"
+
+
+@frozen
+class DeviceToleration:
+    key: str = ""
+    operator: str = "Equal"  # Equal or Exists
+    value: str = ""
+    effect: str = ""  # empty matches every effect
+    toleration_seconds: int | None = None
+
+
+@frozen
+class ExactDeviceRequest:
+    device_class_name: str
+    selectors: tuple[str, ...] = ()
+    allocation_mode: AllocationMode = AllocationMode.EXACT_COUNT
+    count: int = 1  # 0 in All mode
+    admin_access: bool | None = None
+    tolerations: tuple[DeviceToleration, ...] = ()
+    capacity_requests: Mapping[str, quantity.Quantity] = dataclasses.field(default_factory=dict)
+
+
+@frozen
+class DeviceSubRequest:
+    name: str
+    device_class_name: str
+    selectors: tuple[str, ...] = ()
+    allocation_mode: AllocationMode = AllocationMode.EXACT_COUNT
+    count: int = 1
+    tolerations: tuple[DeviceToleration, ...] = ()
+    capacity_requests: Mapping[str, quantity.Quantity] = dataclasses.field(default_factory=dict)
+
+
+@frozen
+class DeviceRequest:
+    """Exactly one of `exactly` and `first_available` is set."""
+
+    name: str
+    exactly: ExactDeviceRequest | None = None
+    first_available: tuple[DeviceSubRequest, ...] = ()
+
+
+@frozen
+class DeviceConstraint:
+    """Exactly one of `match_attribute` and `distinct_attribute` is set (fully qualified)."""
+
+    requests: tuple[str, ...] = ()  # empty: every request
+    match_attribute: str | None = None
+    distinct_attribute: str | None = None
+
+
+@frozen
+class DeviceClaimConfiguration:
+    requests: tuple[str, ...]
+    opaque: OpaqueDeviceConfiguration
+
+
+@frozen
+class ResourceClaimSpec:
+    requests: tuple[DeviceRequest, ...] = ()
+    constraints: tuple[DeviceConstraint, ...] = ()
+    config: tuple[DeviceClaimConfiguration, ...] = ()
+
+
+@frozen
+class DeviceRequestAllocationResult:
+    request: str  # "req" or "req/sub"
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool | None = None  # only True is ever recorded
+    tolerations: tuple[DeviceToleration, ...] = ()
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
+    share_id: str | None = None
+    consumed_capacity: Mapping[str, quantity.Quantity] = dataclasses.field(default_factory=dict)
+
+
+@frozen
+class DeviceAllocationConfiguration:
+    source: str  # FromClass or FromClaim
+    requests: tuple[str, ...]  # empty: every request
+    opaque: OpaqueDeviceConfiguration
+
+
+@frozen
+class AllocationResult:
+    results: tuple[DeviceRequestAllocationResult, ...] = ()
+    config: tuple[DeviceAllocationConfiguration, ...] = ()
+    node_selector: NodeSelector | None = None
+    allocation_timestamp: str | None = None
+
+
+@frozen
+class ResourceClaimConsumerReference:
+    resource: str
+    name: str
+    uid: str
+    api_group: str = ""
+
+
+@frozen
+class ResourceClaim:
+    meta: ObjectMeta
+    spec: ResourceClaimSpec
+    allocation: AllocationResult | None = None
+    reserved_for: tuple[ResourceClaimConsumerReference, ...] = ()
+    source: Source = Source()
+
+    @property
+    def key(self) -> str:
+        return f"{self.meta.namespace}/{self.meta.name}"
+
+
+@frozen
+class ResourceClaimTemplate:
+    meta: ObjectMeta
+    spec: ResourceClaimSpec
+    claim_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    claim_annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    source: Source = Source()
+
+
+# --- core/v1 Pod and Node (only what allocation needs) ---------------------------------------
+
+
+@frozen
+class PodResourceClaim:
+    """Exactly one of the two names is set."""
+
+    name: str
+    resource_claim_name: str | None = None
+    resource_claim_template_name: str | None = None
+
+
+@frozen
+class ContainerClaim:
+    container: str
+    name: str
+    request: str = ""
+
+
+@frozen
+class Pod:
+    meta: ObjectMeta
+    resource_claims: tuple[PodResourceClaim, ...] = ()
+    container_claims: tuple[ContainerClaim, ...] = ()
+    node_name: str = ""  # spec.nodeName
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)  # spec.nodeSelector
+    scheduler_name: str = "default-scheduler"
+    source: Source = Source()
+
+
+@frozen
+class Node:
+    meta: ObjectMeta
+    source: Source = Source()
+
+
+@frozen
+class Objects:
+    """Everything decoded from a set of manifests, each kind in input order."""
+
+    device_classes: tuple[DeviceClass, ...] = ()
+    resource_slices: tuple[ResourceSlice, ...] = ()
+    resource_claims: tuple[ResourceClaim, ...] = ()
+    resource_claim_templates: tuple[ResourceClaimTemplate, ...] = ()
+    pods: tuple[Pod, ...] = ()
+    nodes: tuple[Node, ...] = ()
+    warnings: tuple[str, ...] = ()  # e.g. kinds that were skipped, with file and name
