@@ -72,7 +72,7 @@ class Allocator:
     def __init__(self, snapshot: Snapshot, *, policy: Policy = Policy.BINPACK, search_limit: int = 1_000_000) -> None:
         raise NotImplementedError
 
-    def allocate(self, claims: Sequence[model.ResourceClaim], *, node: str | None = None) -> Outcome:
-        """Allocate `claims` jointly (they share one node), on `node` if given, else on the
-        node the policy picks. Claims must be unallocated. Commits on success."""
+    def allocate(self, claims: Sequence[model.ResourceClaim], *, nodes: Sequence[str] | None = None) -> Outcome:
+        """Allocate `claims` jointly (they share one node) on one of `nodes` (None: any node),
+        the node the policy picks. Claims must be unallocated. Commits on success."""
         raise NotImplementedError
