@@ -10,6 +10,3 @@ Use it as `from dractl import model` and then `model.ResourceClaim`, `model.quan
 
 from dractl.model import quantity, semver
 from dractl.model.types import *  # noqa: F403  (the types are the package's vocabulary)
-from dractl.model.types import __dict__ as _types
-
-__all__ = ["quantity", "semver", *(name for name, value in _types.items() if isinstance(value, type) and value.__module__ == "dractl.model.types")]

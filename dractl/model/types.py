@@ -14,10 +14,51 @@ from typing import Any
 
 from dractl.model import quantity, semver
 
-frozen = dataclasses.dataclass(frozen=True, slots=True)
+__all__ = [
+    "Source",
+    "ObjectMeta",
+    "NodeSelectorRequirement",
+    "NodeSelectorTerm",
+    "NodeSelector",
+    "AttributeKind",
+    "AttributeScalar",
+    "DeviceAttribute",
+    "CapacityRequestPolicyRange",
+    "CapacityRequestPolicy",
+    "DeviceCapacity",
+    "DeviceCounterConsumption",
+    "CounterSet",
+    "TaintEffect",
+    "DeviceTaint",
+    "Device",
+    "ResourcePool",
+    "ResourceSlice",
+    "OpaqueDeviceConfiguration",
+    "DeviceClass",
+    "AllocationMode",
+    "DeviceToleration",
+    "ExactDeviceRequest",
+    "DeviceSubRequest",
+    "DeviceRequest",
+    "DeviceConstraint",
+    "DeviceClaimConfiguration",
+    "ResourceClaimSpec",
+    "DeviceRequestAllocationResult",
+    "DeviceAllocationConfiguration",
+    "AllocationResult",
+    "ResourceClaimConsumerReference",
+    "ResourceClaim",
+    "ResourceClaimTemplate",
+    "PodResourceClaim",
+    "ContainerClaim",
+    "Pod",
+    "Node",
+    "Objects",
+]
 
 
-@frozen
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Source:
     """Where an object came from, for messages: `claims.yaml` and the document index."""
 
@@ -28,7 +69,7 @@ class Source:
         return self.file
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ObjectMeta:
     name: str
     namespace: str = ""
@@ -46,20 +87,20 @@ class ObjectMeta:
 # --- Node selection (core/v1 NodeSelector) -------------------------------------------------
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class NodeSelectorRequirement:
     key: str
     operator: str  # In, NotIn, Exists, DoesNotExist, Gt, Lt
     values: tuple[str, ...] = ()
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class NodeSelectorTerm:
     match_expressions: tuple[NodeSelectorRequirement, ...] = ()
     match_fields: tuple[NodeSelectorRequirement, ...] = ()
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class NodeSelector:
     """Terms are ORed; requirements inside a term are ANDed."""
 
@@ -79,7 +120,7 @@ class AttributeKind(enum.Enum):
 AttributeScalar = int | bool | str | semver.Semver
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceAttribute:
     """Exactly one typed value. `is_list` marks the list-typed variants (`ints`, `strings`, ...).
 
@@ -97,33 +138,33 @@ class DeviceAttribute:
         return self.values[0]
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class CapacityRequestPolicyRange:
     min: quantity.Quantity
     max: quantity.Quantity | None = None
     step: quantity.Quantity | None = None
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class CapacityRequestPolicy:
     default: quantity.Quantity | None = None
     valid_values: tuple[quantity.Quantity, ...] = ()
     valid_range: CapacityRequestPolicyRange | None = None
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceCapacity:
     value: quantity.Quantity
     request_policy: CapacityRequestPolicy | None = None
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceCounterConsumption:
     counter_set: str
     counters: Mapping[str, quantity.Quantity]
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class CounterSet:
     name: str
     counters: Mapping[str, quantity.Quantity]
@@ -135,7 +176,7 @@ class TaintEffect(enum.Enum):
     NO_EXECUTE = "NoExecute"
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceTaint:
     key: str
     value: str = ""
@@ -143,7 +184,7 @@ class DeviceTaint:
     time_added: str | None = None
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class Device:
     """One device of a slice. Attribute and capacity keys are as published: a bare C
     identifier belongs to the slice's driver domain, `domain/id` to its own domain."""
@@ -162,14 +203,14 @@ class Device:
     allow_multiple_allocations: bool = False
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ResourcePool:
     name: str
     generation: int = 0
     resource_slice_count: int = 1
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ResourceSlice:
     meta: ObjectMeta
     driver: str
@@ -186,13 +227,13 @@ class ResourceSlice:
 # --- DeviceClass -----------------------------------------------------------------------------
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class OpaqueDeviceConfiguration:
     driver: str
     parameters: Any  # a JSON object, kept as decoded
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceClass:
     meta: ObjectMeta
     selectors: tuple[str, ...] = ()  # CEL expressions, in order
@@ -209,7 +250,7 @@ class AllocationMode(enum.Enum):
     ALL = "All"
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceToleration:
     key: str = ""
     operator: str = "Equal"  # Equal or Exists
@@ -218,7 +259,7 @@ class DeviceToleration:
     toleration_seconds: int | None = None
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ExactDeviceRequest:
     device_class_name: str
     selectors: tuple[str, ...] = ()
@@ -229,7 +270,7 @@ class ExactDeviceRequest:
     capacity_requests: Mapping[str, quantity.Quantity] = dataclasses.field(default_factory=dict)
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceSubRequest:
     name: str
     device_class_name: str
@@ -240,7 +281,7 @@ class DeviceSubRequest:
     capacity_requests: Mapping[str, quantity.Quantity] = dataclasses.field(default_factory=dict)
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceRequest:
     """Exactly one of `exactly` and `first_available` is set."""
 
@@ -249,7 +290,7 @@ class DeviceRequest:
     first_available: tuple[DeviceSubRequest, ...] = ()
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceConstraint:
     """Exactly one of `match_attribute` and `distinct_attribute` is set (fully qualified)."""
 
@@ -258,20 +299,20 @@ class DeviceConstraint:
     distinct_attribute: str | None = None
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceClaimConfiguration:
     requests: tuple[str, ...]
     opaque: OpaqueDeviceConfiguration
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ResourceClaimSpec:
     requests: tuple[DeviceRequest, ...] = ()
     constraints: tuple[DeviceConstraint, ...] = ()
     config: tuple[DeviceClaimConfiguration, ...] = ()
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceRequestAllocationResult:
     request: str  # "req" or "req/sub"
     driver: str
@@ -285,14 +326,14 @@ class DeviceRequestAllocationResult:
     consumed_capacity: Mapping[str, quantity.Quantity] = dataclasses.field(default_factory=dict)
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceAllocationConfiguration:
     source: str  # FromClass or FromClaim
     requests: tuple[str, ...]  # empty: every request
     opaque: OpaqueDeviceConfiguration
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class AllocationResult:
     results: tuple[DeviceRequestAllocationResult, ...] = ()
     config: tuple[DeviceAllocationConfiguration, ...] = ()
@@ -300,7 +341,7 @@ class AllocationResult:
     allocation_timestamp: str | None = None
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ResourceClaimConsumerReference:
     resource: str
     name: str
@@ -308,7 +349,7 @@ class ResourceClaimConsumerReference:
     api_group: str = ""
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ResourceClaim:
     meta: ObjectMeta
     spec: ResourceClaimSpec
@@ -321,7 +362,7 @@ class ResourceClaim:
         return f"{self.meta.namespace}/{self.meta.name}"
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ResourceClaimTemplate:
     meta: ObjectMeta
     spec: ResourceClaimSpec
@@ -333,7 +374,7 @@ class ResourceClaimTemplate:
 # --- core/v1 Pod and Node (only what allocation needs) ---------------------------------------
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class PodResourceClaim:
     """Exactly one of the two names is set."""
 
@@ -342,14 +383,14 @@ class PodResourceClaim:
     resource_claim_template_name: str | None = None
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ContainerClaim:
     container: str
     name: str
     request: str = ""
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class Pod:
     meta: ObjectMeta
     resource_claims: tuple[PodResourceClaim, ...] = ()
@@ -360,13 +401,13 @@ class Pod:
     source: Source = Source()
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class Node:
     meta: ObjectMeta
     source: Source = Source()
 
 
-@frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class Objects:
     """Everything decoded from a set of manifests, each kind in input order."""
 
