@@ -1,0 +1,33 @@
+"""Decoder test set-up: this directory on sys.path (for `model_manifests`) and the `problems` fixture."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import yaml
+
+from dractl.model import decode
+
+HERE = str(pathlib.Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+Problems = Callable[..., list[str]]
+
+
+@pytest.fixture
+def problems() -> Problems:
+    """Decode YAML text (or objects, dumped as YAML) that must be rejected; return the problems."""
+
+    def run(manifest: str | list[dict[str, Any]] | dict[str, Any], *, file: str = "m.yaml") -> list[str]:
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump_all(manifest if isinstance(manifest, list) else [manifest])
+        with pytest.raises(decode.DecodeError) as caught:
+            decode.load_text(text, file=file)
+        assert str(caught.value) == "\n".join(caught.value.problems)
+        return list(caught.value.problems)
+
+    return run
