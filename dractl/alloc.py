@@ -5,15 +5,39 @@ counters; evaluates CEL selectors once per (selector, device) and slice generati
 the Cython core (`dractl._alloc`) for the search and scoring; maps the chosen indices back
 into `model.AllocationResult` values in exactly the API's shape; explains every failure.
 What it must not do: see an API object (raw dicts), do I/O, or print.
+
+Layout: `_allocindex` turns the snapshot into indices (pools per node, counters, capacity
+slots, usage held by the input); this module compiles requests into shapes and claims into
+plans, calls the core, and builds results and reasons.
 """
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import enum
-from collections.abc import Sequence
+import functools
+import re
+import uuid
+from collections.abc import Mapping, Sequence
 
-from dractl import model
+from dractl import _alloc, _allocindex, cel, model
+
+MAX_RESULTS = 32
+"""Devices per claim (`AllocationResultsMaxSize`)."""
+
+_SHARE_NAMESPACE = uuid.UUID("6c1b2f57-2f0a-4b5e-9b1e-0d5a1c3d7e21")
+"""Namespace of the deterministic share ids (UUIDv5 of claim, request, device and position)."""
+
+_BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+# Expressions that may look at a device's whole attribute or capacity map (comprehensions,
+# size, the bare `device`, a map compared with ==); for these the result is not a function of
+# the attributes the text names, so their results are not shared across devices.
+_WHOLE_MAP = re.compile(
+    r"\b(?:exists|exists_one|all|map|filter|size|bind|transformList|transformMap|transformMapEntry|sortBy)\s*\("
+    r"|\bdevice\.(?:attributes|capacity)\s*[^\[\s.?]|\bdevice\s*[^.\s]|\bdevice\s*$|\]\s*[!=]="
+)
 
 
 class Policy(enum.Enum):
@@ -62,17 +86,680 @@ class Snapshot:
     allocated_claims: Sequence[model.ResourceClaim] = ()
 
 
+# --- Shapes: one per distinct (class, selectors, tolerations, capacity, admin) -------------
+
+
+@dataclasses.dataclass(slots=True)
+class _Shape:
+    """The candidates of one request shape, registered with the core as `shape_id`."""
+
+    shape_id: int = -1
+    error: str | None = None  # the request cannot be allocated at all (class, CEL)
+    class_matches: int = 0
+    selected: int = 0  # of those, passing the request's selectors
+    fitting: int = 0  # of those, with the requested capacity
+    candidates: int = 0  # of those, without an untolerated taint
+    consumed: dict[int, dict[str, model.quantity.Quantity]] = dataclasses.field(default_factory=dict)  # shares
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Alt:
+    """One way to satisfy a request: the request itself or one of its subrequests."""
+
+    request: str  # the top-level request name
+    name: str  # the result name: "req" or "req/sub"
+    class_name: str
+    shape: _Shape
+    all_mode: bool
+    count: int
+    admin: bool
+    tolerations: tuple[model.DeviceToleration, ...]
+
+
+@dataclasses.dataclass(slots=True)
+class _Plan:
+    """One claim spec compiled for the core. `requests[r]` lists the alternatives in order."""
+
+    requests: list[list[_Alt]]
+    constraints: list[tuple[int, int, str, list[tuple[int, int]]]]  # (kind, attr id, text, [(req, alt)])
+    config: tuple[model.DeviceClaimConfiguration, ...]
+    errors: list[tuple[str | None, str]]
+    encoded: array.array[int] | None = None
+    configs: dict[tuple[int, ...], tuple[model.DeviceAllocationConfiguration, ...]] = dataclasses.field(default_factory=dict)
+
+
 class Allocator:
     """Allocates claims against one snapshot; every success is committed, so later calls
     see those devices, counters and capacity as used.
+
+    Both policies search completely (they agree on whether claims fit). FIRST_FIT tries
+    nodes by name and devices in upstream's order, so it makes upstream's choices. BINPACK
+    tries first the nodes whose free candidates serve the fewest request shapes seen so far
+    (small claims take small GPUs), then the most used nodes, then names; inside a node it
+    prefers a PCIe root / NVLink partition that holds the whole request, GPUs and counter
+    sets already partly used, the least flexible devices, and the partition that keeps the
+    largest sibling partition placeable. Share ids are UUIDv5 of (claim, request, device,
+    result position): deterministic. Selector results are cached per (expression, device)
+    for the allocator's life, and shared between devices that the expression cannot tell
+    apart (equal in every attribute and capacity its text names).
 
     Not thread-safe: one allocator per decision loop.
     """
 
     def __init__(self, snapshot: Snapshot, *, policy: Policy = Policy.BINPACK, search_limit: int = 1_000_000) -> None:
-        raise NotImplementedError
+        self._policy = policy
+        self._policy_code = 1 if policy is Policy.BINPACK else 0
+        self._limit = search_limit
+        self._classes = {c.meta.name: c for c in snapshot.device_classes}
+        self._index = index = _allocindex.Index(slices=snapshot.resource_slices, nodes=snapshot.nodes, allocated=snapshot.allocated_claims)
+        self._core = _alloc.Core(
+            node_off=index.node_off,
+            node_dev=index.node_dev,
+            node_bad=index.node_bad,
+            cons_off=index.cons_off,
+            cons_id=index.cons_id,
+            cons_amt=index.cons_amt,
+            chk_off=index.chk_off,
+            chk_id=index.chk_id,
+            cnt_avail=index.cnt_avail,
+            cnt_total=index.cnt_total,
+            cnt_set=index.cnt_set,
+            set_off=index.set_off,
+            set_dev=index.set_dev,
+            in_use=index.in_use,
+            multi=index.multi,
+            shares=index.shares,
+            slot_value=index.slot_value,
+            slot_used=index.slot_used,
+            dev_group=index.dev_group,
+            n_groups=index.n_groups,
+        )
+        self._node_ids = {name: i for i, name in enumerate(index.node_names) if name is not None}
+        self._all_nodes = array.array("i", range(len(index.node_names)))
+        self._inputs: list[cel.DeviceInput | None] = [None] * len(index.devices)
+        self._class_masks: dict[str, tuple[bytearray, str | None, int]] = {}
+        self._expr_results: dict[str, tuple[bytearray, dict[int, str]]] = {}
+        self._expr_keys: dict[str, dict[int, int]] = {}
+        self._groups: dict[tuple[tuple[str, ...], tuple[str, ...]], list[int]] = {}
+        self._shapes: dict[object, _Shape] = {}
+        self._attrs: dict[str, int] = {}
+        self._plans_by_id: dict[int, tuple[model.ResourceClaimSpec, _Plan]] = {}
+        self._plans: dict[str, _Plan] = {}
+
+    # --- public --------------------------------------------------------------------------
 
     def allocate(self, claims: Sequence[model.ResourceClaim], *, nodes: Sequence[str] | None = None) -> Outcome:
         """Allocate `claims` jointly (they share one node) on one of `nodes` (None: any node),
         the node the policy picks. Claims must be unallocated. Commits on success."""
-        raise NotImplementedError
+        if not claims:
+            return Outcome(node=None, allocations=())
+        plans = [self._plan(claim.spec) for claim in claims]
+        if any(plan.errors for plan in plans):
+            reasons = (Reason(claim.key, request, message) for claim, plan in zip(claims, plans) for request, message in plan.errors)
+            return Outcome(node=None, allocations=None, reasons=tuple(reasons))
+        encoded = plans[0].encoded if len(plans) == 1 else _encode(plans)
+        assert encoded is not None
+        node_array = None
+        if nodes is not None:
+            node_array = array.array("i", sorted({self._node_ids[n] for n in nodes if n in self._node_ids}))
+        status, node, alts, devices, requests, stats = self._core.search(encoded, node_array, policy=self._policy_code, limit=self._limit, commit=True)
+        if status != _alloc.OK:
+            return Outcome(node=None, allocations=None, reasons=self._explain(claims, plans, status=status, stats=stats, node_array=node_array))
+        return self._success(claims, plans, node=node, alts=alts, devices=devices, requests=requests)
+
+    # --- plans -----------------------------------------------------------------------------
+
+    def _plan(self, spec: model.ResourceClaimSpec) -> _Plan:
+        """The compiled plan of a claim spec; cached by identity, then by value."""
+        hit = self._plans_by_id.get(id(spec))
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        key = repr(spec)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._compile(spec)
+        self._plans_by_id[id(spec)] = (spec, plan)
+        return plan
+
+    def _compile(self, spec: model.ResourceClaimSpec) -> _Plan:
+        """Shapes for every request and subrequest, constraint memberships, and every
+        reason the claim cannot be allocated anywhere (unknown class, CEL errors, limits,
+        malformed constraints). Pure apart from the caches it fills."""
+        errors: list[tuple[str | None, str]] = []
+        requests: list[list[_Alt]] = []
+        minimum = 0
+        for request in spec.requests:
+            alts: list[_Alt] = []
+            if request.exactly is not None:
+                e = request.exactly
+                alts.append(self._alt(request.name, request.name, e, admin=bool(e.admin_access)))
+            for sub in request.first_available:
+                alts.append(self._alt(request.name, f"{request.name}/{sub.name}", sub, admin=False))
+            if not alts:
+                errors.append((request.name, "the request has neither `exactly` nor `firstAvailable`"))
+                continue
+            for alt in alts:
+                if alt.shape.error is not None:
+                    errors.append((alt.name, alt.shape.error))
+            minimum += min((0 if alt.all_mode else alt.count) for alt in alts)
+            requests.append(alts)
+        if minimum > MAX_RESULTS:
+            errors.append((None, f"the claim asks for at least {minimum} devices, which exceeds the claim limit of {MAX_RESULTS} results; split it into several claims"))
+        names = {alts[0].request: r for r, alts in enumerate(requests)}
+        constraints: list[tuple[int, int, str, list[tuple[int, int]]]] = []
+        for i, constraint in enumerate(spec.constraints):
+            if constraint.match_attribute is not None:
+                kind, attribute, text = _alloc.MATCH, constraint.match_attribute, f"matchAttribute {constraint.match_attribute}"
+            elif constraint.distinct_attribute is not None:
+                kind, attribute, text = _alloc.DISTINCT, constraint.distinct_attribute, f"distinctAttribute {constraint.distinct_attribute}"
+            else:
+                errors.append((None, f"constraints[{i}] sets neither matchAttribute nor distinctAttribute"))
+                continue
+            members: list[tuple[int, int]] = []
+            for ref in constraint.requests or tuple(names):
+                base, _, subrequest = ref.partition("/")
+                r = names.get(base)
+                if r is None:
+                    errors.append((None, f"constraints[{i}] names the request {ref!r}, which the claim does not have"))
+                    continue
+                matched = [(r, a) for a, alt in enumerate(requests[r]) if not subrequest or alt.name == ref]
+                if not matched:
+                    errors.append((None, f"constraints[{i}] names the subrequest {ref!r}, which the claim does not have"))
+                members.extend(m for m in matched if m not in members)
+            if constraint.requests:
+                text += f" over {', '.join(constraint.requests)}"
+            constraints.append((kind, self._attribute(attribute), text, members))
+        plan = _Plan(requests=requests, constraints=constraints, config=spec.config, errors=errors)
+        if not errors:
+            plan.encoded = _encode([plan])
+        return plan
+
+    def _alt(self, request: str, name: str, spec: model.ExactDeviceRequest | model.DeviceSubRequest, *, admin: bool) -> _Alt:
+        """One alternative of a request; its shape is shared by every equal request."""
+        capacity = spec.capacity_requests
+        key = (spec.device_class_name, spec.selectors, spec.tolerations, tuple(sorted((k, v.value) for k, v in capacity.items())), admin)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = self._shape(spec.device_class_name, selectors=spec.selectors, tolerations=spec.tolerations, capacity=capacity, admin=admin)
+        all_mode = spec.allocation_mode is model.AllocationMode.ALL
+        return _Alt(request, name, spec.device_class_name, shape, all_mode, 0 if all_mode else spec.count, admin, spec.tolerations)
+
+    def _input(self, index: int) -> cel.DeviceInput:
+        found = self._inputs[index]
+        if found is None:
+            ref = self._index.devices[index]
+            found = self._inputs[index] = cel.device_input(ref.driver, ref.device)
+        return found
+
+    def _evaluate(self, expression: str, mask: bytearray) -> tuple[bytearray, str | None]:
+        """`mask` AND the expression, evaluated where `mask` is set; the first runtime error
+        (lowest device index) is returned as a message naming the device."""
+        program = cel.compile(expression)
+        results, errors = self._expr_results.setdefault(expression, (bytearray(len(self._inputs)), {}))
+        representatives = self._expr_keys.setdefault(expression, {})
+        groups = None
+        if _WHOLE_MAP.search(expression) is None:
+            groups = self._projection_groups(
+                (
+                    tuple(k for k in self._index.attribute_names if k.rpartition("/")[2] in expression),
+                    tuple(k for k in self._index.capacity_names if k.rpartition("/")[2] in expression),
+                )
+            )
+        devices = self._index.devices
+        out = bytearray(len(mask))
+        error: str | None = None
+        for i, wanted in enumerate(mask):
+            if not wanted:
+                continue
+            state = results[i]
+            if state == 0:
+                source = -1 if groups is None else representatives.setdefault(groups[i], i)
+                if source >= 0 and source != i and results[source]:
+                    state = results[source]
+                    if state == 3:
+                        errors[i] = errors[source]
+                else:
+                    try:
+                        state = 2 if program.matches(self._input(i)) else 1
+                    except cel.EvalError as failure:
+                        state = 3
+                        errors[i] = failure.message
+                results[i] = state
+            if state == 2:
+                out[i] = 1
+            elif state == 3 and error is None:
+                error = f"CEL expression {_quote(expression)} failed on device {devices[i].path}: {errors[i]}"
+        return out, error
+
+    def _projection_groups(self, names: tuple[tuple[str, ...], tuple[str, ...]]) -> list[int]:
+        """Per device, a group id: devices in one group look the same to any expression
+        that names only these attributes and capacities (and no whole map)."""
+        found = self._groups.get(names)
+        if found is None:
+            ids: dict[object, int] = {}
+            found = self._groups[names] = [ids.setdefault(_projection(ref, names), len(ids)) for ref in self._index.devices]
+        return found
+
+    def _class_mask(self, class_name: str) -> tuple[bytearray, str | None, int]:
+        found = self._class_masks.get(class_name)
+        if found is not None:
+            return found
+        device_class = self._classes[class_name]
+        mask = bytearray(b"\x01" * len(self._inputs))
+        error = None
+        for i, expression in enumerate(device_class.selectors):
+            try:
+                mask, failure = self._evaluate(expression, mask)
+            except cel.CompileError as bad:
+                error = f"device class {class_name}: selectors[{i}]: {bad}"
+                break
+            if failure is not None:
+                error = f"device class {class_name}: selectors[{i}]: {failure}"
+                break
+        found = self._class_masks[class_name] = (mask, error, sum(mask))
+        return found
+
+    def _shape(
+        self,
+        class_name: str,
+        *,
+        selectors: tuple[str, ...],
+        tolerations: tuple[model.DeviceToleration, ...],
+        capacity: Mapping[str, model.quantity.Quantity],
+        admin: bool,
+    ) -> _Shape:
+        shape = _Shape()
+        if not class_name:
+            shape.error = "the request names no device class (deviceClassName is empty)"
+            return shape
+        if class_name not in self._classes:
+            shape.error = f"device class {class_name} does not exist; create it or name one of: {', '.join(sorted(self._classes)) or '(none defined)'}"
+            return shape
+        class_mask, error, shape.class_matches = self._class_mask(class_name)
+        mask = bytearray(class_mask)  # the class mask is shared by every shape of the class
+        if error is not None:
+            shape.error = error
+            return shape
+        for i, expression in enumerate(selectors):
+            try:
+                mask, failure = self._evaluate(expression, mask)
+            except cel.CompileError as bad:
+                shape.error = f"selectors[{i}]: {bad}"
+                return shape
+            if failure is not None:
+                shape.error = f"selectors[{i}]: {failure}"
+                return shape
+        shape.selected = sum(mask)
+        devices = self._index.devices
+        cap_entries: dict[int, list[tuple[int, int]]] = {}
+        for i, wanted in enumerate(mask):
+            if not wanted:
+                continue
+            device = devices[i].device
+            if not capacity and not (device.allow_multiple_allocations and device.capacity):
+                continue
+            consumed = self._consumption(i, device, requested=capacity)
+            if consumed is None:
+                mask[i] = 0
+                continue
+            if device.allow_multiple_allocations:
+                shape.consumed[i] = consumed
+                if not admin:
+                    cap_entries[i] = [(self._index.slot_of[(i, name)], amount.as_int()) for name, amount in consumed.items()]
+        shape.fitting = sum(mask)
+        # Mode All takes every selectable device with the capacity, tainted or not (then
+        # fails on the taint); the candidates of every other request exclude tainted ones.
+        selectable = bytes(mask)
+        for i, wanted in enumerate(mask):
+            if wanted and devices[i].device.taints and not _tolerated(devices[i].device.taints, tolerations):
+                mask[i] = 0
+        shape.candidates = sum(mask)
+        if cap_entries:
+            off, slots, amounts = array.array("i", [0]), array.array("i"), array.array("q")
+            for i in range(len(mask)):
+                for slot, amount in cap_entries.get(i, ()):
+                    slots.append(slot)
+                    amounts.append(amount)
+                off.append(len(slots))
+            shape.shape_id = self._core.add_shape(bytes(mask), selectable, off, slots, amounts)
+        else:
+            shape.shape_id = self._core.add_shape(bytes(mask), selectable)
+        return shape
+
+    def _consumption(self, index: int, device: model.Device, *, requested: Mapping[str, model.quantity.Quantity]) -> dict[str, model.quantity.Quantity] | None:
+        """What one allocation would consume of each capacity, or None when the device
+        lacks a requested capacity, its policy refuses the amount, or (for a dedicated
+        device) it cannot hold the amount."""
+        if any(name not in device.capacity for name in requested):
+            return None
+        consumed: dict[str, model.quantity.Quantity] = {}
+        names = device.capacity if device.allow_multiple_allocations else requested
+        for name in names:
+            entry = device.capacity[name]
+            amount = _capacity_amount(entry, requested.get(name))
+            if amount is None:
+                return None
+            slot = self._index.slot_of[(index, name)]
+            if amount.as_int() + self._index.slot_used[slot] > entry.value.as_int():
+                return None
+            consumed[name] = amount
+        return consumed
+
+    def _attribute(self, qualified: str) -> int:
+        """Register a constraint attribute: per device the interned ids of its values
+        (a scalar is a one-element set; versions compare by their text)."""
+        found = self._attrs.get(qualified)
+        if found is not None:
+            return found
+        ids: dict[tuple[str, object], int] = {}
+        off, vals = array.array("i", [0]), array.array("i")
+        for ref in self._index.devices:
+            attribute = _allocindex.lookup_attribute(ref, qualified)
+            if attribute is not None:
+                texts = attribute.texts or tuple(str(v) for v in attribute.values)
+                seen: set[int] = set()
+                for value, text in zip(attribute.values, texts):
+                    key = (attribute.kind.value, text if attribute.kind is model.AttributeKind.VERSION else value)
+                    vid = ids.setdefault(key, len(ids))
+                    if vid not in seen:
+                        seen.add(vid)
+                        vals.append(vid)
+            off.append(len(vals))
+        attr_id: int = self._core.add_attribute(off, vals, len(ids))
+        self._attrs[qualified] = attr_id
+        return attr_id
+
+    # --- results ---------------------------------------------------------------------------
+
+    def _success(
+        self,
+        claims: Sequence[model.ResourceClaim],
+        plans: Sequence[_Plan],
+        *,
+        node: int,
+        alts: Sequence[int],
+        devices: Sequence[int],
+        requests: Sequence[int],
+    ) -> Outcome:
+        node_name = self._index.node_names[node]
+        refs = self._index.devices
+        allocations: list[model.AllocationResult] = []
+        alt_base = 0
+        req_base = 0
+        position = 0
+        usable_everywhere = True
+        for claim, plan in zip(claims, plans):
+            n_req = len(plan.requests)
+            chosen: list[int] = []
+            flat: list[_Alt] = []
+            offset = alt_base
+            for r, options in enumerate(plan.requests):
+                chosen.append(alts[req_base + r] - offset)
+                offset += len(options)
+                flat.append(options[chosen[-1]])
+            results: list[model.DeviceRequestAllocationResult] = []
+            claim_refs: list[_allocindex.DeviceRef] = []
+            while position < len(devices) and requests[position] < req_base + n_req:
+                ref = refs[devices[position]]
+                results.append(self._result(claim, flat[requests[position] - req_base], ref=ref, position=len(results)))
+                claim_refs.append(ref)
+                position += 1
+            selector = _node_selector(claim_refs, node_name)
+            if selector is not None:
+                usable_everywhere = False
+            allocations.append(model.AllocationResult(results=tuple(results), config=self._config(plan, chosen=tuple(chosen), flat=flat), node_selector=selector))
+            alt_base = offset
+            req_base += n_req
+        return Outcome(node=None if usable_everywhere else node_name, allocations=tuple(allocations))
+
+    def _result(self, claim: model.ResourceClaim, alt: _Alt, *, ref: _allocindex.DeviceRef, position: int) -> model.DeviceRequestAllocationResult:
+        device = ref.device
+        shared = device.allow_multiple_allocations
+        return model.DeviceRequestAllocationResult(
+            request=alt.name,
+            driver=ref.driver,
+            pool=ref.pool,
+            device=device.name,
+            admin_access=True if alt.admin else None,
+            tolerations=alt.tolerations,
+            binding_conditions=device.binding_conditions,
+            binding_failure_conditions=device.binding_failure_conditions,
+            share_id=str(uuid.uuid5(_SHARE_NAMESPACE, f"{claim.key}\x00{alt.name}\x00{ref.path}\x00{position}")) if shared else None,
+            consumed_capacity=dict(alt.shape.consumed.get(ref.index, {})) if shared else {},
+        )
+
+    def _config(self, plan: _Plan, *, chosen: tuple[int, ...], flat: Sequence[_Alt]) -> tuple[model.DeviceAllocationConfiguration, ...]:
+        """Class configs (each class once, listing its requests), then claim configs that
+        name something allocated; `requests` is cleared when it covers every request."""
+        found = plan.configs.get(chosen)
+        if found is not None:
+            return found
+        top = [alt.request for alt in flat]
+        selected = {alt.name for alt in flat}
+        entries: list[model.DeviceAllocationConfiguration] = []
+        by_class: dict[str, list[str]] = {}
+        for alt in flat:
+            by_class.setdefault(alt.class_name, []).append(alt.name)
+        for class_name, names in by_class.items():
+            for opaque in self._classes[class_name].config:
+                entries.append(model.DeviceAllocationConfiguration(source="FromClass", requests=_scope(names, top=top, selected=selected), opaque=opaque))
+        for config in plan.config:
+            if config.requests and not any(ref in top or ref in selected for ref in config.requests):
+                continue
+            entries.append(model.DeviceAllocationConfiguration(source="FromClaim", requests=_scope(list(config.requests), top=top, selected=selected), opaque=config.opaque))
+        result = plan.configs[chosen] = tuple(entries)
+        return result
+
+    # --- reasons ---------------------------------------------------------------------------
+
+    def _explain(self, claims: Sequence[model.ResourceClaim], plans: Sequence[_Plan], *, status: int, stats: Sequence[Sequence[int]], node_array: array.array[int] | None) -> tuple[Reason, ...]:
+        reasons: list[Reason] = []
+        first = claims[0].key
+        if node_array is not None and not node_array:
+            reasons.append(Reason(first, None, "none of the candidate nodes is known (no Node object or ResourceSlice names them)"))
+        if status == _alloc.SEARCH_LIMIT:
+            reasons.append(Reason(first, None, f"search limit reached after {self._limit} steps without finding an allocation; the claims' constraints are too hard to satisfy together (raise the search limit or simplify the constraints)"))
+        nodes = node_array if node_array is not None else self._all_nodes
+        # Requests are explained when something is known to stop them (too few free
+        # devices, a counter, capacity or constraint refusal, the claim limit); when none
+        # is, every request is explained and the claim-level reason says they only fail
+        # together.
+        explained: list[tuple[bool, Reason]] = []
+        alt_index = 0
+        for claim, plan in zip(claims, plans):
+            for options in plan.requests:
+                rows = [self._alt_message(alt, row=stats[alt_index + i], plan=plan, nodes=nodes) for i, alt in enumerate(options)]
+                alt_index += len(options)
+                blamed = any(b for b, _ in rows)
+                explained.extend((blamed, Reason(claim.key, alt.name, message)) for alt, (_, message) in zip(options, rows))
+        if any(blamed for blamed, _ in explained):
+            reasons.extend(reason for blamed, reason in explained if blamed)
+        else:
+            reasons.extend(reason for _, reason in explained)
+            if status != _alloc.SEARCH_LIMIT and nodes:
+                reasons.append(Reason(first, None, f"every request has devices on its own, but none of the {len(nodes)} candidate node{_s(len(nodes))} has devices for all requests together"))
+        for problem in self._index.problems(node_array):
+            reasons.append(Reason(first, None, problem.message()))
+        return tuple(reasons)
+
+    def _alt_message(self, alt: _Alt, *, row: Sequence[int], plan: _Plan, nodes: array.array[int]) -> tuple[bool, str]:
+        """The reason text for one alternative, and whether it is known to stop the claim."""
+        shape = alt.shape
+        free = self._core.count_free(shape.shape_id, admin=alt.admin, nodes=nodes)
+        parts = [f"device class {alt.class_name} matches {shape.class_matches} device{_s(shape.class_matches)}"]
+        parts.append(f"{shape.selected} pass the request's selectors")
+        if shape.fitting != shape.selected:
+            parts.append(f"{shape.selected - shape.fitting} of those lack the requested capacity")
+        if shape.candidates != shape.fitting:
+            parts.append(f"{shape.fitting - shape.candidates} of those have a taint the request does not tolerate")
+        need = "all of them" if alt.all_mode else f"{alt.count} needed"
+        parts.append(f"{free} of those are free on the candidate nodes ({need})")
+        if row[_alloc.STAT_COUNTER]:
+            driver, pool, counter_set, counter = self._index.counter_names[row[_alloc.STAT_LAST_COUNTER]]
+            parts.append(f"counter {counter} of counter set {counter_set} in pool {driver}/{pool} ran out")
+        if row[_alloc.STAT_CAPACITY]:
+            d, name = self._index.slot_names[row[_alloc.STAT_LAST_SLOT]]
+            parts.append(f"capacity {name} of device {self._index.devices[d].path} ran out")
+        if row[_alloc.STAT_CONSTRAINT]:
+            parts.append(f"constraint {plan.constraints[row[_alloc.STAT_LAST_CONSTRAINT]][2]} could not be met")
+        if row[_alloc.STAT_ALL_BLOCKED]:
+            parts.append("allocationMode All needs every matching device, but some are already allocated or have a taint the request does not tolerate")
+        if row[_alloc.STAT_BAD_POOL]:
+            parts.append("allocationMode All cannot be used on nodes with an invalid or incomplete pool")
+        if row[_alloc.STAT_SIZE]:
+            parts.append(f"taking them all exceeds the claim limit of {MAX_RESULTS} results")
+        refused = any(row[k] for k in (_alloc.STAT_SHORT, _alloc.STAT_COUNTER, _alloc.STAT_CAPACITY, _alloc.STAT_CONSTRAINT, _alloc.STAT_ALL_BLOCKED, _alloc.STAT_BAD_POOL, _alloc.STAT_SIZE))
+        return refused or free < max(alt.count, 1), "; ".join(parts)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _encode(plans: Sequence[_Plan]) -> array.array[int]:
+    """The core's plan layout: header, then per-claim, per-request and per-alternative
+    tables, constraint memberships and constraints (see `_alloc.Core.search`)."""
+    claim_req_off, req_alt_off = [0], [0]
+    alt_shape: list[int] = []
+    alt_mode: list[int] = []
+    alt_count: list[int] = []
+    alt_admin: list[int] = []
+    alt_mem_off: list[int] = [0]
+    mem_cons: list[int] = []
+    cons_kind: list[int] = []
+    cons_attr: list[int] = []
+    for plan in plans:
+        base_req = len(req_alt_off) - 1
+        base_cons = len(cons_kind)
+        membership: dict[tuple[int, int], list[int]] = {}
+        for k, (kind, attr, _, members) in enumerate(plan.constraints):
+            cons_kind.append(kind)
+            cons_attr.append(attr)
+            for member in members:
+                membership.setdefault(member, []).append(base_cons + k)
+        for r, options in enumerate(plan.requests):
+            for a, alt in enumerate(options):
+                alt_shape.append(alt.shape.shape_id)
+                alt_mode.append(_alloc.MODE_ALL if alt.all_mode else _alloc.MODE_EXACT)
+                alt_count.append(alt.count)
+                alt_admin.append(1 if alt.admin else 0)
+                mem_cons.extend(membership.get((r, a), ()))
+                alt_mem_off.append(len(mem_cons))
+            req_alt_off.append(len(alt_shape))
+        claim_req_off.append(base_req + len(plan.requests))
+    header = [len(plans), len(req_alt_off) - 1, len(alt_shape), len(cons_kind), len(mem_cons)]
+    return array.array("i", header + claim_req_off + req_alt_off + alt_shape + alt_mode + alt_count + alt_admin + alt_mem_off + mem_cons + cons_kind + cons_attr)
+
+
+def _scope(names: list[str], *, top: list[str], selected: set[str]) -> tuple[str, ...]:
+    """A config's `requests`: empty when the names cover every request of the claim."""
+    covered = {n.partition("/")[0] for n in names if "/" not in n or n in selected}
+    if all(t in covered for t in top):
+        return ()
+    return tuple(names)
+
+
+def _tolerated(taints: Sequence[model.DeviceTaint], tolerations: Sequence[model.DeviceToleration]) -> bool:
+    return all(t.effect not in _BLOCKING_EFFECTS or any(_tolerates(tol, t) for tol in tolerations) for t in taints)
+
+
+def _tolerates(toleration: model.DeviceToleration, taint: model.DeviceTaint) -> bool:
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    if toleration.key and toleration.key != taint.key:
+        return False
+    if toleration.operator == "Exists":
+        return True
+    if toleration.operator in ("Equal", ""):
+        return toleration.value == taint.value
+    return False
+
+
+def _capacity_amount(entry: model.DeviceCapacity, requested: model.quantity.Quantity | None) -> model.quantity.Quantity | None:
+    """The amount one allocation consumes under the capacity's request policy, or None
+    when the policy refuses it. Integer arithmetic, like `Quantity.Value()`."""
+    policy = entry.request_policy
+    if requested is None:
+        if policy is not None and policy.default is not None:
+            return policy.default
+        return entry.value
+    if policy is None:
+        return requested
+    amount = requested.as_int()
+    result: model.quantity.Quantity = requested
+    if policy.valid_range is not None:
+        low = policy.valid_range.min.as_int()
+        if amount < low:
+            result = policy.valid_range.min
+        elif policy.valid_range.step is not None:
+            step = policy.valid_range.step.as_int()
+            if step > 0 and (amount - low) % step:
+                result = model.quantity.from_int(low + -(-(amount - low) // step) * step)
+        if policy.valid_range.max is not None and result.as_int() > policy.valid_range.max.as_int() and result != policy.default:
+            return None
+    elif policy.valid_values:
+        bigger = [v for v in policy.valid_values if v.as_int() >= amount]
+        if bigger:
+            result = min(bigger, key=lambda v: v.as_int())
+        if result not in policy.valid_values and result != policy.default:
+            return None
+    return result
+
+
+def _node_selector(refs: Sequence[_allocindex.DeviceRef], node: str | None) -> model.NodeSelector | None:
+    """Where the allocation is usable: the node itself when any device is node-local,
+    else the AND of the devices' selectors as one term, else None (everywhere)."""
+    if node is not None:
+        for ref in refs:
+            if ref.node_local:
+                return _name_selector(node)
+    selectors: list[model.NodeSelector] = []
+    for ref in refs:
+        if ref.node_selector is not None and ref.node_selector not in selectors:
+            selectors.append(ref.node_selector)
+    if not selectors:
+        return None
+    if len(selectors) == 1:
+        return selectors[0]
+    if any(len(s.terms) != 1 for s in selectors):
+        # Several multi-term selectors have no single-term AND; the node itself is exact.
+        return _name_selector(node) if node is not None else selectors[0]
+    expressions: list[model.NodeSelectorRequirement] = []
+    fields: list[model.NodeSelectorRequirement] = []
+    for s in selectors:
+        for requirement in s.terms[0].match_expressions:
+            if not any(_same_requirement(requirement, r) for r in expressions):
+                expressions.append(requirement)
+        for requirement in s.terms[0].match_fields:
+            if not any(_same_requirement(requirement, r) for r in fields):
+                fields.append(requirement)
+    return model.NodeSelector(terms=(model.NodeSelectorTerm(match_expressions=tuple(expressions), match_fields=tuple(fields)),))
+
+
+def _same_requirement(a: model.NodeSelectorRequirement, b: model.NodeSelectorRequirement) -> bool:
+    return a.key == b.key and a.operator == b.operator and set(a.values) == set(b.values)
+
+
+@functools.lru_cache(maxsize=65536)
+def _name_selector(node: str) -> model.NodeSelector:
+    return model.NodeSelector(terms=(model.NodeSelectorTerm(match_fields=(model.NodeSelectorRequirement(key=_allocindex.NAME_FIELD, operator="In", values=(node,)),)),))
+
+
+def _projection(ref: _allocindex.DeviceRef, names: tuple[tuple[str, ...], tuple[str, ...]]) -> object:
+    """What an expression can see of a device when it only names attributes and capacities
+    by their ids: the driver, the multi-allocation flag, and the entries it names."""
+    device = ref.device
+    attributes, capacity = device.attributes, device.capacity
+    return (
+        ref.driver,
+        device.allow_multiple_allocations,
+        tuple(attributes.get(k) for k in names[0]),
+        tuple(c.value.text if (c := capacity.get(k)) is not None else None for k in names[1]),
+    )
+
+
+def _quote(expression: str) -> str:
+    return "`" + " ".join(expression.split()) + "`"
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"

@@ -1,0 +1,1114 @@
+# cython: language_level=3
+"""The allocation core: a complete depth-first search over plain integer arrays.
+
+The facade (`dractl.alloc`) turns model values into indices: devices, nodes (each with the
+devices it can see, in upstream's first-fit order), counters, capacity slots, request shapes
+(a candidate byte per device plus the capacity each candidate would consume) and constraint
+attributes (interned value ids per device). This module only searches, scores and keeps
+the usage bookkeeping between calls. It does no I/O, knows no names, is deterministic (ties
+are broken by position), and runs the node loop and the search without the GIL.
+"""
+
+from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
+from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.string cimport memcpy, memset
+
+cdef enum:
+    MAX_RESULTS = 32    # results per claim (the API's limit)
+    R_FAIL = 1          # internal search results; 0 is success
+    R_LIMIT = 2
+    R_SIZE = 3          # only the claim's result limit failed: other devices cannot help
+    C_MODE_EXACT = 0
+    C_MODE_ALL = 1
+    C_DISTINCT = 1
+    S_SHORT = 0         # nodes skipped: fewer free candidates than the request needs
+    S_COUNTER = 1       # candidates refused because a counter ran out
+    S_LAST_COUNTER = 2  # the last counter id that ran out (-1: none)
+    S_CAPACITY = 3      # candidates refused because a capacity ran out
+    S_LAST_SLOT = 4     # the last capacity slot that ran out (-1: none)
+    S_CONSTRAINT = 5    # candidates refused by a constraint
+    S_LAST_CONSTRAINT = 6
+    S_SIZE = 7          # alternatives skipped because the claim would exceed 32 results
+    S_IN_USE = 8        # candidates refused because they are taken within this call
+    S_ALL_BLOCKED = 9   # All-mode requests that could not take every matching device
+    S_BAD_POOL = 10     # All-mode requests on nodes with an incomplete or invalid pool
+    N_STATS_C = 11
+
+# Search results (the facade maps them to reasons).
+OK = 0
+NO_FIT = 1
+SEARCH_LIMIT = 2
+# Request modes and constraint kinds, as the plan encodes them.
+MODE_EXACT = C_MODE_EXACT
+MODE_ALL = C_MODE_ALL
+MATCH = 0
+DISTINCT = C_DISTINCT
+# Columns of the per-alternative failure statistics returned when nothing fits.
+STAT_SHORT = S_SHORT
+STAT_COUNTER = S_COUNTER
+STAT_LAST_COUNTER = S_LAST_COUNTER
+STAT_CAPACITY = S_CAPACITY
+STAT_LAST_SLOT = S_LAST_SLOT
+STAT_CONSTRAINT = S_CONSTRAINT
+STAT_LAST_CONSTRAINT = S_LAST_CONSTRAINT
+STAT_SIZE = S_SIZE
+STAT_IN_USE = S_IN_USE
+STAT_ALL_BLOCKED = S_ALL_BLOCKED
+STAT_BAD_POOL = S_BAD_POOL
+N_STATS = N_STATS_C
+
+
+cdef int32_t* _copy_i(object src, Py_ssize_t* n) except? NULL:
+    cdef const int32_t[:] view
+    cdef int32_t* out
+    cdef Py_ssize_t length = len(src)
+    n[0] = length
+    out = <int32_t*> PyMem_Malloc((length + 1) * sizeof(int32_t))
+    if out == NULL:
+        raise MemoryError()
+    if length:
+        view = src
+        memcpy(out, &view[0], length * sizeof(int32_t))
+    return out
+
+
+cdef int64_t* _copy_q(object src) except? NULL:
+    cdef const int64_t[:] view
+    cdef Py_ssize_t length = len(src)
+    cdef int64_t* out = <int64_t*> PyMem_Malloc((length + 1) * sizeof(int64_t))
+    if out == NULL:
+        raise MemoryError()
+    if length:
+        view = src
+        memcpy(out, &view[0], length * sizeof(int64_t))
+    return out
+
+
+cdef uint8_t* _copy_b(object src) except? NULL:
+    cdef const uint8_t[:] view
+    cdef Py_ssize_t length = len(src)
+    cdef uint8_t* out = <uint8_t*> PyMem_Malloc(length + 1)
+    if out == NULL:
+        raise MemoryError()
+    if length:
+        view = src
+        memcpy(out, &view[0], length)
+    return out
+
+
+cdef int _check_offsets(const int32_t* off, int32_t n, int32_t total) except -1:
+    """A CSR offset table of n rows over `total` entries: starts at 0, ends at total, ascends."""
+    cdef int32_t i
+    if off[0] != 0 or off[n] != total:
+        raise ValueError("malformed plan")
+    for i in range(n):
+        if off[i + 1] < off[i]:
+            raise ValueError("malformed plan")
+    return 0
+
+
+cdef struct Shape:
+    uint8_t* cand       # per device: 1 if the device is a candidate for this request shape
+    uint8_t* select     # per device: 1 if mode All must take it (candidates plus tainted ones)
+    int32_t* cap_off    # per device CSR into cap_slot/cap_amt (NULL: consumes no capacity)
+    int32_t* cap_slot
+    int64_t* cap_amt
+
+
+cdef struct Attr:
+    int32_t* off        # per device CSR into vals; an empty range means "attribute missing"
+    int32_t* vals
+    int32_t n_values
+
+
+cdef struct Frame:
+    int32_t dev
+    int32_t req
+    uint8_t charged     # counters were charged for this device
+    uint8_t shared      # the device was taken as a (non-admin) share of a multi-allocatable device
+    uint8_t capped      # the share's capacity was charged (admin access charges none)
+
+
+cdef struct Search:
+    # Plan (borrowed from the caller's buffer).
+    int32_t n_claims, n_reqs, n_alts, n_cons
+    const int32_t* claim_req_off
+    const int32_t* req_alt_off
+    const int32_t* alt_shape
+    const int32_t* alt_mode
+    const int32_t* alt_count
+    const int32_t* alt_admin
+    const int32_t* alt_mem_off
+    const int32_t* mem_cons
+    const int32_t* cons_kind
+    const int32_t* cons_attr
+    # Work buffers.
+    int32_t* req_claim
+    int32_t* alt_choice     # per request: the alternative being tried
+    int32_t* order          # per request: n_visible slots, the device order for this request
+    int32_t* order_len
+    int32_t* claim_nres
+    int32_t* cons_base      # per constraint: offset into cons_cnt
+    int32_t* cons_members
+    int32_t* cons_cnt
+    Frame* stack
+    int32_t depth
+    int64_t steps
+    int64_t limit
+    int64_t* stats          # n_alts x N_STATS_C
+    int64_t* rank           # binpack sort keys, one per visible device
+    double* keep
+    int32_t policy
+    # Current node.
+    int32_t node
+    const int32_t* visible      # the node's devices; request order buffers use n_visible as stride
+    int32_t n_visible
+
+
+cdef class Core:
+    """Usage state plus the static device, counter and capacity tables of one snapshot.
+
+    Invariant: between calls every pending (in-search) array is all zero; `search` commits
+    a successful allocation into `in_use`, `shares`, `cnt_avail` and `slot_used` only when
+    asked to.
+    """
+
+    cdef int32_t n_dev, n_nodes, n_cnt, n_slot, n_sets, n_groups
+    cdef int32_t* node_off
+    cdef int32_t* node_dev
+    cdef uint8_t* node_bad
+    cdef int32_t* node_held     # per node: how many of its visible devices are held (in_use)
+    cdef int32_t* dev_node_off  # per device CSR: the nodes that see it
+    cdef int32_t* dev_node
+    cdef int32_t* set_cnt_off
+    cdef int32_t* cons_off
+    cdef int32_t* cons_id
+    cdef int64_t* cons_amt
+    cdef int32_t* chk_off
+    cdef int32_t* chk_id
+    cdef int64_t* cnt_avail
+    cdef int64_t* cnt_total
+    cdef int64_t* cnt_pend
+    cdef int32_t* cnt_set
+    cdef int32_t* set_off
+    cdef int32_t* set_dev
+    cdef uint8_t* in_use
+    cdef uint8_t* multi
+    cdef int32_t* shares
+    cdef int32_t* pend_shares
+    cdef int32_t* alloc_count
+    cdef int64_t* slot_value
+    cdef int64_t* slot_used
+    cdef int64_t* slot_pend
+    cdef int32_t* dev_group
+    cdef double* dev_size
+    cdef int32_t* group_free
+    cdef int32_t* dev_value     # per device: how many registered shapes it is a candidate of
+    cdef Shape* shapes
+    cdef int32_t n_shapes, cap_shapes
+    cdef Attr* attrs
+    cdef int32_t n_attrs, cap_attrs
+
+    def __cinit__(self):
+        self.shapes = NULL
+        self.attrs = NULL
+
+    def __init__(self, *, node_off, node_dev, node_bad, cons_off, cons_id, cons_amt, chk_off, chk_id,
+                 cnt_avail, cnt_total, cnt_set, set_off, set_dev, in_use, multi, shares,
+                 slot_value, slot_used, dev_group, n_groups):
+        cdef Py_ssize_t n
+        cdef int32_t d, k, c
+        cdef double size
+        self.node_off = _copy_i(node_off, &n)
+        self.n_nodes = <int32_t> (n - 1)
+        self.node_dev = _copy_i(node_dev, &n)
+        self.node_bad = _copy_b(node_bad)
+        self.cons_off = _copy_i(cons_off, &n)
+        self.n_dev = <int32_t> (n - 1)
+        self.cons_id = _copy_i(cons_id, &n)
+        self.cons_amt = _copy_q(cons_amt)
+        self.chk_off = _copy_i(chk_off, &n)
+        self.chk_id = _copy_i(chk_id, &n)
+        self.cnt_avail = _copy_q(cnt_avail)
+        self.cnt_total = _copy_q(cnt_total)
+        self.cnt_set = _copy_i(cnt_set, &n)
+        self.n_cnt = <int32_t> n
+        self.set_off = _copy_i(set_off, &n)
+        self.n_sets = <int32_t> (n - 1)
+        self.set_dev = _copy_i(set_dev, &n)
+        # Counter ids of one set are contiguous and sets ascend, so each set is a range.
+        self.set_cnt_off = <int32_t*> PyMem_Malloc((self.n_sets + 2) * sizeof(int32_t))
+        if self.set_cnt_off == NULL:
+            raise MemoryError()
+        k = 0
+        for c in range(self.n_sets + 1):
+            while k < self.n_cnt and self.cnt_set[k] < c:
+                k += 1
+            self.set_cnt_off[c] = k
+        for c in range(1, self.n_cnt):
+            if self.cnt_set[c] < self.cnt_set[c - 1]:
+                raise ValueError("counters must be grouped by ascending counter set")
+        self.in_use = _copy_b(in_use)
+        self.multi = _copy_b(multi)
+        self.shares = _copy_i(shares, &n)
+        self.slot_value = _copy_q(slot_value)
+        self.slot_used = _copy_q(slot_used)
+        self.n_slot = <int32_t> len(slot_value)
+        self.dev_group = _copy_i(dev_group, &n)
+        self.n_groups = <int32_t> n_groups
+        self.cnt_pend = <int64_t*> PyMem_Malloc((self.n_cnt + 1) * sizeof(int64_t))
+        self.slot_pend = <int64_t*> PyMem_Malloc((self.n_slot + 1) * sizeof(int64_t))
+        self.pend_shares = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
+        self.alloc_count = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
+        self.group_free = <int32_t*> PyMem_Malloc((self.n_groups + 1) * sizeof(int32_t))
+        self.dev_size = <double*> PyMem_Malloc((self.n_dev + 1) * sizeof(double))
+        self.dev_value = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
+        if (self.cnt_pend == NULL or self.slot_pend == NULL or self.pend_shares == NULL
+                or self.alloc_count == NULL or self.group_free == NULL or self.dev_size == NULL or self.dev_value == NULL):
+            raise MemoryError()
+        memset(self.cnt_pend, 0, (self.n_cnt + 1) * sizeof(int64_t))
+        memset(self.slot_pend, 0, (self.n_slot + 1) * sizeof(int64_t))
+        memset(self.pend_shares, 0, (self.n_dev + 1) * sizeof(int32_t))
+        memset(self.alloc_count, 0, (self.n_dev + 1) * sizeof(int32_t))
+        memset(self.group_free, 0, (self.n_groups + 1) * sizeof(int32_t))
+        memset(self.dev_value, 0, (self.n_dev + 1) * sizeof(int32_t))
+        if len(shares) != self.n_dev or len(dev_group) != self.n_dev:
+            raise ValueError("table lengths do not match")
+        self._validate(len(node_bad), len(cnt_total), len(in_use), len(multi), len(slot_used))
+        self._init_node_held()
+        # A partition's size is the share of its counter sets it takes; the binpack policy
+        # keeps the largest still-placeable sibling as large as possible.
+        for d in range(self.n_dev):
+            size = 0.0
+            for k in range(self.cons_off[d], self.cons_off[d + 1]):
+                c = self.cons_id[k]
+                if self.cnt_total[c] > 0:
+                    size += <double> self.cons_amt[k] / <double> self.cnt_total[c]
+            self.dev_size[d] = size
+
+    cdef int _init_node_held(self) except -1:
+        """The reverse of the node lists (device -> nodes) and each node's held count."""
+        cdef int32_t n, k, d
+        cdef Py_ssize_t total = self.node_off[self.n_nodes]
+        self.node_held = <int32_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int32_t))
+        self.dev_node_off = <int32_t*> PyMem_Malloc((self.n_dev + 2) * sizeof(int32_t))
+        self.dev_node = <int32_t*> PyMem_Malloc((total + 1) * sizeof(int32_t))
+        if self.node_held == NULL or self.dev_node_off == NULL or self.dev_node == NULL:
+            raise MemoryError()
+        memset(self.node_held, 0, (self.n_nodes + 1) * sizeof(int32_t))
+        memset(self.dev_node_off, 0, (self.n_dev + 2) * sizeof(int32_t))
+        for k in range(total):
+            self.dev_node_off[self.node_dev[k] + 2] += 1
+        for d in range(self.n_dev):
+            self.dev_node_off[d + 2] += self.dev_node_off[d + 1]
+        for n in range(self.n_nodes):
+            for k in range(self.node_off[n], self.node_off[n + 1]):
+                d = self.node_dev[k]
+                self.dev_node[self.dev_node_off[d + 1]] = n
+                self.dev_node_off[d + 1] += 1
+                if self.in_use[d]:
+                    self.node_held[n] += 1
+        return 0
+
+    cdef int _validate(self, Py_ssize_t n_bad, Py_ssize_t n_total, Py_ssize_t n_in_use, Py_ssize_t n_multi, Py_ssize_t n_used) except -1:
+        """Refuse tables that do not fit together: the search trusts every index."""
+        cdef int32_t i
+        _check_offsets(self.node_off, self.n_nodes, <int32_t> (self.node_off[self.n_nodes]))
+        _check_offsets(self.cons_off, self.n_dev, self.cons_off[self.n_dev])
+        _check_offsets(self.chk_off, self.n_dev, self.chk_off[self.n_dev])
+        _check_offsets(self.set_off, self.n_sets, self.set_off[self.n_sets])
+        if (n_bad != self.n_nodes or n_total != self.n_cnt or n_in_use != self.n_dev
+                or n_multi != self.n_dev or n_used != self.n_slot):
+            raise ValueError("table lengths do not match")
+        for i in range(self.node_off[self.n_nodes]):
+            if self.node_dev[i] < 0 or self.node_dev[i] >= self.n_dev:
+                raise ValueError("node device out of range")
+        for i in range(self.cons_off[self.n_dev]):
+            if self.cons_id[i] < 0 or self.cons_id[i] >= self.n_cnt:
+                raise ValueError("consumed counter out of range")
+        for i in range(self.chk_off[self.n_dev]):
+            if self.chk_id[i] < 0 or self.chk_id[i] >= self.n_cnt:
+                raise ValueError("checked counter out of range")
+        for i in range(self.n_cnt):
+            if self.cnt_set[i] < 0 or self.cnt_set[i] >= self.n_sets:
+                raise ValueError("counter set out of range")
+        for i in range(self.set_off[self.n_sets]):
+            if self.set_dev[i] < 0 or self.set_dev[i] >= self.n_dev:
+                raise ValueError("counter set device out of range")
+        for i in range(self.n_dev):
+            if self.dev_group[i] < -1 or self.dev_group[i] >= self.n_groups:
+                raise ValueError("device group out of range")
+        return 0
+
+    def __dealloc__(self):
+        cdef int32_t i
+        PyMem_Free(self.node_off); PyMem_Free(self.node_dev); PyMem_Free(self.node_bad)
+        PyMem_Free(self.node_held); PyMem_Free(self.dev_node_off); PyMem_Free(self.dev_node)
+        PyMem_Free(self.set_cnt_off)
+        PyMem_Free(self.cons_off); PyMem_Free(self.cons_id); PyMem_Free(self.cons_amt)
+        PyMem_Free(self.chk_off); PyMem_Free(self.chk_id)
+        PyMem_Free(self.cnt_avail); PyMem_Free(self.cnt_total); PyMem_Free(self.cnt_pend)
+        PyMem_Free(self.cnt_set); PyMem_Free(self.set_off); PyMem_Free(self.set_dev)
+        PyMem_Free(self.in_use); PyMem_Free(self.multi); PyMem_Free(self.shares)
+        PyMem_Free(self.pend_shares); PyMem_Free(self.alloc_count)
+        PyMem_Free(self.slot_value); PyMem_Free(self.slot_used); PyMem_Free(self.slot_pend)
+        PyMem_Free(self.dev_group); PyMem_Free(self.dev_size); PyMem_Free(self.group_free)
+        PyMem_Free(self.dev_value)
+        if self.shapes != NULL:
+            for i in range(self.n_shapes):
+                PyMem_Free(self.shapes[i].cand)
+                PyMem_Free(self.shapes[i].select)
+                PyMem_Free(self.shapes[i].cap_off)
+                PyMem_Free(self.shapes[i].cap_slot)
+                PyMem_Free(self.shapes[i].cap_amt)
+            PyMem_Free(self.shapes)
+        if self.attrs != NULL:
+            for i in range(self.n_attrs):
+                PyMem_Free(self.attrs[i].off)
+                PyMem_Free(self.attrs[i].vals)
+            PyMem_Free(self.attrs)
+
+    def add_shape(self, cand, select, cap_off=None, cap_slot=None, cap_amt=None):
+        """Register a request shape; returns its id. `cand` and `select` have one byte per
+        device: the candidates, and the devices mode All must take (a superset)."""
+        cdef Py_ssize_t n, i
+        cdef Shape* grown
+        if len(cand) != self.n_dev or len(select) != self.n_dev:
+            raise ValueError("candidate vector length differs from the device count")
+        if self.n_shapes == self.cap_shapes:
+            self.cap_shapes = self.cap_shapes * 2 + 8
+            grown = <Shape*> PyMem_Realloc(self.shapes, self.cap_shapes * sizeof(Shape))
+            if grown == NULL:
+                raise MemoryError()
+            self.shapes = grown
+        cdef Shape* s = &self.shapes[self.n_shapes]
+        s.cand = _copy_b(cand)
+        s.select = _copy_b(select)
+        if cap_off is None:
+            s.cap_off = NULL
+            s.cap_slot = NULL
+            s.cap_amt = NULL
+        else:
+            if len(cap_off) != self.n_dev + 1 or len(cap_slot) != len(cap_amt):
+                raise ValueError("capacity tables must have one offset per device plus one")
+            s.cap_off = _copy_i(cap_off, &n)
+            s.cap_slot = _copy_i(cap_slot, &n)
+            s.cap_amt = _copy_q(cap_amt)
+            try:
+                _check_offsets(s.cap_off, self.n_dev, <int32_t> n)
+                for i in range(n):
+                    if s.cap_slot[i] < 0 or s.cap_slot[i] >= self.n_slot:
+                        raise ValueError("capacity slot out of range")
+            except ValueError:
+                PyMem_Free(s.cand); PyMem_Free(s.select)
+                PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
+                raise
+        for i in range(self.n_dev):
+            if s.cand[i]:
+                self.dev_value[i] += 1
+        self.n_shapes += 1
+        return self.n_shapes - 1
+
+    def add_attribute(self, off, vals, int n_values):
+        """Register a constraint attribute: per device a CSR range of interned value ids."""
+        cdef Py_ssize_t n
+        cdef Attr* grown
+        if self.n_attrs == self.cap_attrs:
+            self.cap_attrs = self.cap_attrs * 2 + 8
+            grown = <Attr*> PyMem_Realloc(self.attrs, self.cap_attrs * sizeof(Attr))
+            if grown == NULL:
+                raise MemoryError()
+            self.attrs = grown
+        cdef Attr* a = &self.attrs[self.n_attrs]
+        cdef Py_ssize_t i
+        if len(off) != self.n_dev + 1:
+            raise ValueError("attribute offsets must have one entry per device plus one")
+        a.off = _copy_i(off, &n)
+        a.vals = _copy_i(vals, &n)
+        a.n_values = n_values
+        try:
+            _check_offsets(a.off, self.n_dev, <int32_t> n)
+            for i in range(n):
+                if a.vals[i] < 0 or a.vals[i] >= n_values:
+                    raise ValueError("attribute value id out of range")
+        except ValueError:
+            PyMem_Free(a.off)
+            PyMem_Free(a.vals)
+            raise
+        self.n_attrs += 1
+        return self.n_attrs - 1
+
+    def count_free(self, int32_t shape, *, bint admin, nodes):
+        """How many candidates of `shape` visible on any of `nodes` are not held by
+        earlier allocations (admin requests ignore them); each device counts once."""
+        cdef const int32_t[:] nv = nodes
+        cdef int32_t i, k, d, node, n = 0
+        cdef Shape* s
+        if shape < 0 or shape >= self.n_shapes:
+            raise ValueError("unknown shape")
+        s = &self.shapes[shape]
+        seen = bytearray(self.n_dev)
+        for i in range(len(nodes)):
+            node = nv[i]
+            if node < 0 or node >= self.n_nodes:
+                raise ValueError("unknown node")
+            for k in range(self.node_off[node], self.node_off[node + 1]):
+                d = self.node_dev[k]
+                if not seen[d] and s.cand[d] and (admin or self.multi[d] or not self.in_use[d]):
+                    seen[d] = 1
+                    n += 1
+        return n
+
+    def search(self, plan, nodes, *, int policy, long long limit, bint commit):
+        """Find devices for every request of the plan on the first node (in `nodes` order,
+        or by score with policy 1) where they fit. Returns (status, node, alternative per
+        request, devices, request per device, stats): on success (OK, node, ..., []); on
+        failure (NO_FIT | SEARCH_LIMIT, -1, [], [], [], one stats row per alternative)."""
+        cdef const int32_t[:] pv = plan
+        cdef const int32_t[:] nv
+        cdef Search s
+        cdef int32_t n_nodes, i, j, k, base, n_mem, max_slots, total_cnt, best, status, node = -1
+        cdef int32_t* node_order
+        cdef int32_t* node_score
+        cdef int64_t* node_keys
+        cdef bint has_admin
+        cdef int32_t max_visible = 0
+        cdef const int32_t* p
+        if pv.shape[0] < 5:
+            raise ValueError("malformed plan")
+        p = &pv[0]
+        memset(&s, 0, sizeof(Search))
+        s.n_claims = p[0]; s.n_reqs = p[1]; s.n_alts = p[2]; s.n_cons = p[3]; n_mem = p[4]
+        if s.n_claims < 0 or s.n_reqs < 0 or s.n_alts < 0 or s.n_cons < 0 or n_mem < 0:
+            raise ValueError("malformed plan")
+        base = 5
+        s.claim_req_off = p + base; base += s.n_claims + 1
+        s.req_alt_off = p + base; base += s.n_reqs + 1
+        s.alt_shape = p + base; base += s.n_alts
+        s.alt_mode = p + base; base += s.n_alts
+        s.alt_count = p + base; base += s.n_alts
+        s.alt_admin = p + base; base += s.n_alts
+        s.alt_mem_off = p + base; base += s.n_alts + 1
+        s.mem_cons = p + base; base += n_mem
+        s.cons_kind = p + base; base += s.n_cons
+        s.cons_attr = p + base; base += s.n_cons
+        if base != pv.shape[0]:
+            raise ValueError("malformed plan")
+        _check_offsets(s.claim_req_off, s.n_claims, s.n_reqs)
+        _check_offsets(s.req_alt_off, s.n_reqs, s.n_alts)
+        _check_offsets(s.alt_mem_off, s.n_alts, n_mem)
+        for i in range(s.n_alts):
+            if s.alt_shape[i] < 0 or s.alt_shape[i] >= self.n_shapes:
+                raise ValueError("unknown shape in plan")
+            if s.alt_mode[i] not in (C_MODE_EXACT, C_MODE_ALL) or s.alt_count[i] < 0:
+                raise ValueError("malformed plan")
+        for i in range(n_mem):
+            if s.mem_cons[i] < 0 or s.mem_cons[i] >= s.n_cons:
+                raise ValueError("unknown constraint in plan")
+        for i in range(s.n_cons):
+            if s.cons_attr[i] < 0 or s.cons_attr[i] >= self.n_attrs:
+                raise ValueError("unknown attribute in plan")
+        if nodes is None:
+            n_nodes = self.n_nodes
+        else:
+            nv = nodes
+            n_nodes = <int32_t> nv.shape[0]
+            for i in range(n_nodes):
+                if nv[i] < 0 or nv[i] >= self.n_nodes:
+                    raise ValueError("unknown node in node list")
+        node_order = <int32_t*> PyMem_Malloc((n_nodes + 1) * sizeof(int32_t))
+        if node_order == NULL:
+            raise MemoryError()
+        for i in range(n_nodes):
+            node_order[i] = i if nodes is None else nv[i]
+            j = self.node_off[node_order[i] + 1] - self.node_off[node_order[i]]
+            if j > max_visible:
+                max_visible = j
+        max_slots = s.n_claims * MAX_RESULTS + 1
+        total_cnt = 0
+        for i in range(s.n_cons):
+            total_cnt += self.attrs[s.cons_attr[i]].n_values
+        s.cons_base = <int32_t*> PyMem_Malloc((s.n_cons + 1) * sizeof(int32_t))
+        s.cons_cnt = <int32_t*> PyMem_Malloc((total_cnt + 1) * sizeof(int32_t))
+        s.cons_members = <int32_t*> PyMem_Malloc((s.n_cons + 1) * sizeof(int32_t))
+        s.req_claim = <int32_t*> PyMem_Malloc((s.n_reqs + 1) * sizeof(int32_t))
+        s.alt_choice = <int32_t*> PyMem_Malloc((s.n_reqs + 1) * sizeof(int32_t))
+        s.order = <int32_t*> PyMem_Malloc(((<Py_ssize_t> s.n_reqs) * max_visible + 1) * sizeof(int32_t))
+        s.order_len = <int32_t*> PyMem_Malloc((s.n_reqs + 1) * sizeof(int32_t))
+        s.claim_nres = <int32_t*> PyMem_Malloc((s.n_claims + 1) * sizeof(int32_t))
+        s.stack = <Frame*> PyMem_Malloc(max_slots * sizeof(Frame))
+        s.stats = <int64_t*> PyMem_Malloc((s.n_alts * N_STATS_C + 1) * sizeof(int64_t))
+        node_score = <int32_t*> PyMem_Malloc((n_nodes + 1) * sizeof(int32_t))
+        node_keys = <int64_t*> PyMem_Malloc((2 * n_nodes + 1) * sizeof(int64_t))
+        s.rank = <int64_t*> PyMem_Malloc((max_visible + 1) * sizeof(int64_t))
+        s.keep = <double*> PyMem_Malloc((max_visible + 1) * sizeof(double))
+        if (node_score == NULL or node_keys == NULL or s.rank == NULL or s.keep == NULL
+                or s.cons_base == NULL or s.cons_cnt == NULL or s.cons_members == NULL
+                or s.req_claim == NULL or s.alt_choice == NULL or s.order == NULL
+                or s.order_len == NULL or s.claim_nres == NULL or s.stack == NULL or s.stats == NULL):
+            PyMem_Free(node_order); PyMem_Free(node_score); PyMem_Free(node_keys)
+            PyMem_Free(s.rank); PyMem_Free(s.keep)
+            PyMem_Free(s.cons_base); PyMem_Free(s.cons_cnt); PyMem_Free(s.cons_members)
+            PyMem_Free(s.req_claim); PyMem_Free(s.alt_choice); PyMem_Free(s.order)
+            PyMem_Free(s.order_len); PyMem_Free(s.claim_nres); PyMem_Free(s.stack)
+            PyMem_Free(s.stats)
+            raise MemoryError()
+        total_cnt = 0
+        for i in range(s.n_cons):
+            s.cons_base[i] = total_cnt
+            total_cnt += self.attrs[s.cons_attr[i]].n_values
+        memset(s.cons_cnt, 0, (total_cnt + 1) * sizeof(int32_t))
+        memset(s.cons_members, 0, (s.n_cons + 1) * sizeof(int32_t))
+        memset(s.claim_nres, 0, (s.n_claims + 1) * sizeof(int32_t))
+        memset(s.stats, 0, (s.n_alts * N_STATS_C + 1) * sizeof(int64_t))
+        for i in range(s.n_alts):
+            s.stats[i * N_STATS_C + S_LAST_COUNTER] = -1
+            s.stats[i * N_STATS_C + S_LAST_SLOT] = -1
+            s.stats[i * N_STATS_C + S_LAST_CONSTRAINT] = -1
+        for i in range(s.n_claims):
+            for j in range(s.claim_req_off[i], s.claim_req_off[i + 1]):
+                s.req_claim[j] = i
+        s.limit = limit
+        s.policy = policy
+        s.depth = 0
+        try:
+            with nogil:
+                # A node whose every device is held cannot serve a plan without admin
+                # access; skipping it is the cheap common case of a filling cluster.
+                has_admin = False
+                for i in range(s.n_alts):
+                    if s.alt_admin[i]:
+                        has_admin = True
+                # Nodes that pass the precheck, in name order; binpack then reorders them.
+                j = 0
+                for i in range(n_nodes):
+                    if (s.n_reqs > 0 and not has_admin
+                            and self.node_held[node_order[i]] == self.node_off[node_order[i] + 1] - self.node_off[node_order[i]]):
+                        for k in range(s.req_alt_off[0], s.req_alt_off[1]):
+                            s.stats[k * N_STATS_C + S_SHORT] += 1
+                        continue
+                    self._visit(&s, node_order[i])
+                    if self._precheck(&s):
+                        node_order[j] = node_order[i]
+                        j += 1
+                n_nodes = j
+                if policy == 1:
+                    self._order_nodes(&s, node_order, n_nodes, node_keys, node_score, node_keys + n_nodes, max_visible)
+                status = R_FAIL
+                for i in range(n_nodes):
+                    self._visit(&s, node_order[i])
+                    status = self._request(&s, 0)
+                    if status == 0:
+                        node = node_order[i]
+                        break
+                    if status == R_LIMIT:
+                        break
+            if status == R_LIMIT:
+                # The search stopped mid-way: give back everything it still holds.
+                self._release(&s)
+            if status == 0:
+                alts = [s.alt_choice[i] for i in range(s.n_reqs)]
+                devs = [s.stack[i].dev for i in range(s.depth)]
+                reqs = [s.stack[i].req for i in range(s.depth)]
+                if commit:
+                    self._commit(&s)
+                else:
+                    self._release(&s)
+                return 0, node, alts, devs, reqs, []
+            stats = [[s.stats[i * N_STATS_C + k] for k in range(N_STATS_C)] for i in range(s.n_alts)]
+            return (2 if status == R_LIMIT else 1), -1, [], [], [], stats
+        finally:
+            PyMem_Free(node_order); PyMem_Free(node_score); PyMem_Free(node_keys)
+            PyMem_Free(s.cons_base); PyMem_Free(s.cons_cnt); PyMem_Free(s.cons_members)
+            PyMem_Free(s.req_claim); PyMem_Free(s.alt_choice); PyMem_Free(s.order)
+            PyMem_Free(s.order_len); PyMem_Free(s.claim_nres); PyMem_Free(s.stack)
+            PyMem_Free(s.stats); PyMem_Free(s.rank); PyMem_Free(s.keep)
+
+    # --- node order and precheck ---------------------------------------------------------
+
+    cdef void _order_nodes(self, Search* s, int32_t* order, int32_t n, int64_t* keys, int32_t* tmp_order, int64_t* tmp_keys, int32_t max_visible) noexcept nogil:
+        """Binpack's node order. First the nodes whose free candidates are the least
+        flexible (a device's flexibility is how many request shapes it serves, so a small
+        claim lands on a small GPU and leaves large ones to the claims that need them), then
+        the most used nodes (devices held or shared), ties in the given order (node names):
+        a stable merge sort."""
+        cdef int32_t i, k, d, r, a, used, lo, mid, hi, j, o, width
+        cdef int64_t value, best
+        cdef int32_t* src_o = order
+        cdef int64_t* src_k = keys
+        cdef int32_t* dst_o = tmp_order
+        cdef int64_t* dst_k = tmp_keys
+        cdef int32_t* swap_o
+        cdef int64_t* swap_k
+        cdef Shape* sh
+        for i in range(n):
+            used = 0
+            for k in range(self.node_off[order[i]], self.node_off[order[i] + 1]):
+                d = self.node_dev[k]
+                if self.in_use[d] or self.shares[d] > 0:
+                    used += 1
+            value = 0
+            for r in range(s.n_reqs):
+                a = s.req_alt_off[r]
+                sh = &self.shapes[s.alt_shape[a]]
+                best = self.n_shapes + 1
+                for k in range(self.node_off[order[i]], self.node_off[order[i] + 1]):
+                    d = self.node_dev[k]
+                    if sh.cand[d] and self.dev_value[d] < best and (s.alt_admin[a] or self.multi[d] or not self.in_use[d]):
+                        best = self.dev_value[d]
+                value += best
+            keys[i] = value * (max_visible + 1) + (max_visible - used)
+        width = 1
+        while width < n:
+            lo = 0
+            while lo < n:
+                mid = lo + width if lo + width < n else n
+                hi = lo + 2 * width if lo + 2 * width < n else n
+                i = lo
+                j = mid
+                o = lo
+                while i < mid and j < hi:
+                    if src_k[j] < src_k[i]:
+                        dst_o[o] = src_o[j]; dst_k[o] = src_k[j]; j += 1
+                    else:
+                        dst_o[o] = src_o[i]; dst_k[o] = src_k[i]; i += 1
+                    o += 1
+                while i < mid:
+                    dst_o[o] = src_o[i]; dst_k[o] = src_k[i]; i += 1; o += 1
+                while j < hi:
+                    dst_o[o] = src_o[j]; dst_k[o] = src_k[j]; j += 1; o += 1
+                lo += 2 * width
+            swap_o = src_o; src_o = dst_o; dst_o = swap_o
+            swap_k = src_k; src_k = dst_k; dst_k = swap_k
+            width *= 2
+        if src_o != order:
+            memcpy(order, src_o, n * sizeof(int32_t))
+
+    cdef inline void _visit(self, Search* s, int32_t node) noexcept nogil:
+        s.node = node
+        s.visible = self.node_dev + self.node_off[node]
+        s.n_visible = self.node_off[node + 1] - self.node_off[node]
+
+    cdef bint _precheck(self, Search* s) noexcept nogil:
+        """A necessary condition: every request has, on this node, at least as many free
+        candidates as its smallest alternative needs."""
+        cdef int32_t r, a, k, d, need, free, best_need
+        cdef Shape* sh
+        for r in range(s.n_reqs):
+            best_need = -1
+            for a in range(s.req_alt_off[r], s.req_alt_off[r + 1]):
+                need = s.alt_count[a] if s.alt_mode[a] == C_MODE_EXACT else 1
+                sh = &self.shapes[s.alt_shape[a]]
+                free = 0
+                for k in range(s.n_visible):
+                    d = s.visible[k]
+                    if sh.cand[d] and (s.alt_admin[a] or self.multi[d] or not self.in_use[d]):
+                        free += 1
+                        if free >= need:
+                            break
+                if free >= need:
+                    best_need = need
+                    break
+            if best_need < 0:
+                for a in range(s.req_alt_off[r], s.req_alt_off[r + 1]):
+                    s.stats[a * N_STATS_C + S_SHORT] += 1
+                return False
+        return True
+
+    # --- the search -------------------------------------------------------------------------
+
+    cdef int _request(self, Search* s, int32_t r) noexcept nogil:
+        """Try the alternatives of request `r` in order (firstAvailable priority)."""
+        cdef int32_t a, need, n, c, res, k, d
+        cdef int32_t* order
+        cdef Shape* sh
+        if r == s.n_reqs:
+            return 0
+        c = s.req_claim[r]
+        # When every alternative fails only on the claim's result limit, which depends on
+        # counts and not on the devices chosen before, the signal goes up to the nearest
+        # request with another alternative (upstream's "max size exceeded").
+        only_size = True
+        for a in range(s.req_alt_off[r], s.req_alt_off[r + 1]):
+            s.steps += 1
+            if s.steps > s.limit:
+                return R_LIMIT
+            s.alt_choice[r] = a
+            sh = &self.shapes[s.alt_shape[a]]
+            order = s.order + (<Py_ssize_t> r) * s.n_visible
+            n = 0
+            if s.alt_mode[a] == C_MODE_ALL:
+                if self.node_bad[s.node]:
+                    # All mode needs every pool of the node to be complete and valid.
+                    s.stats[a * N_STATS_C + S_BAD_POOL] += 1
+                    continue
+                # Shares that no longer fit the capacity held by earlier allocations are
+                # not part of the All set (upstream checks capacity when collecting it).
+                for k in range(s.n_visible):
+                    d = s.visible[k]
+                    if sh.select[d] and (s.alt_admin[a] or not self._capacity_held(sh, d)):
+                        order[n] = d
+                        n += 1
+            else:
+                # Devices held by earlier allocations never fit a non-admin request, so
+                # they are left out of its order (the All mode above must see them).
+                for k in range(s.n_visible):
+                    d = s.visible[k]
+                    if sh.cand[d] and (s.alt_admin[a] or not self.in_use[d]):
+                        order[n] = d
+                        n += 1
+            s.order_len[r] = n
+            if s.alt_mode[a] == C_MODE_ALL:
+                need = n
+                if need == 0:
+                    only_size = False
+                    continue
+            else:
+                need = s.alt_count[a]
+            if s.claim_nres[c] + need > MAX_RESULTS:
+                s.stats[a * N_STATS_C + S_SIZE] += 1
+                continue
+            if n < need:
+                only_size = False
+                continue
+            if s.policy == 1 and s.alt_mode[a] == C_MODE_EXACT:
+                self._score_order(s, a, order, n, need)
+            res = self._slot(s, r, a, 0, 0, need)
+            if res == R_SIZE:
+                continue
+            if res != R_FAIL:
+                return res
+            only_size = False
+        return R_SIZE if only_size else R_FAIL
+
+    cdef int _slot(self, Search* s, int32_t r, int32_t a, int32_t slot, int32_t pos, int32_t need) noexcept nogil:
+        """Fill slot `slot` of request `r` (alternative `a`) with a device at an order
+        position >= `pos` (combinations: positions increase within a request)."""
+        cdef int32_t p, d, res, n
+        cdef int32_t* order = s.order + (<Py_ssize_t> r) * s.n_visible
+        cdef Shape* sh = &self.shapes[s.alt_shape[a]]
+        s.steps += 1
+        if s.steps > s.limit:
+            return R_LIMIT
+        if slot == need:
+            res = self._request(s, r + 1)
+            if res == R_SIZE and s.req_claim[r + 1] != s.req_claim[r]:
+                # The next claim's limit says nothing about this claim's choices.
+                return R_FAIL
+            return res
+        n = s.order_len[r]
+        if s.alt_mode[a] == C_MODE_ALL:
+            d = order[slot]
+            if not sh.cand[d] or not self._add(s, r, a, d):
+                s.stats[a * N_STATS_C + S_ALL_BLOCKED] += 1
+                return R_FAIL
+            res = self._slot(s, r, a, slot + 1, slot + 1, need)
+            if res == 0 or res == R_LIMIT:
+                return res
+            self._undo(s)
+            return res
+        p = pos
+        while p < n and n - p >= need - slot:
+            d = order[p]
+            if self._add(s, r, a, d):
+                res = self._slot(s, r, a, slot + 1, p + 1, need)
+                if res == 0 or res == R_LIMIT:
+                    return res
+                self._undo(s)
+                if res == R_SIZE:
+                    return R_SIZE
+            p += 1
+        return R_FAIL
+
+    cdef bint _add(self, Search* s, int32_t r, int32_t a, int32_t d) noexcept nogil:
+        """Take device `d` for request `r`; on refusal nothing stays charged."""
+        cdef int32_t c = s.req_claim[r]
+        cdef int32_t k, i, j, cid, kc
+        cdef bint admin = s.alt_admin[a] != 0
+        cdef bint shared = self.multi[d] != 0
+        cdef bint charge, capped
+        cdef Shape* sh = &self.shapes[s.alt_shape[a]]
+        # In use: admin access ignores other claims but never takes a device twice in one
+        # claim; a dedicated device is taken once; shares only need it not to be dedicated.
+        if admin:
+            if not shared:
+                for i in range(s.depth - 1, -1, -1):
+                    if s.req_claim[s.stack[i].req] != c:
+                        break
+                    if s.stack[i].dev == d:
+                        s.stats[a * N_STATS_C + S_IN_USE] += 1
+                        return False
+        else:
+            if self.in_use[d] or (not shared and self.alloc_count[d] > 0):
+                s.stats[a * N_STATS_C + S_IN_USE] += 1
+                return False
+        # Counters: admin access neither needs nor consumes them; a share charges them once.
+        charge = (not admin) and not (shared and self.shares[d] + self.pend_shares[d] > 0)
+        if charge and self.cons_off[d] != self.cons_off[d + 1]:
+            for k in range(self.cons_off[d], self.cons_off[d + 1]):
+                self.cnt_pend[self.cons_id[k]] += self.cons_amt[k]
+            for k in range(self.chk_off[d], self.chk_off[d + 1]):
+                cid = self.chk_id[k]
+                if self.cnt_pend[cid] > self.cnt_avail[cid]:
+                    for i in range(self.cons_off[d], self.cons_off[d + 1]):
+                        self.cnt_pend[self.cons_id[i]] -= self.cons_amt[i]
+                    s.stats[a * N_STATS_C + S_COUNTER] += 1
+                    s.stats[a * N_STATS_C + S_LAST_COUNTER] = cid
+                    return False
+        # Capacity of a share.
+        capped = sh.cap_off != NULL and shared and not admin
+        if capped:
+            for k in range(sh.cap_off[d], sh.cap_off[d + 1]):
+                self.slot_pend[sh.cap_slot[k]] += sh.cap_amt[k]
+            for k in range(sh.cap_off[d], sh.cap_off[d + 1]):
+                i = sh.cap_slot[k]
+                if self.slot_used[i] + self.slot_pend[i] > self.slot_value[i]:
+                    for j in range(sh.cap_off[d], sh.cap_off[d + 1]):
+                        self.slot_pend[sh.cap_slot[j]] -= sh.cap_amt[j]
+                    self._uncharge(d, charge)
+                    s.stats[a * N_STATS_C + S_CAPACITY] += 1
+                    s.stats[a * N_STATS_C + S_LAST_SLOT] = i
+                    return False
+        # Constraints that apply to this alternative.
+        for i in range(s.alt_mem_off[a], s.alt_mem_off[a + 1]):
+            kc = s.mem_cons[i]
+            if not self._cons_add(s, kc, d):
+                for j in range(s.alt_mem_off[a], i):
+                    self._cons_remove(s, s.mem_cons[j], d)
+                if capped:
+                    for j in range(sh.cap_off[d], sh.cap_off[d + 1]):
+                        self.slot_pend[sh.cap_slot[j]] -= sh.cap_amt[j]
+                self._uncharge(d, charge)
+                s.stats[a * N_STATS_C + S_CONSTRAINT] += 1
+                s.stats[a * N_STATS_C + S_LAST_CONSTRAINT] = kc
+                return False
+        s.stack[s.depth].dev = d
+        s.stack[s.depth].req = r
+        s.stack[s.depth].charged = charge
+        # An admin share holds nothing: it is neither a pending share (which would spare a
+        # later share of this call its counters) nor "allocating" (shares never block).
+        s.stack[s.depth].shared = shared and not admin
+        s.stack[s.depth].capped = capped
+        s.depth += 1
+        s.claim_nres[c] += 1
+        if shared:
+            if not admin:
+                self.pend_shares[d] += 1
+        else:
+            self.alloc_count[d] += 1
+        return True
+
+    cdef inline bint _capacity_held(self, Shape* sh, int32_t d) noexcept nogil:
+        """Whether a share of `d` would exceed a capacity already held by committed
+        allocations (pending ones do not count)."""
+        cdef int32_t k
+        if sh.cap_off == NULL or not self.multi[d]:
+            return False
+        for k in range(sh.cap_off[d], sh.cap_off[d + 1]):
+            if self.slot_used[sh.cap_slot[k]] + sh.cap_amt[k] > self.slot_value[sh.cap_slot[k]]:
+                return True
+        return False
+
+    cdef inline void _uncharge(self, int32_t d, bint charge) noexcept nogil:
+        cdef int32_t k
+        if charge:
+            for k in range(self.cons_off[d], self.cons_off[d + 1]):
+                self.cnt_pend[self.cons_id[k]] -= self.cons_amt[k]
+
+    cdef void _undo(self, Search* s) noexcept nogil:
+        """Reverse the last `_add`."""
+        cdef Frame* f
+        cdef int32_t a, i, j, d
+        cdef Shape* sh
+        s.depth -= 1
+        f = &s.stack[s.depth]
+        d = f.dev
+        a = s.alt_choice[f.req]
+        sh = &self.shapes[s.alt_shape[a]]
+        s.claim_nres[s.req_claim[f.req]] -= 1
+        if f.capped:
+            for j in range(sh.cap_off[d], sh.cap_off[d + 1]):
+                self.slot_pend[sh.cap_slot[j]] -= sh.cap_amt[j]
+        if f.shared:
+            self.pend_shares[d] -= 1
+        elif not self.multi[d]:
+            self.alloc_count[d] -= 1
+        self._uncharge(d, f.charged)
+        for i in range(s.alt_mem_off[a], s.alt_mem_off[a + 1]):
+            self._cons_remove(s, s.mem_cons[i], d)
+
+    cdef bint _cons_add(self, Search* s, int32_t kc, int32_t d) noexcept nogil:
+        """matchAttribute: the intersection of every member's value set stays non-empty
+        (scalars are one-element sets). distinctAttribute: value sets are pairwise
+        disjoint. Both are kept as per-value member counts, so removing a device restores
+        the exact earlier state."""
+        cdef Attr* at = &self.attrs[s.cons_attr[kc]]
+        cdef int32_t* cnt = s.cons_cnt + s.cons_base[kc]
+        cdef int32_t k, lo = at.off[d], hi = at.off[d + 1]
+        cdef bint ok = False
+        if lo == hi:
+            return False
+        if s.cons_kind[kc] == C_DISTINCT:
+            for k in range(lo, hi):
+                if cnt[at.vals[k]] > 0:
+                    return False
+            for k in range(lo, hi):
+                cnt[at.vals[k]] += 1
+            s.cons_members[kc] += 1
+            return True
+        s.cons_members[kc] += 1
+        for k in range(lo, hi):
+            cnt[at.vals[k]] += 1
+            if cnt[at.vals[k]] == s.cons_members[kc]:
+                ok = True
+        if not ok:
+            for k in range(lo, hi):
+                cnt[at.vals[k]] -= 1
+            s.cons_members[kc] -= 1
+        return ok
+
+    cdef void _cons_remove(self, Search* s, int32_t kc, int32_t d) noexcept nogil:
+        cdef Attr* at = &self.attrs[s.cons_attr[kc]]
+        cdef int32_t* cnt = s.cons_cnt + s.cons_base[kc]
+        cdef int32_t k
+        for k in range(at.off[d], at.off[d + 1]):
+            cnt[at.vals[k]] -= 1
+        s.cons_members[kc] -= 1
+
+    # --- binpack scoring -----------------------------------------------------------------
+
+    cdef void _score_order(self, Search* s, int32_t a, int32_t* order, int32_t n, int32_t need) noexcept nogil:
+        """Reorder the candidates of one request: locality groups that can hold the whole
+        request first (fewest free devices first), then partly used GPUs or counter sets,
+        then the least flexible devices (serving the fewest request shapes), then the
+        placement that keeps the largest sibling partition placeable, then the first-fit
+        position. Stable insertion sort over (rank, keep, position)."""
+        cdef int32_t i, j, d, g
+        cdef int64_t* rank = s.rank
+        cdef double* keep = s.keep
+        cdef int64_t kr
+        cdef double kk
+        cdef bint admin = s.alt_admin[a] != 0
+        for i in range(n):
+            d = order[i]
+            g = self.dev_group[d]
+            if g >= 0 and self._free(d, admin):
+                self.group_free[g] += 1
+        for i in range(n):
+            d = order[i]
+            g = self.dev_group[d]
+            kr = 0
+            if g >= 0 and self.cons_off[d] == self.cons_off[d + 1]:
+                if self.group_free[g] >= need:
+                    kr = self.group_free[g]
+                else:
+                    kr = 1000000 - self.group_free[g]
+            kr = (kr * 2 + (0 if self._unit_used(d) else 1)) * (self.n_shapes + 1) + self.dev_value[d]
+            rank[i] = kr
+            keep[i] = self._keep_score(d) if self.cons_off[d] != self.cons_off[d + 1] else 0.0
+        for i in range(n):
+            g = self.dev_group[order[i]]
+            if g >= 0:
+                self.group_free[g] = 0
+        for i in range(1, n):
+            d = order[i]
+            kr = rank[i]
+            kk = keep[i]
+            j = i - 1
+            while j >= 0 and (rank[j] > kr or (rank[j] == kr and keep[j] < kk)):
+                order[j + 1] = order[j]
+                rank[j + 1] = rank[j]
+                keep[j + 1] = keep[j]
+                j -= 1
+            order[j + 1] = d
+            rank[j + 1] = kr
+            keep[j + 1] = kk
+
+    cdef inline bint _free(self, int32_t d, bint admin) noexcept nogil:
+        if admin:
+            return True
+        if self.multi[d]:
+            return not self.in_use[d]
+        return not self.in_use[d] and self.alloc_count[d] == 0
+
+    cdef bint _unit_used(self, int32_t d) noexcept nogil:
+        """Whether the GPU behind `d` is already partly used: a share exists, or a counter
+        set it consumes has consumption."""
+        cdef int32_t k, c, st, j
+        if self.multi[d] and self.shares[d] + self.pend_shares[d] > 0:
+            return True
+        for k in range(self.cons_off[d], self.cons_off[d + 1]):
+            c = self.cons_id[k]
+            st = self.cnt_set[c]
+            for j in range(self.set_cnt_off[st], self.set_cnt_off[st + 1]):
+                if self.cnt_pend[j] > 0 or self.cnt_avail[j] < self.cnt_total[j]:
+                    return True
+        return False
+
+    cdef double _keep_score(self, int32_t d) noexcept nogil:
+        """The size of the largest free sibling (a device consuming the same first counter
+        set) that would still fit after placing `d`."""
+        cdef int32_t k, kk, j, c, sib, st
+        cdef int64_t extra
+        cdef double best = 0.0
+        cdef bint fits
+        st = self.cnt_set[self.cons_id[self.cons_off[d]]]
+        for j in range(self.set_off[st], self.set_off[st + 1]):
+            sib = self.set_dev[j]
+            if sib == d or self.in_use[sib] or self.alloc_count[sib] > 0:
+                continue
+            if self.dev_size[sib] <= best:
+                continue
+            fits = True
+            for k in range(self.cons_off[sib], self.cons_off[sib + 1]):
+                c = self.cons_id[k]
+                extra = 0
+                for kk in range(self.cons_off[d], self.cons_off[d + 1]):
+                    if self.cons_id[kk] == c:
+                        extra += self.cons_amt[kk]
+                if self.cnt_pend[c] + extra + self.cons_amt[k] > self.cnt_avail[c]:
+                    fits = False
+                    break
+            if fits:
+                best = self.dev_size[sib]
+        return best
+
+    # --- commit ----------------------------------------------------------------------------
+
+    cdef void _commit(self, Search* s) noexcept nogil:
+        """Make the found allocation permanent and clear every pending array."""
+        cdef int32_t i, d, k, a
+        cdef Shape* sh
+        for i in range(s.depth):
+            d = s.stack[i].dev
+            a = s.alt_choice[s.stack[i].req]
+            sh = &self.shapes[s.alt_shape[a]]
+            if s.stack[i].capped:
+                for k in range(sh.cap_off[d], sh.cap_off[d + 1]):
+                    self.slot_pend[sh.cap_slot[k]] -= sh.cap_amt[k]
+                    self.slot_used[sh.cap_slot[k]] += sh.cap_amt[k]
+            if s.stack[i].shared:
+                self.pend_shares[d] -= 1
+            elif not self.multi[d]:
+                self.alloc_count[d] -= 1
+            if s.stack[i].charged:
+                for k in range(self.cons_off[d], self.cons_off[d + 1]):
+                    self.cnt_pend[self.cons_id[k]] -= self.cons_amt[k]
+                    self.cnt_avail[self.cons_id[k]] -= self.cons_amt[k]
+        # Shares and dedicated use are recorded after the counters, because whether a share
+        # charged counters depended on the share count before this allocation.
+        for i in range(s.depth):
+            d = s.stack[i].dev
+            if s.alt_admin[s.alt_choice[s.stack[i].req]]:
+                continue
+            if s.stack[i].shared:
+                self.shares[d] += 1
+            elif not self.in_use[d]:
+                self.in_use[d] = 1
+                for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
+                    self.node_held[self.dev_node[k]] += 1
+        s.depth = 0
+
+    cdef void _release(self, Search* s) noexcept nogil:
+        while s.depth > 0:
+            self._undo(s)

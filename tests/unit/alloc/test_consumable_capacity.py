@@ -1,0 +1,216 @@
+"""Consumable capacity (allowMultipleAllocations, capacity requests, requestPolicy, shareID):
+upstream catalog group J."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dractl import model
+
+from alloc_inputs import allocator, claim, counter_set, device, device_class, match, picked, q, request, rslice
+
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def cap(value: str | int, *, default: str | int | None = None, values: tuple[int, ...] = (), min: int | None = None, max: int | None = None, step: int | None = None) -> model.DeviceCapacity:
+    rng = None if min is None else model.CapacityRequestPolicyRange(min=q(min), max=None if max is None else q(max), step=None if step is None else q(step))
+    policy = model.CapacityRequestPolicy(default=None if default is None else q(default), valid_values=tuple(q(v) for v in values), valid_range=rng)
+    return model.DeviceCapacity(value=q(value), request_policy=policy if (default is not None or values or rng) else None)
+
+
+def shared(name: str = "device-1", **capacity: model.DeviceCapacity) -> model.Device:
+    return device(name, capacity=capacity, multi=True)
+
+
+def consumed(outcome, index: int = 0) -> list[dict[str, int]]:
+    assert outcome.allocations is not None, outcome.reasons
+    return [{k: v.as_int() for k, v in r.consumed_capacity.items()} for r in outcome.allocations[index].results]
+
+
+def test_multi_allocatable_device_with_missing_capacity_request() -> None:
+    """A requested capacity the device lacks disqualifies it, and the reason says so."""
+    outcome = allocator([rslice(shared(slots=cap(4)))]).allocate([claim("c", request("req-0", capacity={"memory": 1}))])
+    assert not outcome.ok and "lack the requested capacity" in outcome.reasons[0].message
+
+
+def test_multi_allocatable_device_without_capacity_shared_by_two_claims() -> None:
+    """A device without capacities is shared by two claims; each result has a share id."""
+    outcome = allocator([rslice(shared())]).allocate([claim("c0"), claim("c1")])
+    assert picked(outcome) == [[("req-0", "device-1")], [("req-0", "device-1")]]
+    assert outcome.allocations is not None
+    ids = [a.results[0].share_id for a in outcome.allocations]
+    assert all(i is not None and UUID.match(i) for i in ids) and ids[0] != ids[1]
+    assert outcome.allocations[0].results[0].consumed_capacity == {}
+
+
+def test_without_policy_without_capacity_request_consumes_everything() -> None:
+    """No request and no policy consume the full capacity: the second claim takes another device."""
+    outcome = allocator([rslice(shared("device-1", memory=cap(2)), shared("device-2", memory=cap(2)))]).allocate([claim("c0"), claim("c1")])
+    assert picked(outcome) == [[("req-0", "device-1")], [("req-0", "device-2")]]
+    assert not allocator([rslice(shared("device-1", memory=cap(2)))]).allocate([claim("c0"), claim("c1")]).ok
+
+
+def test_without_policy_with_capacity_request() -> None:
+    """1 + 1 of capacity 2 share one device."""
+    outcome = allocator([rslice(shared(memory=cap(2)))]).allocate([claim("c0", request(capacity={"memory": 1})), claim("c1", request(capacity={"memory": 1}))])
+    assert consumed(outcome, 0) == [{"memory": 1}] and consumed(outcome, 1) == [{"memory": 1}]
+
+
+def test_with_policy_without_capacity_request() -> None:
+    """The policy default applies to each share."""
+    outcome = allocator([rslice(shared(memory=cap(4, default=2, min=1)))]).allocate([claim("c0"), claim("c1")])
+    assert consumed(outcome, 0) == [{"memory": 2}] and consumed(outcome, 1) == [{"memory": 2}]
+
+
+def test_with_zero_request_policy() -> None:
+    """A default of 0 lets every claim share with zero consumption."""
+    outcome = allocator([rslice(shared(memory=cap(1, default=0, values=(0,))))]).allocate([claim("c0"), claim("c1")])
+    assert consumed(outcome, 0) == [{"memory": 0}]
+
+
+def test_violates_zero_request_policy() -> None:
+    """A request of 1 is not among validValues {0}."""
+    assert not allocator([rslice(shared(memory=cap(1, default=0, values=(0,))))]).allocate([claim("c", request(capacity={"memory": 1}))]).ok
+
+
+@pytest.mark.parametrize(
+    ("name", "capacity", "requested", "expected"),
+    [
+        ("with-range-policy-with-capacity-request", cap(10, default=2, min=2), 1, 2),
+        ("with-range-policy-step", cap(10, default=2, min=2, step=2), 3, 4),
+        ("with-valid-values-policy", cap(10, default=1, values=(1, 2, 3)), 2, 2),
+        ("with-valid-values-policy-round-up", cap(10, default=1, values=(1, 3)), 2, 3),
+    ],
+)
+def test_rounding(name: str, capacity: model.DeviceCapacity, requested: int, expected: int) -> None:
+    """Requests are rounded up by the policy and the rounded amount is recorded."""
+    outcome = allocator([rslice(shared(memory=capacity))]).allocate([claim("c", request(capacity={"memory": requested}))])
+    assert consumed(outcome) == [{"memory": expected}]
+
+
+def test_with_exceeded_consumable_capacity_request() -> None:
+    """1 then 2 (rounded) exceed capacity 2; the reason names the capacity."""
+    a = allocator([rslice(shared(memory=cap(2, default=1, values=(1, 2))))])
+    assert a.allocate([claim("c0", request(capacity={"memory": 1}))]).ok
+    outcome = a.allocate([claim("c1", request(capacity={"memory": 2}))])
+    assert not outcome.ok
+
+
+def test_capacity_ran_out_is_named() -> None:
+    """When shares within one call exhaust a capacity, the reason names it."""
+    outcome = allocator([rslice(shared(memory=cap(2)))]).allocate([claim("c0", request(capacity={"memory": 2})), claim("c1", request(capacity={"memory": 1}))])
+    assert any("capacity memory of device driver-a/node-1/device-1 ran out" in r.message for r in outcome.reasons)
+
+
+def test_with_request_over_max_sharing_policy() -> None:
+    """6 exceeds the policy max 4 although the capacity is 10."""
+    assert not allocator([rslice(shared(memory=cap(10, default=1, min=1, max=4)))]).allocate([claim("c", request(capacity={"memory": 6}))]).ok
+
+
+def test_with_allocated_capacity_use_remaining() -> None:
+    """An existing share of 2 of 4 leaves 2."""
+    existing = claim("x", allocation=model.AllocationResult(results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "device-1", share_id="s", consumed_capacity={"memory": q(2)}),)))
+    a = allocator([rslice(shared(memory=cap(4)))], allocated=[existing])
+    assert not a.allocate([claim("c0", request(capacity={"memory": 3}))]).ok
+    assert a.allocate([claim("c1", request(capacity={"memory": 2}))]).ok
+
+
+def test_with_allocated_capacity_next_device() -> None:
+    """A full device-1 sends the share to device-2."""
+    existing = claim("x", allocation=model.AllocationResult(results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "device-1", share_id="s", consumed_capacity={"memory": q(4)}),)))
+    outcome = allocator([rslice(shared("device-1", memory=cap(4)), shared("device-2", memory=cap(4)))], allocated=[existing]).allocate([claim("c", request(capacity={"memory": 1}))])
+    assert picked(outcome) == [[("req-0", "device-2")]]
+
+
+def test_with_multi_allocatable_device_backtrack() -> None:
+    """matchAttribute puts both requests on device-1; the other claim gets device-2."""
+    devs = [device("device-1", attributes={"k": 1}, capacity={"memory": cap(4)}, multi=True), device("device-2", attributes={"k": 2}, capacity={"memory": cap(4)}, multi=True)]
+    c = claim("c0", request("req-0", capacity={"memory": 2}), request("req-1", capacity={"memory": 2}), constraints=[match("driver-a/k")])
+    outcome = allocator([rslice(*devs)]).allocate([c, claim("c1", request(capacity={"memory": 4}))])
+    assert picked(outcome) == [[("req-0", "device-1"), ("req-1", "device-1")], [("req-0", "device-2")]]
+
+
+def test_dedicated_device_with_consumable_capacity_request() -> None:
+    """On a dedicated device a capacity request is only a filter: no share fields."""
+    slices = [rslice(device("device-1", capacity={"memory": "2Gi"}), device("device-2", capacity={"memory": "8Gi"}))]
+    outcome = allocator(slices).allocate([claim("c", request(capacity={"memory": "4Gi"}))])
+    assert picked(outcome) == [[("req-0", "device-2")]]
+    assert outcome.allocations is not None and outcome.allocations[0].results[0].share_id is None and not outcome.allocations[0].results[0].consumed_capacity
+
+
+def test_dedicated_device_is_not_shared() -> None:
+    """A dedicated device is not shared by a second claim."""
+    assert not allocator([rslice(device("device-1", capacity={"memory": 8}))]).allocate([claim("c0", request(capacity={"memory": 1})), claim("c1", request(capacity={"memory": 1}))]).ok
+
+
+def test_exclude_multi_allocatable_device_by_class_selector() -> None:
+    """A class selecting allowMultipleAllocations == false excludes shared devices."""
+    classes = [device_class("class-a", "device.allowMultipleAllocations == false")]
+    assert not allocator([rslice(shared())], classes).allocate([claim()]).ok
+
+
+def test_not_allocate_multi_allocatable_device_which_already_dedicated() -> None:
+    """A dedicated allocation of a multi-allocatable device blocks sharing."""
+    existing = claim("x", allocation=model.AllocationResult(results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "device-1"),)))
+    assert not allocator([rslice(shared())], allocated=[existing]).allocate([claim()]).ok
+
+
+def test_allow_multiple_allocations_with_partitionable_device() -> None:
+    """Shares of a counter-consuming device charge its counters once."""
+    slices = [rslice(name="a", counters=[counter_set("set", mem=4)], count=2), rslice(device("device-1", multi=True, capacity={"memory": cap(4)}, consumes={"set": {"mem": 4}}), name="b", count=2)]
+    outcome = allocator(slices).allocate([claim("c0", request(capacity={"memory": 2})), claim("c1", request(capacity={"memory": 2}))])
+    assert picked(outcome) == [[("req-0", "device-1")], [("req-0", "device-1")]]
+
+
+def test_share_ids_are_deterministic() -> None:
+    """The same input gives the same share ids."""
+    ids = []
+    for _ in range(2):
+        outcome = allocator([rslice(shared())]).allocate([claim("c0")])
+        assert outcome.allocations is not None
+        ids.append(outcome.allocations[0].results[0].share_id)
+    assert ids[0] == ids[1]
+
+
+def all_slices() -> list:
+    return [rslice(shared("device-1", memory=cap(4)), shared("device-2", memory=cap(4)))]
+
+
+def test_all_filter_out_no_capacity() -> None:
+    """All skips a shared device lacking the requested capacity."""
+    slices = [rslice(shared("device-1", memory=cap(4)), shared("device-2", slots=cap(4)))]
+    assert picked(allocator(slices).allocate([claim("c", request(all=True, capacity={"memory": 1}))])) == [[("req-0", "device-1")]]
+
+
+def test_all_filter_out_insufficient_capacity() -> None:
+    """All skips a shared device with too little capacity."""
+    slices = [rslice(shared("device-1", memory=cap(4)), shared("device-2", memory=cap(1)))]
+    assert picked(allocator(slices).allocate([claim("c", request(all=True, capacity={"memory": 2}))])) == [[("req-0", "device-1")]]
+
+
+def test_all_allocating_sufficient() -> None:
+    """An earlier request's share leaves room for the All request."""
+    c = claim("c", request("req-0", capacity={"memory": 2}), request("req-1", all=True, capacity={"memory": 2}))
+    assert picked(allocator(all_slices()).allocate([c])) == [[("req-0", "device-1"), ("req-1", "device-1"), ("req-1", "device-2")]]
+
+
+def test_all_allocating_insufficient() -> None:
+    """An earlier share in the same call that exhausts a device of the All set fails the claim."""
+    c = claim("c", request("req-0", capacity={"memory": 4}), request("req-1", all=True, capacity={"memory": 2}))
+    assert not allocator(all_slices()).allocate([c]).ok
+
+
+def test_all_in_use_insufficient() -> None:
+    """A device exhausted by earlier allocations is not part of the All set."""
+    a = allocator(all_slices())
+    assert a.allocate([claim("c0", request(capacity={"memory": 4}))]).ok
+    assert picked(a.allocate([claim("c1", request(all=True, capacity={"memory": 2}))])) == [[("req-0", "device-2")]]
+
+
+def test_all_in_use_sufficient() -> None:
+    """Earlier allocations that leave room keep the device in the All set."""
+    a = allocator(all_slices())
+    assert a.allocate([claim("c0", request(capacity={"memory": 2}))]).ok
+    assert picked(a.allocate([claim("c1", request(all=True, capacity={"memory": 2}))])) == [[("req-0", "device-1"), ("req-0", "device-2")]]
