@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import array
 import dataclasses
-import enum
 import functools
 import re
 import uuid
 from collections.abc import Mapping, Sequence
 
-from dractl import _alloc, _allocindex, cel, model
+from dractl import _alloc, _allocindex, cel, config, model
 
 MAX_RESULTS = 32
 """Devices per claim (`AllocationResultsMaxSize`)."""
@@ -40,9 +39,8 @@ _WHOLE_MAP = re.compile(
 )
 
 
-class Policy(enum.Enum):
-    FIRST_FIT = "first-fit"  # upstream's choices exactly
-    BINPACK = "binpack"  # scored: pack nodes and GPUs, keep locality, avoid MIG fragmentation
+# One definition for the CLI, the settings and the allocator: the settings layer sits lowest.
+Policy = config.Policy
 
 
 class AllocationError(Exception):
@@ -543,10 +541,10 @@ class Allocator:
         for class_name, names in by_class.items():
             for opaque in self._classes[class_name].config:
                 entries.append(model.DeviceAllocationConfiguration(source="FromClass", requests=_scope(names, top=top, selected=selected), opaque=opaque))
-        for config in plan.config:
-            if config.requests and not any(ref in top or ref in selected for ref in config.requests):
+        for claim_config in plan.config:
+            if claim_config.requests and not any(ref in top or ref in selected for ref in claim_config.requests):
                 continue
-            entries.append(model.DeviceAllocationConfiguration(source="FromClaim", requests=_scope(list(config.requests), top=top, selected=selected), opaque=config.opaque))
+            entries.append(model.DeviceAllocationConfiguration(source="FromClaim", requests=_scope(list(claim_config.requests), top=top, selected=selected), opaque=claim_config.opaque))
         result = plan.configs[chosen] = tuple(entries)
         return result
 

@@ -3,7 +3,7 @@ and the pool cases of groups A and G."""
 
 from __future__ import annotations
 
-from alloc_inputs import allocator, claim, counter_set, device, devices, picked, reasons, request, rslice
+from alloc_inputs import allocator, claim, counter_set, device, devices, picked, reasons, rslice
 
 
 def test_obsolete_slice() -> None:

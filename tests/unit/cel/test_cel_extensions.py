@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 import pytest
 
-from dractl import cel
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,298 @@
+"""The dractl command line: modes, flags and their environment variables, exit codes and output formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+import dractl
+from dractl import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+# One node with one GPU, a claim that fits, a claim that cannot (it wants two GPUs), and two
+# pods sharing the first claim.
+MANIFESTS = """
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu.example.com}
+spec:
+  selectors:
+  - cel: {expression: 'device.driver == "gpu.example.com"'}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: node-1-gpus}
+spec:
+  driver: gpu.example.com
+  pool: {name: node-1, generation: 1, resourceSliceCount: 1}
+  nodeName: node-1
+  devices:
+  - {name: gpu-0, capacity: {memory: {value: 16Gi}}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: fits}
+spec:
+  devices:
+    requests:
+    - {name: gpu, exactly: {deviceClassName: gpu.example.com}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: too-big}
+spec:
+  devices:
+    requests:
+    - {name: gpu, exactly: {deviceClassName: gpu.example.com, count: 2}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: one}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimName: fits}]
+  containers: [{name: main, image: busybox, resources: {claims: [{name: gpu}]}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: two}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimName: fits}]
+  containers: [{name: main, image: busybox, resources: {claims: [{name: gpu}]}}]
+"""
+
+BAD = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: train}
+spec:
+  devices:
+    requests:
+    - {name: gpu, exactly: {deviceClassName: gpu.example.com, count: -1}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: other}
+spec:
+  devices:
+    requests:
+    - {name: gpu, exactly: {count: 1}}
+"""
+
+FLAGS = {"--file": "DRACTL_FILE", "--policy": "DRACTL_POLICY", "--output": "DRACTL_OUTPUT", "--timing": "DRACTL_TIMING", "--search-limit": "DRACTL_SEARCH_LIMIT"}
+TIMING = re.compile(r"claims_per_s=[0-9]+\.[0-9]+")
+
+
+def _invoke(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli.main, list(args), env=env, catch_exceptions=False)
+
+
+@pytest.fixture
+def manifests(tmp_path: pathlib.Path) -> pathlib.Path:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(MANIFESTS)
+    return path
+
+
+@pytest.fixture
+def bad(tmp_path: pathlib.Path) -> pathlib.Path:
+    path = tmp_path / "claims.yaml"
+    path.write_text(BAD)
+    return path
+
+
+def test_help_lists_every_mode() -> None:
+    """Guards: `dractl --help` names every mode of DESIGN.md."""
+    result = _invoke("--help")
+    assert result.exit_code == 0
+    for mode in ("simulate", "node-agent", "controller", "explain", "discover"):
+        assert mode in result.stdout
+
+
+def test_simulate_flags_state_defaults_and_env_vars() -> None:
+    """Guards: every simulate flag is kebab-case, states its default, and names its DRACTL_<FLAG> variable."""
+    result = _invoke("simulate", "--help")
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    for flag, env in FLAGS.items():
+        assert flag in text and f"env var: {env}" in text
+    assert text.count("(default:") == len(FLAGS)
+
+
+def test_version() -> None:
+    """Guards: `dractl --version` prints the program name and the package version, and exits 0."""
+    result = _invoke("--version")
+    assert result.exit_code == 0 and result.stdout == f"dractl {dractl.__version__}\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["node-agent"], ["controller"], ["explain", "claim", "default/train"], ["discover"]],
+    ids=["node-agent", "controller", "explain", "discover"],
+)
+def test_modes_of_later_releases_say_so_and_exit_2(args: list[str]) -> None:
+    """Guards: modes not in this release print one line on stderr and exit 2."""
+    result = _invoke(*args)
+    assert result.exit_code == 2
+    assert result.stderr == f"dractl {args[0]}: not yet available in this release\n"
+    assert result.stdout == ""
+
+
+def test_invalid_input_prints_every_problem_and_exits_1(bad: pathlib.Path) -> None:
+    """Guards: decode errors exit 1 with every problem, naming file, object and field, and no traceback."""
+    result = _invoke("simulate", "-f", str(bad))
+    assert result.exit_code == 1
+    assert f"{bad}: ResourceClaim default/train: spec.devices.requests[0].exactly.count:" in result.stderr
+    assert f"{bad}: ResourceClaim default/other: spec.devices.requests[0].exactly.deviceClassName:" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_missing_file_is_a_usage_error(tmp_path: pathlib.Path) -> None:
+    """Guards: -f naming a path that does not exist is refused by the CLI (exit 2) before decoding."""
+    result = _invoke("simulate", "-f", str(tmp_path / "nope.yaml"))
+    assert result.exit_code == 2 and "does not exist" in result.stderr
+
+
+def test_env_vars_mirror_flags(manifests: pathlib.Path, bad: pathlib.Path) -> None:
+    """Guards: DRACTL_FILE, DRACTL_OUTPUT, DRACTL_POLICY, DRACTL_TIMING and DRACTL_SEARCH_LIMIT act like their flags."""
+    env = {"DRACTL_FILE": str(manifests), "DRACTL_OUTPUT": "json", "DRACTL_POLICY": "first-fit", "DRACTL_TIMING": "1"}
+    result = _invoke("simulate", env=env)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["summary"]["policy"] == "first-fit"
+    assert TIMING.search(result.stderr)
+    assert _invoke("simulate", env={"DRACTL_FILE": str(bad)}).exit_code == 1
+    both = _invoke("simulate", "-o", "json", env={"DRACTL_FILE": f"{manifests}{os.pathsep}{bad}"})
+    assert both.exit_code == 1 and str(bad) in both.stderr
+    limited = _invoke("simulate", env={"DRACTL_SEARCH_LIMIT": "0"})
+    assert limited.exit_code == 2 and "DRACTL_SEARCH_LIMIT" not in limited.stdout and "--search-limit" in limited.stderr
+
+
+def test_json_output_has_the_documented_keys(manifests: pathlib.Path) -> None:
+    """Guards: -o json is {"claims": [{namespace, name, allocated, node, results, reasons}], "summary": {...}}."""
+    result = _invoke("simulate", "-f", str(manifests), "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    claims = {c["name"]: c for c in document["claims"]}
+    assert list(claims) == ["too-big", "fits"]
+    for claim in claims.values():
+        assert set(claim) == {"namespace", "name", "allocated", "node", "results", "reasons"}
+    assert claims["fits"]["allocated"] is True and claims["fits"]["node"] == "node-1"
+    assert claims["fits"]["results"] == [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]
+    assert claims["too-big"]["allocated"] is False and claims["too-big"]["results"] == [] and claims["too-big"]["reasons"]
+    summary = document["summary"]
+    assert (summary["policy"], summary["claims"], summary["allocated"], summary["unallocated"]) == ("binpack", 2, 1, 1)
+    assert summary["nodes"] == [{"name": "node-1", "devices_used": 1, "devices_total": 1, "counters": {}}]
+
+
+def test_yaml_output_is_resource_claims_as_the_api_holds_them(manifests: pathlib.Path) -> None:
+    """Guards: -o yaml prints ResourceClaims with status.allocation and reservedFor; reasons go to stderr."""
+    result = _invoke("simulate", "-f", str(manifests), "-o", "yaml")
+    assert result.exit_code == 0, result.stderr
+    documents = {d["metadata"]["name"]: d for d in yaml.safe_load_all(result.stdout)}
+    assert all(d["apiVersion"] == "resource.k8s.io/v1" and d["kind"] == "ResourceClaim" for d in documents.values())
+    status = documents["fits"]["status"]
+    assert status["allocation"]["devices"]["results"] == [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]
+    assert [(r["resource"], r["name"]) for r in status["reservedFor"]] == [("pods", "one"), ("pods", "two")]
+    assert "allocation" not in documents["too-big"].get("status", {})
+    assert result.stderr.startswith("default/too-big: ")
+
+
+def test_yaml_output_fed_back_in_keeps_the_allocations(manifests: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """Guards: claims printed by -o yaml decode again, and are then reported as allocated on the same devices."""
+    first = _invoke("simulate", "-f", str(manifests), "-o", "yaml")
+    again = tmp_path / "again.yaml"
+    cluster = MANIFESTS.split("---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim")[0]
+    again.write_text(cluster + first.stdout)
+    result = _invoke("simulate", "-f", str(again), "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    fits = next(c for c in json.loads(result.stdout)["claims"] if c["name"] == "fits")
+    assert fits["allocated"] and fits["results"][0]["device"] == "gpu-0"
+
+
+def test_table_shows_claims_reasons_and_nodes_and_exits_0(manifests: pathlib.Path) -> None:
+    """Guards: the default table lists every claim, the reasons of the one that failed, a node summary, and still exits 0."""
+    result = _invoke("simulate", "-f", str(manifests))
+    assert result.exit_code == 0, result.stderr
+    for text in ("default/fits", "default/too-big", "not allocated", "node-1", "1 of 2 claims allocated", "1 / 1"):
+        assert text in result.stdout
+
+
+def test_timing_prints_claims_per_second_on_stderr(manifests: pathlib.Path) -> None:
+    """Guards: --timing prints one stderr line with claims_per_s=<float> and leaves stdout parseable."""
+    result = _invoke("simulate", "-f", str(manifests), "-o", "json", "--timing")
+    assert result.exit_code == 0
+    lines = [line for line in result.stderr.splitlines() if "claims_per_s=" in line]
+    assert len(lines) == 1 and TIMING.search(lines[0])
+    json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("policy", ["first-fit", "binpack"])
+def test_without_files_the_example_cluster_runs(policy: str) -> None:
+    """Guards: `dractl simulate` with no -f runs the built-in example and allocates every claim in it."""
+    result = _invoke("simulate", "--policy", policy, "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["unallocated"] == 0 and summary["claims"] == 5
+
+
+def test_python_dash_m_dractl_runs_the_cli() -> None:
+    """Guards: `python -m dractl` is the same CLI as the console script."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    completed = subprocess.run([sys.executable, "-m", "dractl", "discover"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert completed.returncode == 2
+    assert completed.stderr == "dractl discover: not yet available in this release\n"
+
+
+def test_search_limit_reaches_the_allocator() -> None:
+    """Guards: --search-limit is handed to the allocator: a limit of 1 step ends every search of the example with that reason."""
+    result = _invoke("simulate", "--search-limit", "1", "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    claims = json.loads(result.stdout)["claims"]
+    assert claims and all(not c["allocated"] and "search limit" in c["reasons"][0] for c in claims)
+
+
+def test_table_prints_reasons_verbatim(tmp_path: pathlib.Path) -> None:
+    """Guards: brackets in a reason (CEL map access, "[bold]") are printed as written, not taken for rich markup."""
+    odd = MANIFESTS.split("---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim")[0] + """---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: odd}
+spec:
+  devices:
+    requests:
+    - {name: gpu, exactly: {deviceClassName: gpu.example.com, selectors: [{cel: {expression: 'device.attributes["gpu.example.com"].bold == "[bold]"'}}]}}
+"""
+    path = tmp_path / "odd.yaml"
+    path.write_text(odd)
+    result = _invoke("simulate", "-f", str(path))
+    assert result.exit_code == 0, result.stderr
+    text = "".join(result.stdout.split())
+    assert 'device.attributes["gpu.example.com"].bold=="[bold]"' in text
+
+
+def test_selector_that_does_not_compile_is_rejected_like_the_api_server_would(tmp_path: pathlib.Path) -> None:
+    """Guards: `>=` on a quantity (the seed article's class) exits 1 naming file, object and field, with the expression to write instead."""
+    path = tmp_path / "class.yaml"
+    path.write_text(
+        """apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: high-memory-gpu}
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "gpu.nvidia.com" && device.capacity["gpu.nvidia.com"].memory >= quantity("40Gi")
+"""
+    )
+    result = _invoke("simulate", "-f", str(path))
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"{path}: DeviceClass high-memory-gpu: spec.selectors[0].cel.expression: CEL expression")
+    assert 'write instead: device.driver == "gpu.nvidia.com" && device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0' in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
