@@ -31,11 +31,13 @@ _SHARE_NAMESPACE = uuid.UUID("6c1b2f57-2f0a-4b5e-9b1e-0d5a1c3d7e21")
 _BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 # Expressions that may look at a device's whole attribute or capacity map (comprehensions,
-# size, the bare `device`, a map compared with ==); for these the result is not a function of
+# size, the bare `device`, a map compared with ==, a computed subscript); for these the result is not a function of
 # the attributes the text names, so their results are not shared across devices.
 _WHOLE_MAP = re.compile(
     r"\b(?:exists|exists_one|all|map|filter|size|bind|transformList|transformMap|transformMapEntry|sortBy)\s*\("
     r"|\bdevice\.(?:attributes|capacity)\s*[^\[\s.?]|\bdevice\s*[^.\s]|\bdevice\s*$|\]\s*[!=]="
+    # A subscript that is not a string literal may compute an attribute name at run time.
+    r"|\[(?!\s*\??\s*(?:\"[^\"\\\\]*\"|'[^'\\\\]*')\s*\])"
 )
 
 

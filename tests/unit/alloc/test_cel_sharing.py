@@ -18,8 +18,9 @@ def gpus() -> list:
         ('device.attributes["driver-a"].model == "a100" && device.attributes["driver-a"].uuid.endsWith("1")', "gpu-1"),
         ('device.attributes["driver-a"].exists(k, device.attributes["driver-a"][k] == "GPU-2")', "gpu-2"),
         ('cel.bind(a, device.attributes["driver-a"], a.uuid == "GPU-1")', "gpu-1"),
+        ('device.attributes["driver-a"]["uu" + "id"].endsWith("2")', "gpu-2"),
     ],
-    ids=["named-attribute", "two-attributes", "comprehension", "bind"],
+    ids=["named-attribute", "two-attributes", "comprehension", "bind", "computed-subscript"],
 )
 def test_devices_that_differ_are_evaluated_separately(expression: str, expected: str) -> None:
     """Devices that differ in an attribute the expression can see get their own result."""
