@@ -566,12 +566,15 @@ class Allocator:
         # together.
         explained: list[tuple[bool, Reason]] = []
         alt_index = 0
+        # The core numbers constraints across all claims of the call, in claim order.
+        constraint_base = 0
         for claim, plan in zip(claims, plans):
             for options in plan.requests:
-                rows = [self._alt_message(alt, row=stats[alt_index + i], plan=plan, nodes=nodes) for i, alt in enumerate(options)]
+                rows = [self._alt_message(alt, row=stats[alt_index + i], plan=plan, constraint_base=constraint_base, nodes=nodes) for i, alt in enumerate(options)]
                 alt_index += len(options)
                 blamed = any(b for b, _ in rows)
                 explained.extend((blamed, Reason(claim.key, alt.name, message)) for alt, (_, message) in zip(options, rows))
+            constraint_base += len(plan.constraints)
         if any(blamed for blamed, _ in explained):
             reasons.extend(reason for blamed, reason in explained if blamed)
         else:
@@ -582,7 +585,7 @@ class Allocator:
             reasons.append(Reason(first, None, problem.message()))
         return tuple(reasons)
 
-    def _alt_message(self, alt: _Alt, *, row: Sequence[int], plan: _Plan, nodes: array.array[int]) -> tuple[bool, str]:
+    def _alt_message(self, alt: _Alt, *, row: Sequence[int], plan: _Plan, constraint_base: int, nodes: array.array[int]) -> tuple[bool, str]:
         """The reason text for one alternative, and whether it is known to stop the claim."""
         shape = alt.shape
         free = self._core.count_free(shape.shape_id, admin=alt.admin, nodes=nodes)
@@ -601,7 +604,7 @@ class Allocator:
             d, name = self._index.slot_names[row[_alloc.STAT_LAST_SLOT]]
             parts.append(f"capacity {name} of device {self._index.devices[d].path} ran out")
         if row[_alloc.STAT_CONSTRAINT]:
-            parts.append(f"constraint {plan.constraints[row[_alloc.STAT_LAST_CONSTRAINT]][2]} could not be met")
+            parts.append(f"constraint {plan.constraints[row[_alloc.STAT_LAST_CONSTRAINT] - constraint_base][2]} could not be met")
         if row[_alloc.STAT_ALL_BLOCKED]:
             parts.append("allocationMode All needs every matching device, but some are already allocated or have a taint the request does not tolerate")
         if row[_alloc.STAT_BAD_POOL]:

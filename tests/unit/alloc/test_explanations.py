@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from alloc_inputs import allocator, claim, counter_set, device, device_class, devices, held, match, reasons, request, rslice
+from alloc_inputs import allocator, claim, counter_set, device, device_class, devices, distinct, held, match, reasons, request, rslice
 
 
 def test_counts_per_request() -> None:
@@ -38,6 +38,16 @@ def test_counter_reason() -> None:
     slices = [rslice(name="a", counters=[counter_set("gpu-0", memory=4)], count=2), rslice(device("d1", consumes={"gpu-0": {"memory": 4}}), device("d2", consumes={"gpu-0": {"memory": 4}}), name="b", count=2)]
     text = reasons(allocator(slices).allocate([claim("c", request(count=2))]))
     assert "counter memory of counter set gpu-0 in pool driver-a/node-1 ran out" in text
+
+
+def test_constraint_reason_in_a_joint_allocation_names_that_claims_constraint() -> None:
+    """Claims allocated together number constraints across the call; each reason still names its own claim's constraint (found by the oracle property)."""
+    slices = [rslice(device("device-0"), device("device-1", attributes={"model": "a100"}))]
+    first = claim("c0", request("r0"), constraints=[distinct("driver-a/model")])
+    second = claim("c1", request("r0"), constraints=[distinct("driver-a/model")])
+    outcome = allocator(slices).allocate([first, second])
+    assert not outcome.ok
+    assert "constraint distinctAttribute driver-a/model could not be met" in reasons(outcome)
 
 
 def test_unknown_constraint_request() -> None:
