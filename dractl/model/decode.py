@@ -1330,20 +1330,10 @@ def _resource_slice(o: _Object, raw: Mapping[str, Any], source: types.Source) ->
     if spec.get("devices") is not None and spec.get("sharedCounters") is not None:
         o.error("spec", "only one of devices or sharedCounters is allowed: publish counter sets in a slice of their own")
     devices = _devices(o, spec.get("devices"), per_device=bool(per_device))
-    counter_sets = []
-    counter_names: set[str] = set()
-    for i, item in enumerate(_list(o, spec.get("sharedCounters"), "spec.sharedCounters", _MAX_COUNTER_SETS)):
-        cpath = f"spec.sharedCounters[{i}]"
-        c = _map(o, item, cpath, _COUNTER_SET_KEYS)
-        if c is None:
-            continue
-        name = _required_str(o, c, "name", cpath)
-        if name:
-            _check(o, f"{cpath}.name", _dns_label(name))
-            if name in counter_names:
-                o.error(f"{cpath}.name", f"duplicate counter set {_q(name)}")
-            counter_names.add(name)
-        counter_sets.append(types.CounterSet(name=name, counters=_counters(o, c, cpath)))
+    counter_sets = [
+        types.CounterSet(name=name, counters=counters)
+        for name, counters in _named_counters(o, spec.get("sharedCounters"), "spec.sharedCounters", limit=_MAX_COUNTER_SETS, keys=_COUNTER_SET_KEYS, name_key="name")
+    ]
     return types.ResourceSlice(
         meta=meta,
         driver=driver,
@@ -1459,20 +1449,10 @@ def _device(o: _Object, raw: object, path: str, *, per_device: bool) -> types.De
     values = sum(len(a.values) for a in attributes.values())
     if values > _MAX_ATTRIBUTE_VALUES:
         o.error(fields_path, f"must have at most {_MAX_ATTRIBUTE_VALUES} attribute values in total, got {values}")
-    consumes = []
-    seen_sets: set[str] = set()
-    for i, item in enumerate(_list(o, m.get("consumesCounters"), f"{fields_path}.consumesCounters", _MAX_CONSUMES_COUNTERS)):
-        cpath = f"{fields_path}.consumesCounters[{i}]"
-        c = _map(o, item, cpath, _CONSUMPTION_KEYS)
-        if c is None:
-            continue
-        counter_set = _required_str(o, c, "counterSet", cpath)
-        if counter_set:
-            _check(o, f"{cpath}.counterSet", _dns_label(counter_set))
-            if counter_set in seen_sets:
-                o.error(f"{cpath}.counterSet", f"duplicate counter set {_q(counter_set)}")
-            seen_sets.add(counter_set)
-        consumes.append(types.DeviceCounterConsumption(counter_set=counter_set, counters=_counters(o, c, cpath)))
+    consumes = [
+        types.DeviceCounterConsumption(counter_set=name, counters=counters)
+        for name, counters in _named_counters(o, m.get("consumesCounters"), f"{fields_path}.consumesCounters", limit=_MAX_CONSUMES_COUNTERS, keys=_CONSUMPTION_KEYS, name_key="counterSet")
+    ]
     node_name = _str(o, m, "nodeName", fields_path)
     node_selector = _node_selector(o, m["nodeSelector"], f"{fields_path}.nodeSelector") if m.get("nodeSelector") is not None else None
     all_nodes = _bool(o, m, "allNodes", fields_path)
@@ -1722,6 +1702,28 @@ def _valid_range(o: _Object, raw: object, path: str, total: quantity.Quantity, d
                 if value is not None and (value.value - low.value) % step.value:
                     o.error(f"{path}.step", f"{label} {value} is not min {low} plus a multiple of step {step}")
     return types.CapacityRequestPolicyRange(min=low, max=high, step=step)
+
+
+def _named_counters(
+    o: _Object, raw: object, path: str, *, limit: int, keys: frozenset[str], name_key: str
+) -> list[tuple[str, dict[str, quantity.Quantity]]]:
+    """A list of entries that each name a counter set (unique, a DNS label) and hold
+    counters: a slice's `sharedCounters` or a device's `consumesCounters`."""
+    entries = []
+    seen: set[str] = set()
+    for i, item in enumerate(_list(o, raw, path, limit)):
+        cpath = f"{path}[{i}]"
+        c = _map(o, item, cpath, keys)
+        if c is None:
+            continue
+        name = _required_str(o, c, name_key, cpath)
+        if name:
+            _check(o, f"{cpath}.{name_key}", _dns_label(name))
+            if name in seen:
+                o.error(f"{cpath}.{name_key}", f"duplicate counter set {_q(name)}")
+            seen.add(name)
+        entries.append((name, _counters(o, c, cpath)))
+    return entries
 
 
 def _counters(o: _Object, m: Mapping[str, Any], path: str) -> dict[str, quantity.Quantity]:
