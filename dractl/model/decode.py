@@ -949,12 +949,7 @@ def _first_available(o: _Object, raw: object, path: str) -> tuple[types.DeviceSu
         m = _map(o, item, spath, _SUBREQUEST_KEYS, _SUBREQUEST_HINTS)
         if m is None:
             continue
-        name = _required_str(o, m, "name", spath)
-        if name:
-            _check(o, f"{spath}.name", _dns_label(name))
-            if name in seen:
-                o.error(f"{spath}.name", f"duplicate subrequest name {_q(name)}")
-            seen.add(name)
+        name = _unique_label(o, m, "name", spath, seen=seen, what="subrequest name")
         mode, count = _mode_and_count(o, m, spath)
         subrequests.append(types.DeviceSubRequest(
             name=name,
@@ -1704,6 +1699,17 @@ def _valid_range(o: _Object, raw: object, path: str, total: quantity.Quantity, d
     return types.CapacityRequestPolicyRange(min=low, max=high, step=step)
 
 
+def _unique_label(o: _Object, m: Mapping[str, Any], key: str, path: str, *, seen: set[str], what: str) -> str:
+    """The required DNS-label `m[key]`, reported when it repeats a name in `seen` (which it joins)."""
+    name = _required_str(o, m, key, path)
+    if name:
+        _check(o, f"{path}.{key}", _dns_label(name))
+        if name in seen:
+            o.error(f"{path}.{key}", f"duplicate {what} {_q(name)}")
+        seen.add(name)
+    return name
+
+
 def _named_counters(
     o: _Object, raw: object, path: str, *, limit: int, keys: frozenset[str], name_key: str
 ) -> list[tuple[str, dict[str, quantity.Quantity]]]:
@@ -1716,12 +1722,7 @@ def _named_counters(
         c = _map(o, item, cpath, keys)
         if c is None:
             continue
-        name = _required_str(o, c, name_key, cpath)
-        if name:
-            _check(o, f"{cpath}.{name_key}", _dns_label(name))
-            if name in seen:
-                o.error(f"{cpath}.{name_key}", f"duplicate counter set {_q(name)}")
-            seen.add(name)
+        name = _unique_label(o, c, name_key, cpath, seen=seen, what="counter set")
         entries.append((name, _counters(o, c, cpath)))
     return entries
 
@@ -1787,12 +1788,7 @@ def _pod_spec(o: _Object, spec: Mapping[str, Any], path: str) -> dict[str, Any]:
         c = _map(o, item, cpath, _POD_CLAIM_KEYS_WITH_SOURCE)
         if c is None:
             continue
-        name = _required_str(o, c, "name", cpath)
-        if name:
-            _check(o, f"{cpath}.name", _dns_label(name))
-            if name in claim_names:
-                o.error(f"{cpath}.name", f"duplicate claim name {_q(name)}")
-            claim_names.add(name)
+        name = _unique_label(o, c, "name", cpath, seen=claim_names, what="claim name")
         claim_name = _str(o, c, "resourceClaimName", cpath)
         template_name = _str(o, c, "resourceClaimTemplateName", cpath)
         if claim_name is not None and template_name is not None:
