@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from simulate_manifests import CLUSTER, claim, load
+from simulate_manifests import CLASS, CLUSTER, claim, load
 
 from dractl import alloc
 from dractl.simulate import engine, report
 
-PARTITIONED = """
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: gpu.example.com}
-spec:
-  selectors:
-  - cel: {expression: 'device.driver == "gpu.example.com"'}
+PARTITIONED = CLASS + """
 ---
 apiVersion: resource.k8s.io/v1
 kind: ResourceSlice
