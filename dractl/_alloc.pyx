@@ -58,41 +58,22 @@ STAT_BAD_POOL = S_BAD_POOL
 N_STATS = N_STATS_C
 
 
-cdef int32_t* _copy_i(object src, Py_ssize_t* n) except? NULL:
-    cdef const int32_t[:] view
-    cdef int32_t* out
-    cdef Py_ssize_t length = len(src)
-    n[0] = length
-    out = <int32_t*> PyMem_Malloc((length + 1) * sizeof(int32_t))
+cdef void* _copy(object src, Py_ssize_t itemsize, Py_ssize_t* n) except NULL:
+    """A PyMem copy of a contiguous buffer of `itemsize`-byte items, with one spare item so an
+    empty table is still a valid pointer; the item count goes to `n` unless it is NULL. The
+    item size is checked, so an int32 table handed where int64 is expected is refused."""
+    view = memoryview(src)
+    if view.itemsize != itemsize:
+        raise ValueError(f"malformed plan: items of {view.itemsize} bytes where {itemsize} are expected")
+    cdef const unsigned char[::1] raw = view.cast("B")
+    cdef Py_ssize_t size = raw.shape[0]
+    cdef void* out = PyMem_Malloc(size + itemsize)
     if out == NULL:
         raise MemoryError()
-    if length:
-        view = src
-        memcpy(out, &view[0], length * sizeof(int32_t))
-    return out
-
-
-cdef int64_t* _copy_q(object src) except? NULL:
-    cdef const int64_t[:] view
-    cdef Py_ssize_t length = len(src)
-    cdef int64_t* out = <int64_t*> PyMem_Malloc((length + 1) * sizeof(int64_t))
-    if out == NULL:
-        raise MemoryError()
-    if length:
-        view = src
-        memcpy(out, &view[0], length * sizeof(int64_t))
-    return out
-
-
-cdef uint8_t* _copy_b(object src) except? NULL:
-    cdef const uint8_t[:] view
-    cdef Py_ssize_t length = len(src)
-    cdef uint8_t* out = <uint8_t*> PyMem_Malloc(length + 1)
-    if out == NULL:
-        raise MemoryError()
-    if length:
-        view = src
-        memcpy(out, &view[0], length)
+    if size:
+        memcpy(out, &raw[0], size)
+    if n != NULL:
+        n[0] = size // itemsize
     return out
 
 
@@ -219,23 +200,23 @@ cdef class Core:
         cdef Py_ssize_t n
         cdef int32_t d, k, c
         cdef double size
-        self.node_off = _copy_i(node_off, &n)
+        self.node_off = <int32_t*> _copy(node_off, sizeof(int32_t), &n)
         self.n_nodes = <int32_t> (n - 1)
-        self.node_dev = _copy_i(node_dev, &n)
-        self.node_bad = _copy_b(node_bad)
-        self.cons_off = _copy_i(cons_off, &n)
+        self.node_dev = <int32_t*> _copy(node_dev, sizeof(int32_t), &n)
+        self.node_bad = <uint8_t*> _copy(node_bad, 1, NULL)
+        self.cons_off = <int32_t*> _copy(cons_off, sizeof(int32_t), &n)
         self.n_dev = <int32_t> (n - 1)
-        self.cons_id = _copy_i(cons_id, &n)
-        self.cons_amt = _copy_q(cons_amt)
-        self.chk_off = _copy_i(chk_off, &n)
-        self.chk_id = _copy_i(chk_id, &n)
-        self.cnt_avail = _copy_q(cnt_avail)
-        self.cnt_total = _copy_q(cnt_total)
-        self.cnt_set = _copy_i(cnt_set, &n)
+        self.cons_id = <int32_t*> _copy(cons_id, sizeof(int32_t), &n)
+        self.cons_amt = <int64_t*> _copy(cons_amt, sizeof(int64_t), NULL)
+        self.chk_off = <int32_t*> _copy(chk_off, sizeof(int32_t), &n)
+        self.chk_id = <int32_t*> _copy(chk_id, sizeof(int32_t), &n)
+        self.cnt_avail = <int64_t*> _copy(cnt_avail, sizeof(int64_t), NULL)
+        self.cnt_total = <int64_t*> _copy(cnt_total, sizeof(int64_t), NULL)
+        self.cnt_set = <int32_t*> _copy(cnt_set, sizeof(int32_t), &n)
         self.n_cnt = <int32_t> n
-        self.set_off = _copy_i(set_off, &n)
+        self.set_off = <int32_t*> _copy(set_off, sizeof(int32_t), &n)
         self.n_sets = <int32_t> (n - 1)
-        self.set_dev = _copy_i(set_dev, &n)
+        self.set_dev = <int32_t*> _copy(set_dev, sizeof(int32_t), &n)
         # Counter ids of one set are contiguous and sets ascend, so each set is a range.
         self.set_cnt_off = <int32_t*> PyMem_Malloc((self.n_sets + 2) * sizeof(int32_t))
         if self.set_cnt_off == NULL:
@@ -248,13 +229,13 @@ cdef class Core:
         for c in range(1, self.n_cnt):
             if self.cnt_set[c] < self.cnt_set[c - 1]:
                 raise ValueError("counters must be grouped by ascending counter set")
-        self.in_use = _copy_b(in_use)
-        self.multi = _copy_b(multi)
-        self.shares = _copy_i(shares, &n)
-        self.slot_value = _copy_q(slot_value)
-        self.slot_used = _copy_q(slot_used)
+        self.in_use = <uint8_t*> _copy(in_use, 1, NULL)
+        self.multi = <uint8_t*> _copy(multi, 1, NULL)
+        self.shares = <int32_t*> _copy(shares, sizeof(int32_t), &n)
+        self.slot_value = <int64_t*> _copy(slot_value, sizeof(int64_t), NULL)
+        self.slot_used = <int64_t*> _copy(slot_used, sizeof(int64_t), NULL)
         self.n_slot = <int32_t> len(slot_value)
-        self.dev_group = _copy_i(dev_group, &n)
+        self.dev_group = <int32_t*> _copy(dev_group, sizeof(int32_t), &n)
         self.n_groups = <int32_t> n_groups
         self.cnt_pend = <int64_t*> PyMem_Malloc((self.n_cnt + 1) * sizeof(int64_t))
         self.slot_pend = <int64_t*> PyMem_Malloc((self.n_slot + 1) * sizeof(int64_t))
@@ -382,8 +363,8 @@ cdef class Core:
                 raise MemoryError()
             self.shapes = grown
         cdef Shape* s = &self.shapes[self.n_shapes]
-        s.cand = _copy_b(cand)
-        s.select = _copy_b(select)
+        s.cand = <uint8_t*> _copy(cand, 1, NULL)
+        s.select = <uint8_t*> _copy(select, 1, NULL)
         if cap_off is None:
             s.cap_off = NULL
             s.cap_slot = NULL
@@ -391,9 +372,9 @@ cdef class Core:
         else:
             if len(cap_off) != self.n_dev + 1 or len(cap_slot) != len(cap_amt):
                 raise ValueError("capacity tables must have one offset per device plus one")
-            s.cap_off = _copy_i(cap_off, &n)
-            s.cap_slot = _copy_i(cap_slot, &n)
-            s.cap_amt = _copy_q(cap_amt)
+            s.cap_off = <int32_t*> _copy(cap_off, sizeof(int32_t), &n)
+            s.cap_slot = <int32_t*> _copy(cap_slot, sizeof(int32_t), &n)
+            s.cap_amt = <int64_t*> _copy(cap_amt, sizeof(int64_t), NULL)
             try:
                 _check_offsets(s.cap_off, self.n_dev, <int32_t> n)
                 for i in range(n):
@@ -423,8 +404,8 @@ cdef class Core:
         cdef Py_ssize_t i
         if len(off) != self.n_dev + 1:
             raise ValueError("attribute offsets must have one entry per device plus one")
-        a.off = _copy_i(off, &n)
-        a.vals = _copy_i(vals, &n)
+        a.off = <int32_t*> _copy(off, sizeof(int32_t), &n)
+        a.vals = <int32_t*> _copy(vals, sizeof(int32_t), &n)
         a.n_values = n_values
         try:
             _check_offsets(a.off, self.n_dev, <int32_t> n)

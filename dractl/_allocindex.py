@@ -142,27 +142,26 @@ class Index:
             self.node_names.append(None)
             self.node_labels.append({})
 
-    def _slice_relevant(self, s: model.ResourceSlice, node: int) -> bool:
+    def _selects(self, node: int, *, node_name: str | None, all_nodes: bool, node_selector: model.NodeSelector | None) -> bool | None:
+        """Whether one node-selection choice (nodeName, allNodes or nodeSelector, as on a
+        slice or a device) takes `node`; None when none of them is set."""
         name = self.node_names[node]
-        if s.node_name:
-            return s.node_name == name
-        if s.all_nodes:
+        if node_name:
+            return node_name == name
+        if all_nodes:
             return True
-        if s.node_selector is not None:
-            return name is not None and node_selector_matches(s.node_selector, name, self.node_labels[node])
-        if s.per_device_node_selection:
-            return any(self._device_relevant(d, node) for d in s.devices)
-        return False
+        if node_selector is not None:
+            return name is not None and node_selector_matches(node_selector, name, self.node_labels[node])
+        return None
+
+    def _slice_relevant(self, s: model.ResourceSlice, node: int) -> bool:
+        selected = self._selects(node, node_name=s.node_name, all_nodes=s.all_nodes, node_selector=s.node_selector)
+        if selected is not None:
+            return selected
+        return s.per_device_node_selection and any(self._device_relevant(d, node) for d in s.devices)
 
     def _device_relevant(self, d: model.Device, node: int) -> bool:
-        name = self.node_names[node]
-        if d.node_name:
-            return d.node_name == name
-        if d.all_nodes:
-            return True
-        if d.node_selector is not None:
-            return name is not None and node_selector_matches(d.node_selector, name, self.node_labels[node])
-        return False
+        return self._selects(node, node_name=d.node_name, all_nodes=d.all_nodes, node_selector=d.node_selector) is True
 
     def _gather(self, slices: Sequence[model.ResourceSlice]) -> list[tuple[_Group, list[tuple[int, list[model.ResourceSlice]]]]]:
         """Per node, the pools it can use; returns each used group with (node, targeting slices)."""
