@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "dractl"
 
@@ -23,20 +25,54 @@ def test_import_linter_contracts_are_kept() -> None:
 
 
 def _imported_modules(path: pathlib.Path) -> set[str]:
-    """Absolute module names a source file imports, `from a import b` counted as `a` and `a.b`."""
+    """Absolute module names a source file imports, `from a import b` counted as `a` and `a.b`.
+
+    Relative imports are resolved against the file's own package, so `from . import _alloc`
+    in dractl/ counts as `dractl._alloc`.
+    """
+    package = list(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    if path.name == "__init__.py":
+        package = list(path.relative_to(ROOT).parts[:-1])
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            if module:
+                names.add(module)
+            names.update(f"{module}.{alias.name}".lstrip(".") for alias in node.names)
     return names
 
 
-def test_only_the_facade_imports_the_cython_core() -> None:
-    """Guards: dractl._alloc is imported only by dractl/alloc.py (import-linter cannot see compiled modules, so this is checked here)."""
-    importers = sorted(
-        str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py") if "dractl._alloc" in _imported_modules(path)
-    )
-    assert importers == ["dractl/alloc.py"]
+# Who may import what, beyond the import-linter contracts: compiled modules are invisible to
+# import-linter, and these libraries are confined to one place each (STYLE.md).
+_CONFINED = {
+    "dractl._alloc": ("dractl/alloc.py",),
+    "kubernetes": ("dractl/kube/",),
+    "pynvml": ("dractl/node/nvml.py",),
+    "grpc": ("dractl/node/plugin", "dractl/_proto/"),
+}
+
+
+def _importers(module: str) -> list[str]:
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        imported = _imported_modules(path)
+        if any(name == module or name.startswith(module + ".") for name in imported):
+            found.append(str(path.relative_to(ROOT)))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("module", sorted(_CONFINED))
+def test_confined_modules_are_imported_only_in_their_place(module: str) -> None:
+    """Guards: the Cython core, the Kubernetes client, NVML and gRPC are each imported only where STYLE.md puts them."""
+    allowed = _CONFINED[module]
+    stray = [path for path in _importers(module) if not path.startswith(allowed)]
+    assert stray == []
+
+
+def test_the_facade_imports_the_cython_core_even_relatively() -> None:
+    """Guards: the import check itself sees `from dractl import _alloc` and relative forms (else it guards nothing)."""
+    assert _importers("dractl._alloc") == ["dractl/alloc.py"]
