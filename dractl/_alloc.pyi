@@ -5,6 +5,9 @@ from typing_extensions import Buffer
 OK: int
 NO_FIT: int
 SEARCH_LIMIT: int
+CEL_ERROR: int
+POLICY_FIRST_FIT: int
+POLICY_BINPACK: int
 MODE_EXACT: int
 MODE_ALL: int
 MATCH: int
@@ -53,8 +56,17 @@ class Core:
         slot_used: Buffer,
         dev_group: Buffer,
         n_groups: int,
+        max_results: int,
     ) -> None: ...
-    def add_shape(self, cand: Buffer, select: Buffer, cap_off: Buffer | None = None, cap_slot: Buffer | None = None, cap_amt: Buffer | None = None) -> int: ...
+    def add_shape(
+        self,
+        cand: Buffer,
+        select: Buffer,
+        cap_off: Buffer | None = None,
+        cap_slot: Buffer | None = None,
+        cap_amt: Buffer | None = None,
+        err: Buffer | None = None,
+    ) -> int: ...
     def add_attribute(self, off: Buffer, vals: Buffer, n_values: int) -> int: ...
     def count_free(self, shape: int, *, admin: bool, nodes: Buffer) -> int: ...
     def search(

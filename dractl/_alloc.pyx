@@ -14,13 +14,15 @@ from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcpy, memset
 
 cdef enum:
-    MAX_RESULTS = 32    # results per claim (the API's limit)
     R_FAIL = 1          # internal search results; 0 is success
     R_LIMIT = 2
     R_SIZE = 3          # only the claim's result limit failed: other devices cannot help
+    R_ERROR = 4         # the search met a device whose selector failed: the attempt ends
     C_MODE_EXACT = 0
     C_MODE_ALL = 1
     C_DISTINCT = 1
+    C_POLICY_FIRST_FIT = 0
+    C_POLICY_BINPACK = 1
     S_SHORT = 0         # nodes skipped: fewer free candidates than the request needs
     S_COUNTER = 1       # candidates refused because a counter ran out
     S_LAST_COUNTER = 2  # the last counter id that ran out (-1: none)
@@ -34,10 +36,16 @@ cdef enum:
     S_BAD_POOL = 10     # All-mode requests on nodes with an incomplete or invalid pool
     N_STATS_C = 11
 
+cdef int64_t INT64_LAST = 0x7FFFFFFFFFFFFFFF  # a rank after every other
+
 # Search results (the facade maps them to reasons).
 OK = 0
 NO_FIT = 1
 SEARCH_LIMIT = 2
+CEL_ERROR = 3
+# Policies, as `search` takes them.
+POLICY_FIRST_FIT = C_POLICY_FIRST_FIT
+POLICY_BINPACK = C_POLICY_BINPACK
 # Request modes and constraint kinds, as the plan encodes them.
 MODE_EXACT = C_MODE_EXACT
 MODE_ALL = C_MODE_ALL
@@ -94,6 +102,7 @@ cdef struct Shape:
     int32_t* cap_off    # per device CSR into cap_slot/cap_amt (NULL: consumes no capacity)
     int32_t* cap_slot
     int64_t* cap_amt
+    uint8_t* err        # per device: 1 if evaluating a selector on it failed (NULL: none did)
 
 
 cdef struct Attr:
@@ -128,6 +137,9 @@ cdef struct Search:
     int32_t* alt_choice     # per request: the alternative being tried
     int32_t* order          # per request: n_visible slots, the device order for this request
     int32_t* order_len
+    int32_t* err_last       # per request: the last order position holding an erroring device (-1: none)
+    int32_t err_alt         # where the search met a selector error (R_ERROR)
+    int32_t err_dev
     int32_t* claim_nres
     int32_t* cons_base      # per constraint: offset into cons_cnt
     int32_t* cons_members
@@ -154,7 +166,7 @@ cdef class Core:
     asked to.
     """
 
-    cdef int32_t n_dev, n_nodes, n_cnt, n_slot, n_sets, n_groups
+    cdef int32_t n_dev, n_nodes, n_cnt, n_slot, n_sets, n_groups, max_results
     cdef int32_t* node_off
     cdef int32_t* node_dev
     cdef uint8_t* node_bad
@@ -196,8 +208,12 @@ cdef class Core:
 
     def __init__(self, *, node_off, node_dev, node_bad, cons_off, cons_id, cons_amt, chk_off, chk_id,
                  cnt_avail, cnt_total, cnt_set, set_off, set_dev, in_use, multi, shares,
-                 slot_value, slot_used, dev_group, n_groups):
+                 slot_value, slot_used, dev_group, n_groups, int max_results):
         cdef Py_ssize_t n
+        if max_results <= 0:
+            raise ValueError("max_results must be positive")
+        # The API's limit of results per claim, defined once in `dractl.model.limits`.
+        self.max_results = max_results
         cdef int32_t d, k, c
         cdef double size
         self.node_off = <int32_t*> _copy(node_off, sizeof(int32_t), &n)
@@ -342,6 +358,7 @@ cdef class Core:
                 PyMem_Free(self.shapes[i].cap_off)
                 PyMem_Free(self.shapes[i].cap_slot)
                 PyMem_Free(self.shapes[i].cap_amt)
+                PyMem_Free(self.shapes[i].err)
             PyMem_Free(self.shapes)
         if self.attrs != NULL:
             for i in range(self.n_attrs):
@@ -349,12 +366,16 @@ cdef class Core:
                 PyMem_Free(self.attrs[i].vals)
             PyMem_Free(self.attrs)
 
-    def add_shape(self, cand, select, cap_off=None, cap_slot=None, cap_amt=None):
+    def add_shape(self, cand, select, cap_off=None, cap_slot=None, cap_amt=None, err=None):
         """Register a request shape; returns its id. `cand` and `select` have one byte per
-        device: the candidates, and the devices mode All must take (a superset)."""
+        device: the candidates, and the devices mode All must take (a superset). `err`
+        (one byte per device, or None) marks the devices whose selector evaluation failed:
+        the search ends with CEL_ERROR where it tries one of them (an ExactCount request
+        that reaches it while it is free, or an All request on a node that shows it), as
+        upstream's lazy evaluation would."""
         cdef Py_ssize_t n, i
         cdef Shape* grown
-        if len(cand) != self.n_dev or len(select) != self.n_dev:
+        if len(cand) != self.n_dev or len(select) != self.n_dev or (err is not None and len(err) != self.n_dev):
             raise ValueError("candidate vector length differs from the device count")
         if self.n_shapes == self.cap_shapes:
             self.cap_shapes = self.cap_shapes * 2 + 8
@@ -365,6 +386,7 @@ cdef class Core:
         cdef Shape* s = &self.shapes[self.n_shapes]
         s.cand = <uint8_t*> _copy(cand, 1, NULL)
         s.select = <uint8_t*> _copy(select, 1, NULL)
+        s.err = NULL if err is None else <uint8_t*> _copy(err, 1, NULL)
         if cap_off is None:
             s.cap_off = NULL
             s.cap_slot = NULL
@@ -381,7 +403,7 @@ cdef class Core:
                     if s.cap_slot[i] < 0 or s.cap_slot[i] >= self.n_slot:
                         raise ValueError("capacity slot out of range")
             except ValueError:
-                PyMem_Free(s.cand); PyMem_Free(s.select)
+                PyMem_Free(s.cand); PyMem_Free(s.select); PyMem_Free(s.err)
                 PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
                 raise
         for i in range(self.n_dev):
@@ -442,9 +464,12 @@ cdef class Core:
 
     def search(self, plan, nodes, *, int policy, long long limit, bint commit):
         """Find devices for every request of the plan on the first node (in `nodes` order,
-        or by score with policy 1) where they fit. Returns (status, node, alternative per
+        or by score with POLICY_BINPACK) where they fit. Returns (status, node, alternative per
         request, devices, request per device, stats): on success (OK, node, ..., []); on
-        failure (NO_FIT | SEARCH_LIMIT, -1, [], [], [], one stats row per alternative)."""
+        failure (NO_FIT | SEARCH_LIMIT, -1, [], [], [], one stats row per alternative); when
+        the search meets a device whose selector failed (see `add_shape`), (CEL_ERROR, node,
+        [alternative], [device], [], stats) and nothing is held. Nodes are searched one after
+        the other, so a node before the erroring one may still succeed."""
         cdef const int32_t[:] pv = plan
         cdef const int32_t[:] nv
         cdef Search s
@@ -505,7 +530,7 @@ cdef class Core:
             j = self.node_off[node_order[i] + 1] - self.node_off[node_order[i]]
             if j > max_visible:
                 max_visible = j
-        max_slots = s.n_claims * MAX_RESULTS + 1
+        max_slots = s.n_claims * self.max_results + 1
         total_cnt = 0
         for i in range(s.n_cons):
             total_cnt += self.attrs[s.cons_attr[i]].n_values
@@ -516,6 +541,7 @@ cdef class Core:
         s.alt_choice = <int32_t*> PyMem_Malloc((s.n_reqs + 1) * sizeof(int32_t))
         s.order = <int32_t*> PyMem_Malloc(((<Py_ssize_t> s.n_reqs) * max_visible + 1) * sizeof(int32_t))
         s.order_len = <int32_t*> PyMem_Malloc((s.n_reqs + 1) * sizeof(int32_t))
+        s.err_last = <int32_t*> PyMem_Malloc((s.n_reqs + 1) * sizeof(int32_t))
         s.claim_nres = <int32_t*> PyMem_Malloc((s.n_claims + 1) * sizeof(int32_t))
         s.stack = <Frame*> PyMem_Malloc(max_slots * sizeof(Frame))
         s.stats = <int64_t*> PyMem_Malloc((s.n_alts * N_STATS_C + 1) * sizeof(int64_t))
@@ -526,12 +552,13 @@ cdef class Core:
         if (node_score == NULL or node_keys == NULL or s.rank == NULL or s.keep == NULL
                 or s.cons_base == NULL or s.cons_cnt == NULL or s.cons_members == NULL
                 or s.req_claim == NULL or s.alt_choice == NULL or s.order == NULL
-                or s.order_len == NULL or s.claim_nres == NULL or s.stack == NULL or s.stats == NULL):
+                or s.order_len == NULL or s.err_last == NULL or s.claim_nres == NULL or s.stack == NULL
+                or s.stats == NULL):
             PyMem_Free(node_order); PyMem_Free(node_score); PyMem_Free(node_keys)
             PyMem_Free(s.rank); PyMem_Free(s.keep)
             PyMem_Free(s.cons_base); PyMem_Free(s.cons_cnt); PyMem_Free(s.cons_members)
             PyMem_Free(s.req_claim); PyMem_Free(s.alt_choice); PyMem_Free(s.order)
-            PyMem_Free(s.order_len); PyMem_Free(s.claim_nres); PyMem_Free(s.stack)
+            PyMem_Free(s.order_len); PyMem_Free(s.err_last); PyMem_Free(s.claim_nres); PyMem_Free(s.stack)
             PyMem_Free(s.stats)
             raise MemoryError()
         total_cnt = 0
@@ -563,28 +590,38 @@ cdef class Core:
                 # Nodes that pass the precheck, in name order; binpack then reorders them.
                 j = 0
                 for i in range(n_nodes):
+                    self._visit(&s, node_order[i])
+                    # A node where the search would meet a selector error is searched, so
+                    # that the error surfaces exactly where upstream's would.
+                    if self._prep_error(&s) or self._free_error(&s):
+                        node_order[j] = node_order[i]
+                        j += 1
+                        continue
                     if (s.n_reqs > 0 and not has_admin
                             and self.node_held[node_order[i]] == self.node_off[node_order[i] + 1] - self.node_off[node_order[i]]):
                         for k in range(s.req_alt_off[0], s.req_alt_off[1]):
                             s.stats[k * N_STATS_C + S_SHORT] += 1
                         continue
-                    self._visit(&s, node_order[i])
                     if self._precheck(&s):
                         node_order[j] = node_order[i]
                         j += 1
                 n_nodes = j
-                if policy == 1:
+                if policy == C_POLICY_BINPACK:
                     self._order_nodes(&s, node_order, n_nodes, node_keys, node_score, node_keys + n_nodes, max_visible)
                 status = R_FAIL
                 for i in range(n_nodes):
                     self._visit(&s, node_order[i])
-                    status = self._request(&s, 0)
-                    if status == 0:
+                    # Upstream collects every All-mode set before it searches a node.
+                    if self._prep_error(&s):
+                        status = R_ERROR
+                    else:
+                        status = self._request(&s, 0)
+                    if status == 0 or status == R_ERROR:
                         node = node_order[i]
                         break
                     if status == R_LIMIT:
                         break
-            if status == R_LIMIT:
+            if status == R_LIMIT or status == R_ERROR:
                 # The search stopped mid-way: give back everything it still holds.
                 self._release(&s)
             if status == 0:
@@ -597,12 +634,14 @@ cdef class Core:
                     self._release(&s)
                 return 0, node, alts, devs, reqs, []
             stats = [[s.stats[i * N_STATS_C + k] for k in range(N_STATS_C)] for i in range(s.n_alts)]
-            return (2 if status == R_LIMIT else 1), -1, [], [], [], stats
+            if status == R_ERROR:
+                return CEL_ERROR, node, [s.err_alt], [s.err_dev], [], stats
+            return (SEARCH_LIMIT if status == R_LIMIT else NO_FIT), -1, [], [], [], stats
         finally:
             PyMem_Free(node_order); PyMem_Free(node_score); PyMem_Free(node_keys)
             PyMem_Free(s.cons_base); PyMem_Free(s.cons_cnt); PyMem_Free(s.cons_members)
             PyMem_Free(s.req_claim); PyMem_Free(s.alt_choice); PyMem_Free(s.order)
-            PyMem_Free(s.order_len); PyMem_Free(s.claim_nres); PyMem_Free(s.stack)
+            PyMem_Free(s.order_len); PyMem_Free(s.err_last); PyMem_Free(s.claim_nres); PyMem_Free(s.stack)
             PyMem_Free(s.stats); PyMem_Free(s.rank); PyMem_Free(s.keep)
 
     # --- node order and precheck ---------------------------------------------------------
@@ -700,7 +739,7 @@ cdef class Core:
 
     cdef int _request(self, Search* s, int32_t r) noexcept nogil:
         """Try the alternatives of request `r` in order (firstAvailable priority)."""
-        cdef int32_t a, need, n, c, res, k, d
+        cdef int32_t a, need, n, c, res, k, d, n_err
         cdef int32_t* order
         cdef Shape* sh
         if r == s.n_reqs:
@@ -718,6 +757,7 @@ cdef class Core:
             sh = &self.shapes[s.alt_shape[a]]
             order = s.order + (<Py_ssize_t> r) * s.n_visible
             n = 0
+            n_err = 0
             if s.alt_mode[a] == C_MODE_ALL:
                 if self.node_bad[s.node]:
                     # All mode needs every pool of the node to be complete and valid.
@@ -733,11 +773,14 @@ cdef class Core:
             else:
                 # Devices held by earlier allocations never fit a non-admin request, so
                 # they are left out of its order (the All mode above must see them).
+                # Devices whose selector failed stay in: trying one ends the search.
                 for k in range(s.n_visible):
                     d = s.visible[k]
-                    if sh.cand[d] and (s.alt_admin[a] or not self.in_use[d]):
+                    if (sh.cand[d] or (sh.err != NULL and sh.err[d])) and (s.alt_admin[a] or not self.in_use[d]):
                         order[n] = d
                         n += 1
+                        if sh.err != NULL and sh.err[d]:
+                            n_err += 1
             s.order_len[r] = n
             if s.alt_mode[a] == C_MODE_ALL:
                 need = n
@@ -746,14 +789,19 @@ cdef class Core:
                     continue
             else:
                 need = s.alt_count[a]
-            if s.claim_nres[c] + need > MAX_RESULTS:
+            if s.claim_nres[c] + need > self.max_results:
                 s.stats[a * N_STATS_C + S_SIZE] += 1
                 continue
-            if n < need:
+            if n < need and n_err == 0:
                 only_size = False
                 continue
-            if s.policy == 1 and s.alt_mode[a] == C_MODE_EXACT:
+            if s.policy == C_POLICY_BINPACK and s.alt_mode[a] == C_MODE_EXACT:
                 self._score_order(s, a, order, n, need)
+            s.err_last[r] = -1
+            if n_err:
+                for k in range(n):
+                    if sh.err[order[k]]:
+                        s.err_last[r] = k
             res = self._slot(s, r, a, 0, 0, need)
             if res == R_SIZE:
                 continue
@@ -784,16 +832,27 @@ cdef class Core:
                 s.stats[a * N_STATS_C + S_ALL_BLOCKED] += 1
                 return R_FAIL
             res = self._slot(s, r, a, slot + 1, slot + 1, need)
-            if res == 0 or res == R_LIMIT:
+            if res == 0 or res == R_LIMIT or res == R_ERROR:
                 return res
             self._undo(s)
             return res
         p = pos
-        while p < n and n - p >= need - slot:
+        # Too few positions left to fill the request end the loop, unless a device whose
+        # selector failed is still ahead: upstream tries every device, and would meet it.
+        while p < n and (n - p >= need - slot or p <= s.err_last[r]):
             d = order[p]
+            if sh.err != NULL and sh.err[d]:
+                # Upstream checks whether a device is in use before it evaluates selectors.
+                if self._held(s, r, a, d):
+                    s.stats[a * N_STATS_C + S_IN_USE] += 1
+                    p += 1
+                    continue
+                s.err_alt = a
+                s.err_dev = d
+                return R_ERROR
             if self._add(s, r, a, d):
                 res = self._slot(s, r, a, slot + 1, p + 1, need)
-                if res == 0 or res == R_LIMIT:
+                if res == 0 or res == R_LIMIT or res == R_ERROR:
                     return res
                 self._undo(s)
                 if res == R_SIZE:
@@ -809,20 +868,9 @@ cdef class Core:
         cdef bint shared = self.multi[d] != 0
         cdef bint charge, capped
         cdef Shape* sh = &self.shapes[s.alt_shape[a]]
-        # In use: admin access ignores other claims but never takes a device twice in one
-        # claim; a dedicated device is taken once; shares only need it not to be dedicated.
-        if admin:
-            if not shared:
-                for i in range(s.depth - 1, -1, -1):
-                    if s.req_claim[s.stack[i].req] != c:
-                        break
-                    if s.stack[i].dev == d:
-                        s.stats[a * N_STATS_C + S_IN_USE] += 1
-                        return False
-        else:
-            if self.in_use[d] or (not shared and self.alloc_count[d] > 0):
-                s.stats[a * N_STATS_C + S_IN_USE] += 1
-                return False
+        if self._held(s, r, a, d):
+            s.stats[a * N_STATS_C + S_IN_USE] += 1
+            return False
         # Counters: admin access neither needs nor consumes them; a share charges them once.
         charge = (not admin) and not (shared and self.shares[d] + self.pend_shares[d] > 0)
         if charge and self.cons_off[d] != self.cons_off[d + 1]:
@@ -878,6 +926,57 @@ cdef class Core:
         else:
             self.alloc_count[d] += 1
         return True
+
+    cdef bint _held(self, Search* s, int32_t r, int32_t a, int32_t d) noexcept nogil:
+        """Whether `d` is in use for alternative `a` of request `r`: admin access ignores
+        other claims but never takes a device twice in one claim; a dedicated device is
+        taken once; shares only need it not to be dedicated."""
+        cdef int32_t i, c = s.req_claim[r]
+        cdef bint shared = self.multi[d] != 0
+        if s.alt_admin[a]:
+            if not shared:
+                for i in range(s.depth - 1, -1, -1):
+                    if s.req_claim[s.stack[i].req] != c:
+                        break
+                    if s.stack[i].dev == d:
+                        return True
+            return False
+        return self.in_use[d] or (not shared and self.alloc_count[d] > 0)
+
+    cdef bint _prep_error(self, Search* s) noexcept nogil:
+        """Whether collecting the All-mode sets on the current node meets a device whose
+        selector failed (every device the node shows, in use or not, as upstream collects
+        them before searching); records the first in plan and device order."""
+        cdef int32_t a, k, d
+        cdef Shape* sh
+        if self.node_bad[s.node]:
+            return False  # All mode cannot be used on this node at all
+        for a in range(s.n_alts):
+            sh = &self.shapes[s.alt_shape[a]]
+            if s.alt_mode[a] != C_MODE_ALL or sh.err == NULL:
+                continue
+            for k in range(s.n_visible):
+                d = s.visible[k]
+                if sh.err[d]:
+                    s.err_alt = a
+                    s.err_dev = d
+                    return True
+        return False
+
+    cdef bint _free_error(self, Search* s) noexcept nogil:
+        """Whether an ExactCount alternative has, on the current node, a device whose
+        selector failed and that earlier allocations do not hold (the search may meet it)."""
+        cdef int32_t a, k, d
+        cdef Shape* sh
+        for a in range(s.n_alts):
+            sh = &self.shapes[s.alt_shape[a]]
+            if s.alt_mode[a] != C_MODE_EXACT or sh.err == NULL:
+                continue
+            for k in range(s.n_visible):
+                d = s.visible[k]
+                if sh.err[d] and (s.alt_admin[a] or not self.in_use[d]):
+                    return True
+        return False
 
     cdef inline bint _capacity_held(self, Shape* sh, int32_t d) noexcept nogil:
         """Whether a share of `d` would exceed a capacity already held by committed
@@ -970,6 +1069,7 @@ cdef class Core:
         cdef int64_t kr
         cdef double kk
         cdef bint admin = s.alt_admin[a] != 0
+        cdef Shape* sh = &self.shapes[s.alt_shape[a]]
         for i in range(n):
             d = order[i]
             g = self.dev_group[d]
@@ -985,6 +1085,10 @@ cdef class Core:
                 else:
                     kr = 1000000 - self.group_free[g]
             kr = (kr * 2 + (0 if self._unit_used(d) else 1)) * (self.n_shapes + 1) + self.dev_value[d]
+            if sh.err != NULL and sh.err[d]:
+                # A device whose selector failed cannot be allocated: binpack tries it after
+                # every candidate, so the error ends the attempt only when nothing else fits.
+                kr = INT64_LAST
             rank[i] = kr
             keep[i] = self._keep_score(d) if self.cons_off[d] != self.cons_off[d + 1] else 0.0
         for i in range(n):

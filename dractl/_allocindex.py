@@ -3,11 +3,17 @@
 Part of the allocation facade (`dractl.alloc` is its only user). Pure: builds plain Python
 lists and `array`s from model values once per `Allocator`; no CEL, no search, no I/O.
 
-Pools are gathered per node exactly as upstream does (highest generation among the slices
-relevant to the node; complete when the slice count matches, else obsolete when a newer
-generation exists anywhere, else complete only when all slices of that generation exist), and
-each node gets its visible devices in upstream's first-fit order: pools sorted by (driver,
-pool name) with binding-condition pools last, slices by name, devices as listed.
+Which nodes exist, where slices and devices are usable and which pool generations a node can
+use come from `model.nodes` (the one implementation the simulation's placement and report
+share). Each node gets its visible devices in upstream's first-fit order: pools sorted by
+(driver, pool name) with binding-condition pools last, slices by name, devices as listed.
+
+Allocations given in the input are held as they say (the API's state), or, when the caller
+asks (`dractl simulate`), checked as the API server and the scheduler would see them: in
+order, a claim's allocation holds its devices, counters and capacity only when every device
+exists in a usable pool, is not held by an earlier claim (or, shared, has room left), no
+counter set is overdrawn, and some node its node selector matches has every device.
+Otherwise the claim holds nothing and `rejected` says why, naming the earlier claim.
 """
 
 from __future__ import annotations
@@ -17,10 +23,16 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
 from dractl import model
+from dractl.model import nodes as model_nodes
 
-NAME_FIELD = "metadata.name"
+NAME_FIELD = model_nodes.NAME_FIELD
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 PARTITION_ATTRIBUTES = ("gpu.nvidia.com/partition2", "gpu.nvidia.com/partition4", "gpu.nvidia.com/partition8")
+
+PoolProblem = model_nodes.PoolProblem
+
+CONFLICT = "conflict"
+INVALID = "invalid"
 
 
 @dataclasses.dataclass(slots=True)
@@ -41,68 +53,42 @@ class DeviceRef:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class PoolProblem:
-    """A pool a node cannot use: `kind` is "invalid" or "incomplete"."""
+class Rejection:
+    """Why an allocation given in the input holds nothing: `kind` is `CONFLICT` when an
+    earlier claim (`other`) holds the device, its capacity or its counters, else `INVALID`
+    (the device does not exist, its pool is unusable, or no node can use the allocation).
+    `message` names the claim, the field, the device and the other claim."""
 
-    driver: str
-    pool: str
+    claim: str
     kind: str
-    detail: str
-
-    def message(self) -> str:
-        if self.kind == "invalid":
-            return f"resource pool {self.driver}/{self.pool} is invalid: {self.detail}"
-        return f"resource pool {self.driver}/{self.pool} is currently being updated: {self.detail}"
+    device: str | None
+    other: str | None
+    message: str
 
 
 @dataclasses.dataclass(slots=True)
 class _Group:
-    """All slices of one pool at one generation."""
+    """One pool generation some node uses, with the indices the allocator gives it."""
 
-    driver: str
-    pool: str
-    generation: int
-    slices: list[model.ResourceSlice]
-    problem: PoolProblem | None = None
+    pool: model_nodes.Pool
     binding: bool = False
     devices: dict[str, int] = dataclasses.field(default_factory=dict)  # name -> device index
     counters: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)  # (set, counter) -> id
 
+    @property
+    def driver(self) -> str:
+        return self.pool.driver
 
-def node_selector_matches(selector: model.NodeSelector, name: str, labels: Mapping[str, str]) -> bool:
-    """Terms are ORed, requirements ANDed; `metadata.name` is the only field."""
-    return any(_term_matches(term, name, labels) for term in selector.terms)
+    @property
+    def name(self) -> str:
+        return self.pool.name
 
-
-def _term_matches(term: model.NodeSelectorTerm, name: str, labels: Mapping[str, str]) -> bool:
-    if not term.match_expressions and not term.match_fields:
-        return False
-    for requirement in term.match_expressions:
-        if not _requirement_matches(requirement, labels.get(requirement.key)):
-            return False
-    for requirement in term.match_fields:
-        if not _requirement_matches(requirement, name if requirement.key == NAME_FIELD else None):
-            return False
-    return True
+    @property
+    def slices(self) -> tuple[model.ResourceSlice, ...]:
+        return self.pool.slices
 
 
-def _requirement_matches(requirement: model.NodeSelectorRequirement, value: str | None) -> bool:
-    operator = requirement.operator
-    if operator == "In":
-        return value is not None and value in requirement.values
-    if operator == "NotIn":
-        return value is None or value not in requirement.values
-    if operator == "Exists":
-        return value is not None
-    if operator == "DoesNotExist":
-        return value is None
-    if operator in ("Gt", "Lt") and value is not None and len(requirement.values) == 1:
-        try:
-            have, want = int(value), int(requirement.values[0])
-        except ValueError:
-            return False
-        return have > want if operator == "Gt" else have < want
-    return False
+_Users = list[tuple[int, tuple[model.ResourceSlice, ...]]]
 
 
 class Index:
@@ -112,123 +98,90 @@ class Index:
     slice name, position) order; counter ids are grouped by counter set, sets ascending.
     """
 
-    def __init__(self, *, slices: Sequence[model.ResourceSlice], nodes: Sequence[model.Node], allocated: Sequence[model.ResourceClaim]) -> None:
+    def __init__(
+        self,
+        *,
+        slices: Sequence[model.ResourceSlice],
+        nodes: Sequence[model.Node],
+        allocated: Sequence[model.ResourceClaim],
+        check: bool = False,
+    ) -> None:
         self.devices: list[DeviceRef] = []
         self.node_names: list[str | None] = []
         self.node_labels: list[Mapping[str, str]] = []
+        self._pools = model_nodes.Pools(slices)
         self._init_nodes(slices, nodes)
-        self.node_problems: list[list[PoolProblem]] = []
+        self.node_problems: list[tuple[PoolProblem, ...]] = []
         groups = self._gather(slices)
         self._number(groups)
         self._init_counters(groups)
         self._init_capacity()
-        self._init_usage(groups, allocated)
+        self._init_usage(groups, allocated, check=check)
         self._init_groups()
 
     # --- nodes and pools -------------------------------------------------------------------
 
     def _init_nodes(self, slices: Sequence[model.ResourceSlice], nodes: Sequence[model.Node]) -> None:
-        if nodes:
-            for node in sorted(nodes, key=lambda n: n.meta.name):
-                self.node_names.append(node.meta.name)
-                self.node_labels.append(node.meta.labels)
-            return
-        names = {s.node_name for s in slices if s.node_name}
-        names.update(d.node_name for s in slices for d in s.devices if d.node_name)
-        self.node_names.extend(sorted(n for n in names if n))
-        self.node_labels.extend({} for _ in self.node_names)
+        cluster = model_nodes.discover(nodes=nodes, slices=slices)
+        self.node_names.extend(cluster.names)
+        self.node_labels.extend(cluster.labels_of(name) for name in cluster.names)
         if not self.node_names:
             # Nothing names a node: one anonymous node sees what is usable everywhere.
             self.node_names.append(None)
             self.node_labels.append({})
 
-    def _selects(self, node: int, *, node_name: str | None, all_nodes: bool, node_selector: model.NodeSelector | None) -> bool | None:
-        """Whether one node-selection choice (nodeName, allNodes or nodeSelector, as on a
-        slice or a device) takes `node`; None when none of them is set."""
-        name = self.node_names[node]
-        if node_name:
-            return node_name == name
-        if all_nodes:
-            return True
-        if node_selector is not None:
-            return name is not None and node_selector_matches(node_selector, name, self.node_labels[node])
-        return None
-
-    def _slice_relevant(self, s: model.ResourceSlice, node: int) -> bool:
-        selected = self._selects(node, node_name=s.node_name, all_nodes=s.all_nodes, node_selector=s.node_selector)
-        if selected is not None:
-            return selected
-        return s.per_device_node_selection and any(self._device_relevant(d, node) for d in s.devices)
-
-    def _device_relevant(self, d: model.Device, node: int) -> bool:
-        return self._selects(node, node_name=d.node_name, all_nodes=d.all_nodes, node_selector=d.node_selector) is True
-
-    def _gather(self, slices: Sequence[model.ResourceSlice]) -> list[tuple[_Group, list[tuple[int, list[model.ResourceSlice]]]]]:
+    def _gather(self, slices: Sequence[model.ResourceSlice]) -> list[tuple[_Group, _Users]]:
         """Per node, the pools it can use; returns each used group with (node, targeting slices)."""
-        by_pool: dict[tuple[str, str], list[model.ResourceSlice]] = {}
         local: dict[str, list[model.ResourceSlice]] = {}
         shared: list[model.ResourceSlice] = []
         for s in slices:
-            by_pool.setdefault((s.driver, s.pool.name), []).append(s)
             if s.node_name:
                 local.setdefault(s.node_name, []).append(s)
             else:
                 shared.append(s)
-        groups: dict[tuple[str, str, int], _Group] = {}
-        users: dict[tuple[str, str, int], list[tuple[int, list[model.ResourceSlice]]]] = {}
+        groups: dict[int, _Group] = {}
+        users: dict[int, _Users] = {}
         for node, name in enumerate(self.node_names):
-            relevant: dict[tuple[str, str], list[model.ResourceSlice]] = {}
-            for s in local.get(name, ()) if name is not None else ():
-                relevant.setdefault((s.driver, s.pool.name), []).append(s)
-            for s in shared:
-                if self._slice_relevant(s, node):
-                    relevant.setdefault((s.driver, s.pool.name), []).append(s)
-            problems: list[PoolProblem] = []
-            for key, found in relevant.items():
-                generation = max(s.pool.generation for s in found)
-                kept = [s for s in found if s.pool.generation == generation]
-                everything = by_pool[key]
-                if len(kept) != kept[0].pool.resource_slice_count:
-                    if any(s.pool.generation > generation for s in everything):
-                        continue  # obsolete: a newer generation exists elsewhere
-                    same = [s for s in everything if s.pool.generation == generation]
-                    if len(same) != kept[0].pool.resource_slice_count:
-                        problems.append(PoolProblem(key[0], key[1], "incomplete", f"{len(same)} of {kept[0].pool.resource_slice_count} slices of generation {generation} are published"))
-                        continue
-                gkey = (key[0], key[1], generation)
-                group = groups.get(gkey)
-                if group is None:
-                    group = groups[gkey] = _Group(key[0], key[1], generation, sorted((s for s in everything if s.pool.generation == generation), key=lambda s: s.meta.name))
-                    group.problem = _validate(group)
-                    group.binding = any(d.binding_conditions for s in group.slices for d in s.devices)
-                if group.problem is not None:
-                    problems.append(group.problem)
-                    continue
-                users.setdefault(gkey, []).append((node, kept))
-            self.node_problems.append(problems)
-        return [(groups[k], users[k]) for k in sorted(users)]
+            labels = self.node_labels[node]
+            # A slice naming a node is relevant there only; the others are tested per node.
+            relevant = [
+                *(local.get(name, ()) if name is not None else ()),
+                *(s for s in shared if model_nodes.slice_selects(s, name=name, labels=labels)),
+            ]
+            view = self._pools.view(relevant)
+            for usable in view.usable:
+                key = id(usable.pool)
+                if key not in groups:
+                    groups[key] = _Group(
+                        usable.pool, binding=any(d.binding_conditions for s in usable.pool.slices for d in s.devices)
+                    )
+                users.setdefault(key, []).append((node, usable.targeting))
+            self.node_problems.append(view.problems)
+        ordered = sorted(groups, key=lambda k: (groups[k].driver, groups[k].name, groups[k].pool.generation))
+        return [(groups[k], users[k]) for k in ordered]
 
-    def _number(self, groups: list[tuple[_Group, list[tuple[int, list[model.ResourceSlice]]]]]) -> None:
+    def _number(self, groups: list[tuple[_Group, _Users]]) -> None:
         """Give every device of a used group an index; build each node's visible list."""
         visible: list[list[tuple[tuple[bool, str, str], int]]] = [[] for _ in self.node_names]
         self._device_group: list[_Group] = []
         for group, users in groups:
             for s in group.slices:
                 for d in s.devices:
-                    local = bool(s.node_name) or bool(d.node_name) or d.binds_to_node
+                    local = model_nodes.node_local(s, d)
                     selector = None if local else (d.node_selector if s.per_device_node_selection else s.node_selector)
                     index = len(self.devices)
                     group.devices.setdefault(d.name, index)
-                    self.devices.append(DeviceRef(index, group.driver, group.pool, s, d, local, selector))
+                    self.devices.append(DeviceRef(index, group.driver, group.name, s, d, local, selector))
                     self._device_group.append(group)
-            order = (group.binding, group.driver, group.pool)
+            order = (group.binding, group.driver, group.name)
             for node, kept in users:
                 targeting = {id(s) for s in kept}
+                name, labels = self.node_names[node], self.node_labels[node]
                 for s in group.slices:
                     if id(s) not in targeting or not s.devices:
                         continue
                     for d in s.devices:
-                        if s.per_device_node_selection and not self._device_relevant(d, node):
+                        if s.per_device_node_selection and not model_nodes.device_selects(d, name=name, labels=labels):
                             continue
                         visible[node].append((order, group.devices[d.name]))
         self.node_off = array.array("i", [0])
@@ -239,11 +192,13 @@ class Index:
             self.node_dev.extend(index for _, index in entries)
             self.node_off.append(len(self.node_dev))
         self.node_bad = bytes(1 if problems else 0 for problems in self.node_problems)
-        self.all_problems = sorted({p for problems in self.node_problems for p in problems}, key=lambda p: (p.driver, p.pool, p.kind))
+        self.all_problems = sorted(
+            {p for problems in self.node_problems for p in problems}, key=lambda p: (p.driver, p.pool, p.kind.value)
+        )
 
     # --- counters, capacity, usage ---------------------------------------------------------
 
-    def _init_counters(self, groups: list[tuple[_Group, list[tuple[int, list[model.ResourceSlice]]]]]) -> None:
+    def _init_counters(self, groups: list[tuple[_Group, _Users]]) -> None:
         self.counter_names: list[tuple[str, str, str, str]] = []  # (driver, pool, set, counter)
         total: list[int] = []
         cnt_set: list[int] = []
@@ -256,7 +211,7 @@ class Index:
                     set_devices.append([])
                     for name, value in counter_set.counters.items():
                         group.counters[(counter_set.name, name)] = len(total)
-                        self.counter_names.append((group.driver, group.pool, counter_set.name, name))
+                        self.counter_names.append((group.driver, group.name, counter_set.name, name))
                         total.append(value.as_int())
                         cnt_set.append(sid)
         cons_off, cons_id, cons_amt, chk_off, chk_id = [0], [], [], [0], []
@@ -303,39 +258,307 @@ class Index:
         self.capacity_names = sorted({k for ref in self.devices for k in ref.device.capacity})
         self.slot_used = array.array("q", bytes(8 * len(values)))
 
-    def _init_usage(self, groups: list[tuple[_Group, list[tuple[int, list[model.ResourceSlice]]]]], allocated: Sequence[model.ResourceClaim]) -> None:
-        """Devices, shares, capacity and counters held by the input's allocated claims.
+    def _init_usage(
+        self, groups: list[tuple[_Group, _Users]], allocated: Sequence[model.ResourceClaim], *, check: bool
+    ) -> None:
+        """Devices, shares, capacity and counters held by the input's allocated claims, in
+        input order. With `check`, a claim whose allocation fails a check holds nothing and is
+        recorded in `rejected` (first come, first served, as the scheduler would have decided);
+        without, every allocation holds what it names (the API's state is the truth, and an
+        over-committed counter set then blocks its consumers, as upstream).
         Admin-access results hold nothing."""
         n = len(self.devices)
-        in_use = bytearray(n)
+        self._in_use = bytearray(n)
         self.shares = array.array("i", bytes(4 * n))
-        charged = bytearray(n)
-        by_name: dict[tuple[str, str, str], list[int]] = {}
+        self._charged = bytearray(n)
+        self._holder: dict[int, str] = {}  # dedicated device -> the claim holding it
+        self._sharers: dict[int, list[str]] = {}  # shared device -> the claims holding a share
+        self._set_holders: dict[int, tuple[str, str]] = {}  # counter set -> first (claim, device) charging it
+        self._device_nodes: list[list[int]] | None = None
+        self._current: model_nodes.View | None = None
+        self._by_name: dict[tuple[str, str, str], list[int]] = {}
         for group, _ in groups:
             for name, index in group.devices.items():
-                by_name.setdefault((group.driver, group.pool, name), []).append(index)
+                self._by_name.setdefault((group.driver, group.name, name), []).append(index)
+        self.rejected: dict[str, tuple[Rejection, ...]] = {}
         for claim in allocated:
             if claim.allocation is None:
                 continue
-            for result in claim.allocation.results:
-                if result.admin_access:
-                    continue
-                for index in by_name.get((result.driver, result.pool, result.device), ()):
-                    device = self.devices[index].device
-                    if result.share_id is not None and device.allow_multiple_allocations:
-                        self.shares[index] += 1
-                        for name, amount in result.consumed_capacity.items():
-                            slot = self.slot_of.get((index, name))
-                            if slot is not None:
-                                self.slot_used[slot] += amount.as_int()
-                    else:
-                        in_use[index] = 1
-                    if not charged[index]:
-                        charged[index] = 1
-                        for k in range(self.cons_off[index], self.cons_off[index + 1]):
-                            self.cnt_avail[self.cons_id[k]] -= self.cons_amt[k]
-        self.in_use = bytes(in_use)
+            if not check:
+                self._trust(claim.allocation)
+                continue
+            problems = self._hold(claim.key, claim.allocation)
+            if problems:
+                self.rejected[claim.key] = (*self.rejected.get(claim.key, ()), *problems)
+        self.in_use = bytes(self._in_use)
         self.multi = bytes(1 if ref.device.allow_multiple_allocations else 0 for ref in self.devices)
+
+    def _trust(self, allocation: model.AllocationResult) -> None:
+        """Hold what one allocation names, unchecked: its devices (dedicated, or one more share
+        with its consumed capacity), and each device's counters once however many claims hold it."""
+        for result in allocation.results:
+            if result.admin_access:
+                continue
+            for index in self._by_name.get((result.driver, result.pool, result.device), ()):
+                if result.share_id is not None and self.devices[index].device.allow_multiple_allocations:
+                    self.shares[index] += 1
+                    for name, amount in result.consumed_capacity.items():
+                        slot = self.slot_of.get((index, name))
+                        if slot is not None:
+                            self.slot_used[slot] += amount.as_int()
+                else:
+                    self._in_use[index] = 1
+                if not self._charged[index]:
+                    self._charged[index] = 1
+                    for k in range(self.cons_off[index], self.cons_off[index + 1]):
+                        self.cnt_avail[self.cons_id[k]] -= self.cons_amt[k]
+
+    def _hold(self, key: str, allocation: model.AllocationResult) -> list[Rejection]:
+        """Check one given allocation against what earlier claims hold; when it passes, make
+        it hold its devices, shares, capacity and counters. Returns the problems (then
+        nothing is held)."""
+        problems: list[Rejection] = []
+        dedicated: dict[int, int] = {}  # device -> result position
+        shared: set[int] = set()
+        consumed: dict[int, int] = {}  # capacity slot -> amount this claim adds
+        charge: dict[int, int] = {}  # device whose counters this claim charges -> result position
+        used: list[Sequence[int]] = []  # per result, the device's indices (one per generation in use)
+        for position, result in enumerate(allocation.results):
+            field = f"ResourceClaim {key}: status.allocation.devices.results[{position}]"
+            path = f"{result.driver}/{result.pool}/{result.device}"
+            indices = self._by_name.get((result.driver, result.pool, result.device))
+            if not indices:
+                problems.append(
+                    Rejection(
+                        key, INVALID, path, None, f"{field}: {self._missing(result.driver, result.pool, result.device)}"
+                    )
+                )
+                continue
+            used.append(indices)
+            if result.admin_access:
+                continue
+            for index in indices:
+                problem = self._take(
+                    index,
+                    key=key,
+                    result=result,
+                    field=field,
+                    path=path,
+                    position=position,
+                    dedicated=dedicated,
+                    shared=shared,
+                    consumed=consumed,
+                )
+                if problem is not None:
+                    problems.append(problem)
+                    break
+                if not self._charged[index] and index not in charge:
+                    charge[index] = position
+        if not problems:
+            problems.extend(self._check_counters(key, allocation, charge))
+        if not problems and used and not self._usable_together(used, allocation.node_selector):
+            names = ", ".join(self.devices[indices[0]].path for indices in used)
+            problems.append(
+                Rejection(
+                    key,
+                    INVALID,
+                    None,
+                    None,
+                    f"ResourceClaim {key}: status.allocation.nodeSelector: no known node matches it and can use "
+                    f"every allocated device ({names})",
+                )
+            )
+        if problems:
+            return problems
+        for index in dedicated:
+            self._in_use[index] = 1
+            self._holder[index] = key
+        for index in shared:
+            self._sharers.setdefault(index, []).append(key)
+        for result in allocation.results:
+            if result.admin_access or result.share_id is None:
+                continue
+            for index in self._by_name[(result.driver, result.pool, result.device)]:
+                if self.devices[index].device.allow_multiple_allocations:
+                    self.shares[index] += 1
+        for slot, amount in consumed.items():
+            self.slot_used[slot] += amount
+        for index in charge:
+            self._charged[index] = 1
+            for k in range(self.cons_off[index], self.cons_off[index + 1]):
+                self.cnt_avail[self.cons_id[k]] -= self.cons_amt[k]
+                self._set_holders.setdefault(self.cnt_set[self.cons_id[k]], (key, self.devices[index].path))
+        return []
+
+    def _take(
+        self,
+        index: int,
+        *,
+        key: str,
+        result: model.DeviceRequestAllocationResult,
+        field: str,
+        path: str,
+        position: int,
+        dedicated: dict[int, int],
+        shared: set[int],
+        consumed: dict[int, int],
+    ) -> Rejection | None:
+        """Whether one result may hold device `index` given earlier claims and this claim's
+        earlier results; records the holding in the claim's tentative tables."""
+        device = self.devices[index].device
+        holder = self._holder.get(index)
+        if index in dedicated or (index in shared and result.share_id is None):
+            return Rejection(
+                key,
+                INVALID,
+                path,
+                None,
+                f"{field}: device {path} is already allocated by results[{dedicated.get(index, position)}] "
+                "of the same claim",
+            )
+        if holder is not None:
+            return Rejection(
+                key,
+                CONFLICT,
+                path,
+                holder,
+                f"{field}: device {path} is already allocated to ResourceClaim {holder}, "
+                "which comes first in the input",
+            )
+        sharers = self._sharers.get(index, [])
+        if result.share_id is None or not device.allow_multiple_allocations:
+            if sharers:
+                return Rejection(
+                    key,
+                    CONFLICT,
+                    path,
+                    sharers[0],
+                    f"{field}: device {path} is already shared by ResourceClaim {sharers[0]}, "
+                    "which comes first in the input",
+                )
+            if index in shared:
+                return Rejection(
+                    key,
+                    INVALID,
+                    path,
+                    None,
+                    f"{field}: device {path} is also shared by another result of the same claim",
+                )
+            dedicated[index] = position
+            return None
+        for name, amount in result.consumed_capacity.items():
+            slot = self.slot_of.get((index, name))
+            if slot is None:
+                return Rejection(
+                    key,
+                    INVALID,
+                    path,
+                    None,
+                    f"{field}: consumedCapacity names {name}, which device {path} does not have",
+                )
+            before = self.slot_used[slot] + consumed.get(slot, 0)
+            total = self.slot_value[slot]
+            if before + amount.as_int() > total:
+                text = (
+                    f"{field}: device {path}: capacity {name} would be overdrawn: {amount} more "
+                    f"with {_amount(before)} of {_amount(total)} already consumed"
+                )
+                if sharers:
+                    return Rejection(
+                        key, CONFLICT, path, sharers[0], f"{text}, by ResourceClaim {sharers[0]} first in the input"
+                    )
+                # Overdrawn by the claim's own shares: kept as the API holds it, like a counter
+                # set (see `_check_counters`); the device then has no room for later shares.
+            consumed[slot] = consumed.get(slot, 0) + amount.as_int()
+        shared.add(index)
+        return None
+
+    def _check_counters(
+        self, key: str, allocation: model.AllocationResult, charge: Mapping[int, int]
+    ) -> list[Rejection]:
+        """Counter sets the claim's devices would overdraw, each once, naming the earlier
+        claim that charges the same set."""
+        need: dict[int, int] = {}
+        first: dict[int, int] = {}  # counter -> the device that first needs it
+        for index in charge:
+            for k in range(self.cons_off[index], self.cons_off[index + 1]):
+                cid = self.cons_id[k]
+                need[cid] = need.get(cid, 0) + self.cons_amt[k]
+                first.setdefault(cid, index)
+        problems: list[Rejection] = []
+        reported: set[int] = set()
+        for cid, amount in need.items():
+            available = self.cnt_avail[cid]
+            sid = self.cnt_set[cid]
+            if available >= amount or sid in reported:
+                continue
+            reported.add(sid)
+            ref = self.devices[first[cid]]
+            driver, pool, set_name, counter = self.counter_names[cid]
+            text = (
+                f"ResourceClaim {key}: status.allocation.devices.results[{charge[first[cid]]}]: device {ref.path}: "
+                f"counter {counter} of counter set {set_name} in pool {driver}/{pool} would be overdrawn: "
+                f"{_amount(amount)} needed, {_amount(available)} of {_amount(self.cnt_total[cid])} left"
+            )
+            holder = self._set_holders.get(sid)
+            if holder is not None:
+                problems.append(
+                    Rejection(
+                        key,
+                        CONFLICT,
+                        ref.path,
+                        holder[0],
+                        f"{text}: ResourceClaim {holder[0]}, first in the input, holds device {holder[1]} "
+                        "of that counter set",
+                    )
+                )
+            # A set that the claim's own devices overdraw, with no earlier claim in it, is kept
+            # as the API holds it (a driver may have shrunk the set after allocation), exactly
+            # as upstream keeps it: the set stays over-committed and blocks its later consumers.
+        return problems
+
+    def _usable_together(self, devices: Sequence[Sequence[int]], selector: model.NodeSelector | None) -> bool:
+        """Whether some known node that `selector` matches (None: every node) can use every
+        one of these devices (each given by its indices: a device whose pool two nodes see at
+        different generations has one per generation)."""
+        if self._device_nodes is None:
+            self._device_nodes = [[] for _ in self.devices]
+            for node in range(len(self.node_names)):
+                for k in range(self.node_off[node], self.node_off[node + 1]):
+                    self._device_nodes[self.node_dev[k]].append(node)
+        table = self._device_nodes
+        common: set[int] | None = None
+        for indices in devices:
+            nodes = {node for index in indices for node in table[index]}
+            common = nodes if common is None else common & nodes
+        if not common:
+            return False
+        if selector is None:
+            return bool(common)
+        for node in sorted(common):
+            name = self.node_names[node]
+            if name is not None and model_nodes.selector_matches(selector, name=name, labels=self.node_labels[node]):
+                return True
+        return False
+
+    def _missing(self, driver: str, pool: str, device: str) -> str:
+        """Why no usable device has this name: no such pool, an unusable pool, no such
+        device in it, or a device no known node can use."""
+        path = f"{driver}/{pool}/{device}"
+        if self._current is None:
+            self._current = self._pools.current()
+        if not self._pools.has((driver, pool)):
+            return f"device {path} does not exist: no ResourceSlice publishes resource pool {driver}/{pool}"
+        for problem in self._current.problems:
+            if (problem.driver, problem.pool) == (driver, pool):
+                return f"device {path} cannot be used: {problem.message()}"
+        for usable in self._current.usable:
+            if usable.pool.key == (driver, pool):
+                if usable.pool.device(device) is None:
+                    where = f"resource pool {driver}/{pool} generation {usable.pool.generation}"
+                    return f"device {path} does not exist: {where} has no such device"
+                return f"device {path} is not usable on any known node"
+        return f"device {path} does not exist"
 
     def _init_groups(self) -> None:
         """Locality groups for the binpack policy: the PCIe root, else the smallest NVLink
@@ -359,7 +582,7 @@ class Index:
         if nodes is None:
             return self.all_problems
         found = {p for node in nodes for p in self.node_problems[node]}
-        return sorted(found, key=lambda p: (p.driver, p.pool, p.kind))
+        return sorted(found, key=lambda p: (p.driver, p.pool, p.kind.value))
 
 
 def lookup_attribute(ref: DeviceRef, qualified: str) -> model.DeviceAttribute | None:
@@ -372,24 +595,16 @@ def lookup_attribute(ref: DeviceRef, qualified: str) -> model.DeviceAttribute | 
     return attribute
 
 
-def _validate(group: _Group) -> PoolProblem | None:
-    names: set[str] = set()
-    sets: dict[str, Mapping[str, model.quantity.Quantity]] = {}
-    for s in group.slices:
-        for counter_set in s.shared_counters:
-            if counter_set.name in sets:
-                return PoolProblem(group.driver, group.pool, "invalid", f"counter set {counter_set.name!r} is defined more than once")
-            sets[counter_set.name] = counter_set.counters
-    for s in group.slices:
-        for d in s.devices:
-            if d.name in names:
-                return PoolProblem(group.driver, group.pool, "invalid", f"device {d.name!r} is listed more than once")
-            names.add(d.name)
-            for consumption in d.consumes_counters:
-                counters = sets.get(consumption.counter_set)
-                if counters is None:
-                    return PoolProblem(group.driver, group.pool, "invalid", f"device {d.name!r} consumes counters of the unknown counter set {consumption.counter_set!r}")
-                for name in consumption.counters:
-                    if name not in counters:
-                        return PoolProblem(group.driver, group.pool, "invalid", f"device {d.name!r} consumes the unknown counter {name!r} of counter set {consumption.counter_set!r}")
-    return None
+def _amount(value: int) -> str:
+    """An integer amount in the largest binary unit that divides it ("40Gi"), for messages."""
+    for suffix, unit in (
+        ("Ei", 1 << 60),
+        ("Pi", 1 << 50),
+        ("Ti", 1 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ):
+        if value and value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)

@@ -16,33 +16,25 @@ from __future__ import annotations
 import array
 import dataclasses
 import functools
-import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 from dractl import _alloc, _allocindex, cel, config, model
 
-MAX_RESULTS = 32
-"""Devices per claim (`AllocationResultsMaxSize`)."""
+MAX_RESULTS = model.limits.MAX_RESULTS
+"""Devices per claim (`AllocationResultsMaxSize`); the core takes it from here."""
 
 _SHARE_NAMESPACE = uuid.UUID("6c1b2f57-2f0a-4b5e-9b1e-0d5a1c3d7e21")
 """Namespace of the deterministic share ids (UUIDv5 of claim, request, device and position)."""
 
 _BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
-# Expressions that may look at a device's whole attribute or capacity map (comprehensions,
-# size, the bare `device`, a map compared with ==, a computed subscript); for these the result is not a function of
-# the attributes the text names, so their results are not shared across devices.
-_WHOLE_MAP = re.compile(
-    r"\b(?:exists|exists_one|all|map|filter|size|bind|transformList|transformMap|transformMapEntry|sortBy)\s*\("
-    r"|\bdevice\.(?:attributes|capacity)\s*[^\[\s.?]|\bdevice\s*[^.\s]|\bdevice\s*$|\]\s*[!=]="
-    # A subscript that is not a string literal may compute an attribute name at run time.
-    r"|\[(?!\s*\??\s*(?:\"[^\"\\\\]*\"|'[^'\\\\]*')\s*\])"
-)
-
-
 # One definition for the CLI, the settings and the allocator: the settings layer sits lowest.
 Policy = config.Policy
+
+
+Rejection = _allocindex.Rejection
+"""Why an allocation given in the snapshot holds nothing (`Allocator.rejected`)."""
 
 
 class AllocationError(Exception):
@@ -78,12 +70,19 @@ class Outcome:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The cluster as the allocator sees it. Claims with `allocation` set hold their devices."""
+    """The cluster as the allocator sees it. Claims with `allocation` set hold their devices.
+
+    With `check_allocated` they are checked in order, as for input a user wrote: a claim whose
+    allocation conflicts with an earlier one or cannot be valid holds nothing (see
+    `Allocator.rejected`). Without (the default, for the API's state, as the scheduler does),
+    every allocation holds what it says, so an over-committed counter set blocks its consumers.
+    """
 
     device_classes: Sequence[model.DeviceClass]
     resource_slices: Sequence[model.ResourceSlice]
     nodes: Sequence[model.Node] = ()
     allocated_claims: Sequence[model.ResourceClaim] = ()
+    check_allocated: bool = False
 
 
 # --- Shapes: one per distinct (class, selectors, tolerations, capacity, admin) -------------
@@ -100,6 +99,23 @@ class _Shape:
     fitting: int = 0  # of those, with the requested capacity
     candidates: int = 0  # of those, without an untolerated taint
     consumed: dict[int, dict[str, model.quantity.Quantity]] = dataclasses.field(default_factory=dict)  # shares
+    # Devices where a class or request selector failed at run time, with the message; the
+    # core ends the search with it when it tries one of them.
+    failed: dict[int, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _ClassMask:
+    """A class's selectors over every device: matches, runtime failures, compile error."""
+
+    mask: bytearray
+    failed: dict[int, str]
+    error: str | None
+    matches: int
+
+
+# Per (expression, device) evaluation states.
+_UNKNOWN, _NO_MATCH, _MATCH, _FAILED = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -141,17 +157,32 @@ class Allocator:
     largest sibling partition placeable. Share ids are UUIDv5 of (claim, request, device,
     result position): deterministic. Selector results are cached per (expression, device)
     for the allocator's life, and shared between devices that the expression cannot tell
-    apart (equal in every attribute and capacity its text names).
+    apart (`cel.sharing`: the expression provably reads only named members, and the devices
+    are equal in all of them).
+
+    CEL runtime errors: every selector is evaluated up front, but a device whose selector
+    failed only ends the allocation when the search tries it, as upstream's lazy evaluation
+    would: FIRST_FIT gives upstream's answer exactly (a device that matches earlier in the
+    search wins; an All-mode request fails on any failing device of the node; a device in use
+    is skipped before its selectors matter). BINPACK tries failing devices after every other
+    candidate of the request, so the error ends the attempt only when nothing else fits.
+    Nodes are searched in turn: a node searched before the one with the error may succeed.
+    The reason names the claim, the (sub)request, the selector, the expression and the device.
 
     Not thread-safe: one allocator per decision loop.
     """
 
-    def __init__(self, snapshot: Snapshot, *, policy: Policy = Policy.BINPACK, search_limit: int = 1_000_000) -> None:
+    def __init__(self, snapshot: Snapshot, *, policy: Policy = Policy.BINPACK, search_limit: int = config.DEFAULT_SEARCH_LIMIT) -> None:
         self._policy = policy
-        self._policy_code = 1 if policy is Policy.BINPACK else 0
+        self._policy_code = _alloc.POLICY_BINPACK if policy is Policy.BINPACK else _alloc.POLICY_FIRST_FIT
         self._limit = search_limit
         self._classes = {c.meta.name: c for c in snapshot.device_classes}
-        self._index = index = _allocindex.Index(slices=snapshot.resource_slices, nodes=snapshot.nodes, allocated=snapshot.allocated_claims)
+        self._index = index = _allocindex.Index(
+            slices=snapshot.resource_slices,
+            nodes=snapshot.nodes,
+            allocated=snapshot.allocated_claims,
+            check=snapshot.check_allocated,
+        )
         self._core = _alloc.Core(
             node_off=index.node_off,
             node_dev=index.node_dev,
@@ -173,20 +204,28 @@ class Allocator:
             slot_used=index.slot_used,
             dev_group=index.dev_group,
             n_groups=index.n_groups,
+            max_results=MAX_RESULTS,
         )
         self._node_ids = {name: i for i, name in enumerate(index.node_names) if name is not None}
         self._all_nodes = array.array("i", range(len(index.node_names)))
         self._inputs: list[cel.DeviceInput | None] = [None] * len(index.devices)
-        self._class_masks: dict[str, tuple[bytearray, str | None, int]] = {}
+        self._class_masks: dict[str, _ClassMask] = {}
         self._expr_results: dict[str, tuple[bytearray, dict[int, str]]] = {}
-        self._expr_keys: dict[str, dict[int, int]] = {}
-        self._groups: dict[tuple[tuple[str, ...], tuple[str, ...]], list[int]] = {}
+        self._expr_keys: dict[str, dict[Hashable, int]] = {}
+        self._groups: dict[cel.sharing.Footprint, list[Hashable]] = {}
         self._shapes: dict[object, _Shape] = {}
         self._attrs: dict[str, int] = {}
         self._plans_by_id: dict[int, tuple[model.ResourceClaimSpec, _Plan]] = {}
         self._plans: dict[str, _Plan] = {}
 
     # --- public --------------------------------------------------------------------------
+
+    @property
+    def rejected(self) -> Mapping[str, tuple[Rejection, ...]]:
+        """The snapshot's allocated claims (by "namespace/name") whose allocation holds
+        nothing, with every reason: `kind` "conflict" when an earlier claim in the snapshot
+        holds the device, its capacity or its counter set, "invalid" otherwise."""
+        return self._index.rejected
 
     def allocate(self, claims: Sequence[model.ResourceClaim], *, nodes: Sequence[str] | None = None) -> Outcome:
         """Allocate `claims` jointly (they share one node) on one of `nodes` (None: any node),
@@ -203,6 +242,8 @@ class Allocator:
         if nodes is not None:
             node_array = array.array("i", sorted({self._node_ids[n] for n in nodes if n in self._node_ids}))
         status, node, alts, devices, requests, stats = self._core.search(encoded, node_array, policy=self._policy_code, limit=self._limit, commit=True)
+        if status == _alloc.CEL_ERROR:
+            return Outcome(node=None, allocations=None, reasons=(self._cel_error(claims, plans, alt=alts[0], device=devices[0]),))
         if status != _alloc.OK:
             return Outcome(node=None, allocations=None, reasons=self._explain(claims, plans, status=status, stats=stats, node_array=node_array))
         return self._success(claims, plans, node=node, alts=alts, devices=devices, requests=requests)
@@ -291,72 +332,69 @@ class Allocator:
             found = self._inputs[index] = cel.device_input(ref.driver, ref.device)
         return found
 
-    def _evaluate(self, expression: str, mask: bytearray) -> tuple[bytearray, str | None]:
-        """`mask` AND the expression, evaluated where `mask` is set; the first runtime error
-        (lowest device index) is returned as a message naming the device."""
+    def _evaluate(self, expression: str, mask: bytearray) -> tuple[bytearray, dict[int, str]]:
+        """`mask` AND the expression, evaluated where `mask` is set, and the runtime error
+        of every device where it failed (those are not in the result). Results are cached
+        per (expression, device) and shared between devices the expression cannot tell
+        apart (`cel.sharing`); every device still gets its own result or error."""
         program = cel.compile(expression)
         results, errors = self._expr_results.setdefault(expression, (bytearray(len(self._inputs)), {}))
         representatives = self._expr_keys.setdefault(expression, {})
-        groups = None
-        if _WHOLE_MAP.search(expression) is None:
-            groups = self._projection_groups(
-                (
-                    tuple(k for k in self._index.attribute_names if k.rpartition("/")[2] in expression),
-                    tuple(k for k in self._index.capacity_names if k.rpartition("/")[2] in expression),
-                )
-            )
-        devices = self._index.devices
+        footprint = cel.sharing.footprint(program.expression)
+        keys = None if footprint is None else self._sharing_keys(footprint)
         out = bytearray(len(mask))
-        error: str | None = None
+        failed: dict[int, str] = {}
         for i, wanted in enumerate(mask):
             if not wanted:
                 continue
             state = results[i]
-            if state == 0:
-                source = -1 if groups is None else representatives.setdefault(groups[i], i)
-                if source >= 0 and source != i and results[source]:
+            if state == _UNKNOWN:
+                source = -1 if keys is None else representatives.setdefault(keys[i], i)
+                if source >= 0 and source != i and results[source] != _UNKNOWN:
                     state = results[source]
-                    if state == 3:
+                    if state == _FAILED:
                         errors[i] = errors[source]
                 else:
                     try:
-                        state = 2 if program.matches(self._input(i)) else 1
+                        state = _MATCH if program.matches(self._input(i)) else _NO_MATCH
                     except cel.EvalError as failure:
-                        state = 3
+                        state = _FAILED
                         errors[i] = failure.message
                 results[i] = state
-            if state == 2:
+            if state == _MATCH:
                 out[i] = 1
-            elif state == 3 and error is None:
-                error = f"CEL expression {_quote(expression)} failed on device {devices[i].path}: {errors[i]}"
-        return out, error
+            elif state == _FAILED:
+                failed[i] = errors[i]
+        return out, failed
 
-    def _projection_groups(self, names: tuple[tuple[str, ...], tuple[str, ...]]) -> list[int]:
-        """Per device, a group id: devices in one group look the same to any expression
-        that names only these attributes and capacities (and no whole map)."""
-        found = self._groups.get(names)
+    def _sharing_keys(self, footprint: cel.sharing.Footprint) -> list[Hashable]:
+        """Per device, its key under `footprint`: equal keys, equal results."""
+        found = self._groups.get(footprint)
         if found is None:
-            ids: dict[object, int] = {}
-            found = self._groups[names] = [ids.setdefault(_projection(ref, names), len(ids)) for ref in self._index.devices]
+            found = self._groups[footprint] = [footprint.key(ref.driver, ref.device) for ref in self._index.devices]
         return found
 
-    def _class_mask(self, class_name: str) -> tuple[bytearray, str | None, int]:
-        found = self._class_masks.get(class_name)
-        if found is not None:
-            return found
-        device_class = self._classes[class_name]
-        mask = bytearray(b"\x01" * len(self._inputs))
-        error = None
-        for i, expression in enumerate(device_class.selectors):
+    def _selectors(self, selectors: Sequence[str], mask: bytearray, *, where: str) -> tuple[bytearray, dict[int, str], str | None]:
+        """Evaluate selectors in order, each where the previous ones held (upstream
+        short-circuits the same way). Returns the mask, a message per device whose
+        evaluation failed (naming `where`, the selector and the device), and the compile
+        error that stops the request anywhere."""
+        failed: dict[int, str] = {}
+        devices = self._index.devices
+        for k, expression in enumerate(selectors):
             try:
-                mask, failure = self._evaluate(expression, mask)
+                mask, errors = self._evaluate(expression, mask)
             except cel.CompileError as bad:
-                error = f"device class {class_name}: selectors[{i}]: {bad}"
-                break
-            if failure is not None:
-                error = f"device class {class_name}: selectors[{i}]: {failure}"
-                break
-        found = self._class_masks[class_name] = (mask, error, sum(mask))
+                return mask, failed, f"{where}selectors[{k}]: {bad}"
+            for i, message in errors.items():
+                failed[i] = f"{where}selectors[{k}]: CEL expression {cel.quote(expression)} failed on device {devices[i].path}: {message}"
+        return mask, failed, None
+
+    def _class_mask(self, class_name: str) -> _ClassMask:
+        found = self._class_masks.get(class_name)
+        if found is None:
+            mask, failed, error = self._selectors(self._classes[class_name].selectors, bytearray(b"\x01" * len(self._inputs)), where=f"device class {class_name}: ")
+            found = self._class_masks[class_name] = _ClassMask(mask, failed, error, sum(mask))
         return found
 
     def _shape(
@@ -375,20 +413,17 @@ class Allocator:
         if class_name not in self._classes:
             shape.error = f"device class {class_name} does not exist; create it or name one of: {', '.join(sorted(self._classes)) or '(none defined)'}"
             return shape
-        class_mask, error, shape.class_matches = self._class_mask(class_name)
-        mask = bytearray(class_mask)  # the class mask is shared by every shape of the class
+        found = self._class_mask(class_name)
+        shape.class_matches = found.matches
+        if found.error is not None:
+            shape.error = found.error
+            return shape
+        # The class mask is shared by every shape of the class, so it is copied.
+        mask, failed, error = self._selectors(selectors, bytearray(found.mask), where="")
         if error is not None:
             shape.error = error
             return shape
-        for i, expression in enumerate(selectors):
-            try:
-                mask, failure = self._evaluate(expression, mask)
-            except cel.CompileError as bad:
-                shape.error = f"selectors[{i}]: {bad}"
-                return shape
-            if failure is not None:
-                shape.error = f"selectors[{i}]: {failure}"
-                return shape
+        shape.failed = {**found.failed, **failed}
         shape.selected = sum(mask)
         devices = self._index.devices
         cap_entries: dict[int, list[tuple[int, int]]] = {}
@@ -414,6 +449,11 @@ class Allocator:
             if wanted and devices[i].device.taints and not _tolerated(devices[i].device.taints, tolerations):
                 mask[i] = 0
         shape.candidates = sum(mask)
+        err = None
+        if shape.failed:
+            err = bytearray(len(mask))
+            for i in shape.failed:
+                err[i] = 1
         if cap_entries:
             off, slots, amounts = array.array("i", [0]), array.array("i"), array.array("q")
             for i in range(len(mask)):
@@ -421,10 +461,20 @@ class Allocator:
                     slots.append(slot)
                     amounts.append(amount)
                 off.append(len(slots))
-            shape.shape_id = self._core.add_shape(bytes(mask), selectable, off, slots, amounts)
+            shape.shape_id = self._core.add_shape(bytes(mask), selectable, off, slots, amounts, err=err)
         else:
-            shape.shape_id = self._core.add_shape(bytes(mask), selectable)
+            shape.shape_id = self._core.add_shape(bytes(mask), selectable, err=err)
         return shape
+
+    def _cel_error(self, claims: Sequence[model.ResourceClaim], plans: Sequence[_Plan], *, alt: int, device: int) -> Reason:
+        """The reason for a search that met a device whose selector failed: the claim and
+        (sub)request of core alternative `alt`, quoting the expression and the device."""
+        for claim, plan in zip(claims, plans, strict=True):
+            for options in plan.requests:
+                if alt < len(options):
+                    return Reason(claim.key, options[alt].name, options[alt].shape.failed[device])
+                alt -= len(options)
+        raise AssertionError("the core named an alternative outside the plan")
 
     def _consumption(self, index: int, device: model.Device, *, requested: Mapping[str, model.quantity.Quantity]) -> dict[str, model.quantity.Quantity] | None:
         """What one allocation would consume of each capacity, or None when the device
@@ -745,23 +795,6 @@ def _same_requirement(a: model.NodeSelectorRequirement, b: model.NodeSelectorReq
 @functools.lru_cache(maxsize=65536)
 def _name_selector(node: str) -> model.NodeSelector:
     return model.NodeSelector(terms=(model.NodeSelectorTerm(match_fields=(model.NodeSelectorRequirement(key=_allocindex.NAME_FIELD, operator="In", values=(node,)),)),))
-
-
-def _projection(ref: _allocindex.DeviceRef, names: tuple[tuple[str, ...], tuple[str, ...]]) -> object:
-    """What an expression can see of a device when it only names attributes and capacities
-    by their ids: the driver, the multi-allocation flag, and the entries it names."""
-    device = ref.device
-    attributes, capacity = device.attributes, device.capacity
-    return (
-        ref.driver,
-        device.allow_multiple_allocations,
-        tuple(attributes.get(k) for k in names[0]),
-        tuple(c.value.text if (c := capacity.get(k)) is not None else None for k in names[1]),
-    )
-
-
-def _quote(expression: str) -> str:
-    return "`" + " ".join(expression.split()) + "`"
 
 
 def _s(n: int) -> str:

@@ -24,8 +24,14 @@ before searching and aborts the claim when the node has an incomplete or invalid
 when that subrequest would never be chosen. Here an All-mode alternative simply cannot be
 satisfied on such a node, and a `firstAvailable` request moves on to its next subrequest.
 
-Not modelled (the strategies never generate them): CEL runtime errors (raise `OracleError`),
-invalid pools reachable only through malformed slices (handled, but not generated on purpose),
+CEL runtime errors follow upstream's lazy evaluation (k8s-dra-core.md 2 and 3.4): selectors are
+evaluated when the search tries a device, after the in-use check, so a device that matches
+before the search reaches a failing one wins, and the search raises `CelError` where it first
+tries a free failing device; All-mode sets are collected (every visible device, in use or not)
+for every claim, request and subrequest before the search starts. Every device is evaluated on
+its own (no result is shared between devices), so the allocator's sharing cannot leak in.
+
+Not modelled (the strategies never generate them): invalid pools reachable only through malformed slices (handled, but not generated on purpose),
 adminAccess on a device with allowMultipleAllocations, configuration in results.
 """
 
@@ -46,7 +52,18 @@ _NAME_FIELD = "metadata.name"
 
 
 class OracleError(Exception):
-    """The instance is outside what the oracle decides (for example a CEL runtime error)."""
+    """The instance is outside what the oracle decides."""
+
+
+class CelError(Exception):
+    """The search met a device whose selector fails at run time: upstream's answer is this
+    error. `ref` is the device, `expression` the selector that failed."""
+
+    def __init__(self, ref: Ref, expression: str, message: str) -> None:
+        super().__init__(f"CEL {expression!r} on {ref}: {message}")
+        self.ref = ref
+        self.expression = expression
+        self.message = message
 
 
 @dataclasses.dataclass(frozen=True, order=True, slots=True)
@@ -428,7 +445,7 @@ class Oracle:
             try:
                 self._match_cache[key] = bool(_program(expression).matches(self._input(entry)))
             except cel.EvalError as err:
-                raise OracleError(f"CEL {expression!r} on {entry.ref}: {err}") from err
+                raise CelError(entry.ref, expression, err.message) from err
         return self._match_cache[key]
 
     def selected(self, spec: Spec, entry: Entry) -> bool:
@@ -437,6 +454,27 @@ class Oracle:
         if cls is None:
             return False
         return all(self._selector_matches(e, entry) for e in (*cls.selectors, *spec.selectors))
+
+    def failure(self, spec: Spec, entry: Entry) -> CelError | None:
+        """The error evaluating the (sub)request's selectors on the device raises, if any
+        (class selectors first, each only while the previous ones held)."""
+        if spec.class_name not in self.classes:
+            return None
+        try:
+            self.selected(spec, entry)
+        except CelError as error:
+            return error
+        return None
+
+    def held(self, spec: Spec, ref: Ref, claim: int, results: Sequence[Sequence[model.DeviceRequestAllocationResult]]) -> bool:
+        """Upstream's in-use check before selectors are evaluated: admin access only refuses a
+        dedicated device its own claim already took; otherwise a device another claim holds
+        dedicated, or a dedicated device taken earlier in this allocation, is in use."""
+        multi = self.visible[ref].device.allow_multiple_allocations
+        taken = [i for i, rs in enumerate(results) for r in rs if Ref(r.driver, r.pool, r.device) == ref]
+        if spec.admin:
+            return not multi and claim in taken
+        return ref in self.dedicated or (not multi and bool(taken))
 
     def share_amounts(self, spec: Spec, entry: Entry) -> tuple[dict[str, Fraction], list[str]]:
         """What one allocation of the device for this (sub)request consumes, and the problems.
@@ -473,6 +511,8 @@ class Oracle:
         out: list[str] = []
         if spec.class_name not in self.classes:
             out.append(f"unknown device class {spec.class_name}")
+        elif (failure := self.failure(spec, entry)) is not None:
+            out.append(f"a selector fails on it: {failure.message}")
         elif not self.selected(spec, entry):
             out.append(f"does not match the selectors of class {spec.class_name} and request {spec.name}")
         for t in untolerated_taints(spec, entry.device):
@@ -734,6 +774,15 @@ class Oracle:
                 return False
             return True
 
+        # Upstream prepares every All-mode (sub)request of every claim before searching.
+        if not self.broken:
+            for claim in claims:
+                for request in claim.spec.requests:
+                    for spec in specs_of(request):
+                        if spec.all_mode and spec.class_name in self.classes:
+                            for ref in self.order:
+                                self.selected(spec, self.visible[ref])
+
         def search(slot: int) -> Iterator[tuple[model.AllocationResult, ...]]:
             if slot == len(slots):
                 answer = current(True)
@@ -753,17 +802,33 @@ class Oracle:
                         yield from search(slot + 1)
                     del results[i][len(results[i]) - pushed :]
                     continue
-                candidates = [ref for ref in self.order if not self.static_violations(spec, self.visible[ref])]
-                yield from choose(slot, i, spec, candidates, 0, spec.count)
+                # Failing devices stay in the list (unless another claim holds them): trying
+                # one ends the search.
+                failing = {ref: f for ref in self.order if (f := self.failure(spec, self.visible[ref])) is not None}
+                candidates = [
+                    ref
+                    for ref in self.order
+                    if (ref in failing and (spec.admin or ref not in self.dedicated)) or not self.static_violations(spec, self.visible[ref])
+                ]
+                yield from choose(slot, i, spec, candidates, failing, 0, spec.count)
 
-        def choose(slot: int, i: int, spec: Spec, candidates: list[Ref], start: int, remaining: int) -> Iterator[tuple[model.AllocationResult, ...]]:
+        def choose(slot: int, i: int, spec: Spec, candidates: list[Ref], failing: Mapping[Ref, CelError], start: int, remaining: int) -> Iterator[tuple[model.AllocationResult, ...]]:
             if remaining == 0:
                 yield from search(slot + 1)
                 return
-            for k in range(start, len(candidates) - remaining + 1):
-                if push(i, spec, candidates[k]):
-                    yield from choose(slot, i, spec, candidates, k + 1, remaining - 1)
+            # Too few devices left end the loop, unless a failing one is still ahead: upstream
+            # tries every device and would meet it.
+            last_failing = max((k for k, ref in enumerate(candidates) if ref in failing), default=-1)
+            k = start
+            while k < len(candidates) and (len(candidates) - k >= remaining or k <= last_failing):
+                ref = candidates[k]
+                if ref in failing:
+                    if not self.held(spec, ref, i, results):
+                        raise failing[ref]
+                elif push(i, spec, ref):
+                    yield from choose(slot, i, spec, candidates, failing, k + 1, remaining - 1)
                     results[i].pop()
+                k += 1
 
         return next(search(0), None)
 
@@ -818,8 +883,17 @@ def check(snapshot: alloc.Snapshot, claims: Sequence[model.ResourceClaim], node:
 
 
 def find_allocation(snapshot: alloc.Snapshot, claims: Sequence[model.ResourceClaim], node: str) -> tuple[model.AllocationResult, ...] | None:
-    """A valid joint allocation of `claims` on `node`, or None when none exists. Pure."""
+    """Upstream's first-fit answer on `node`: an allocation, None when none exists, or
+    `CelError` when the search meets a failing selector first. Pure."""
     return Oracle(snapshot, node).find(claims)
+
+
+def decide(snapshot: alloc.Snapshot, claims: Sequence[model.ResourceClaim], node: str) -> tuple[model.AllocationResult, ...] | CelError | None:
+    """`find_allocation` with the CEL error returned instead of raised. Pure."""
+    try:
+        return find_allocation(snapshot, claims, node)
+    except CelError as error:
+        return error
 
 
 def allocatable(snapshot: alloc.Snapshot, claims: Sequence[model.ResourceClaim], node: str) -> bool:

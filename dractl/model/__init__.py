@@ -8,7 +8,7 @@ Everything here is pure and importable from any layer.
 Use it as `from dractl import model` and then `model.ResourceClaim`, `model.quantity.parse`.
 """
 
-from dractl.model import quantity, semver, types
+from dractl.model import limits, quantity, semver, types
 from dractl.model.types import *  # noqa: F403  (the types are the package's vocabulary)
 
-__all__ = ["quantity", "semver", *types.__all__]  # noqa: F405
+__all__ = ["limits", "quantity", "semver", *types.__all__]  # noqa: F405

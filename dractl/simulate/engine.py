@@ -3,14 +3,18 @@
 Order, as a cluster would see it: standalone claims (used by no pod) in input order, each on
 its own; then pods in input order, each pod's unallocated claims jointly on one node, and
 every claim of a placed pod reserved for it. Claims allocated in the input keep their
-devices. Deterministic for a given input and policy; no I/O.
+devices when their allocation checks out (see `alloc.Allocator.rejected`): the first claim in
+input order keeps a device, and a later claim that conflicts with it, or whose allocation
+cannot be valid, holds nothing, is reported with status `conflict` or `invalid` and a warning,
+and cannot be used by pods. Deterministic for a given input and policy; no I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from dractl import alloc, model
 from dractl.simulate import claims, placement
@@ -19,34 +23,62 @@ from dractl.simulate import claims, placement
 _MAX_RESERVED_FOR = 256
 
 
+class Status(enum.Enum):
+    """What became of a claim; the value is how outputs spell it."""
+
+    ALLOCATED = "allocated"
+    NOT_ALLOCATED = "not allocated"
+    CONFLICT = "conflict"  # allocated in the input, but an earlier claim holds its device, capacity or counters
+    INVALID = "invalid"  # allocated in the input, but a device does not exist or no node can use the allocation
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ClaimOutcome:
-    """One claim as the simulation leaves it. `claim` carries `allocation` and `reservedFor`;
-    it is None when the claim cannot exist (its template or the named claim is missing)."""
+    """One claim as the simulation leaves it. `claim` carries `allocation` and `reservedFor`
+    (for `CONFLICT` and `INVALID`, the allocation as the input gave it, holding nothing); it is
+    None when the claim cannot exist (its template or the named claim is missing). `reasons`
+    say why a claim is not allocated, in conflict or invalid."""
 
     namespace: str
     name: str
     claim: model.ResourceClaim | None
     node: str | None
     reasons: tuple[str, ...]
+    status: Status
 
     @property
     def allocated(self) -> bool:
-        return self.claim is not None and self.claim.allocation is not None
+        return self.status is Status.ALLOCATED
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Result:
-    """Every claim in processing order, and how long the allocation phase took for how many
-    claims (those handed to the allocator, allocated or not)."""
+    """Every claim in processing order; `warnings` name each allocation of the input that
+    holds nothing, with the claim it conflicts with. Timings: `index_seconds` plans the claims
+    and builds the allocator (index, input allocations checked), `allocate_seconds` runs every
+    allocation (CEL selectors are evaluated there, on first use); `attempted` counts the claims
+    handed to the allocator, allocated or not."""
 
     claims: tuple[ClaimOutcome, ...]
     attempted: int
-    seconds: float
+    index_seconds: float
+    allocate_seconds: float
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        """From decoded objects to results: the benchmark's phase."""
+        return self.index_seconds + self.allocate_seconds
 
     @property
     def claims_per_second(self) -> float:
+        """`attempted` over `seconds` (index and allocate), as the benchmark reports it."""
         return self.attempted / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def allocate_claims_per_second(self) -> float:
+        """`attempted` over `allocate_seconds` alone."""
+        return self.attempted / self.allocate_seconds if self.allocate_seconds > 0 else 0.0
 
 
 def _reason_text(reason: alloc.Reason) -> str:
@@ -60,6 +92,7 @@ class _Ledger:
     def __init__(self, cluster: placement.Cluster) -> None:
         self.cluster = cluster
         self.attempted = 0
+        self.rejected: Mapping[str, tuple[alloc.Rejection, ...]] = {}
         self._names: dict[str, tuple[str, str]] = {}
         self._claims: dict[str, model.ResourceClaim | None] = {}
         self._nodes: dict[str, str | None] = {}
@@ -72,11 +105,26 @@ class _Ledger:
         self._claims[key] = claim
         self._reasons[key] = []
         node = None
-        if claim is not None and claim.allocation is not None:
+        rejections = self.rejected.get(key)
+        if rejections:
+            self._reasons[key] = [r.message for r in rejections]
+        elif claim is not None and claim.allocation is not None:
             # A claim allocated in the input is shown on its node when its selector names one.
             usable = placement.nodes_of(claim.allocation, self.cluster)
             node = usable[0] if usable is not None and len(usable) == 1 else None
         self._nodes[key] = node
+
+    def holds(self, key: str) -> bool:
+        """Whether the claim's allocation holds its devices (False for unallocated, conflicting
+        and invalid claims)."""
+        claim = self._claims[key]
+        return claim is not None and claim.allocation is not None and key not in self.rejected
+
+    def status(self, key: str) -> Status:
+        rejections = self.rejected.get(key)
+        if rejections:
+            return Status.CONFLICT if any(r.kind == "conflict" for r in rejections) else Status.INVALID
+        return Status.ALLOCATED if self.holds(key) else Status.NOT_ALLOCATED
 
     def claim(self, key: str) -> model.ResourceClaim | None:
         return self._claims[key]
@@ -94,7 +142,14 @@ class _Ledger:
         outcome = allocator.allocate(pending, nodes=nodes)
         if outcome.allocations is not None:
             for claim, allocation in zip(pending, outcome.allocations, strict=True):
-                self._claims[claim.key] = dataclasses.replace(claim, allocation=allocation)
+                # Built directly: dataclasses.replace inspects the fields on every call.
+                self._claims[claim.key] = model.ResourceClaim(
+                    meta=claim.meta,
+                    spec=claim.spec,
+                    allocation=allocation,
+                    reserved_for=claim.reserved_for,
+                    source=claim.source,
+                )
                 self._nodes[claim.key] = outcome.node
                 self._reasons[claim.key] = []
             return True
@@ -115,7 +170,14 @@ class _Ledger:
 
     def outcomes(self) -> tuple[ClaimOutcome, ...]:
         return tuple(
-            ClaimOutcome(namespace=ns, name=name, claim=self._claims[key], node=self._nodes[key], reasons=tuple(self._reasons[key]))
+            ClaimOutcome(
+                namespace=ns,
+                name=name,
+                claim=self._claims[key],
+                node=self._nodes[key],
+                reasons=tuple(self._reasons[key]),
+                status=self.status(key),
+            )
             for key, (ns, name) in self._names.items()
         )
 
@@ -131,6 +193,12 @@ def _place_pod(work: claims.PodWork, *, allocator: alloc.Allocator, ledger: _Led
     problems = [(item.key, item.problem) for item in items if item.problem is not None]
     for key, problem in problems:
         ledger.note(key, problem)
+    # A claim whose input allocation holds nothing cannot be used, as a pod cannot run with it.
+    problems.extend(
+        (key, f"ResourceClaim {key} is in {ledger.status(key).value} status: its status.allocation holds no devices")
+        for key in existing
+        if key in ledger.rejected
+    )
     if problems:
         why = "; ".join(problem for _, problem in problems)
         ledger.fail([claim.key for claim in pending], f"not allocated: {context} cannot be scheduled: {why}")
@@ -143,7 +211,7 @@ def _place_pod(work: claims.PodWork, *, allocator: alloc.Allocator, ledger: _Led
     if full:
         ledger.fail([claim.key for claim in pending], f"not allocated: {', '.join(full)} already has {_MAX_RESERVED_FOR} consumers in status.reservedFor, the most the API allows")
         return
-    allocated = {key: claim.allocation for key, claim in existing.items() if claim.allocation is not None}
+    allocated = {key: c.allocation for key, c in existing.items() if c.allocation is not None and ledger.holds(key)}
     where = placement.candidates(work.pod, allocated=allocated, cluster=ledger.cluster)
     if where.problem is not None:
         ledger.fail([claim.key for claim in pending], f"not allocated: {where.problem}")
@@ -158,25 +226,37 @@ def _place_pod(work: claims.PodWork, *, allocator: alloc.Allocator, ledger: _Led
 def simulate(objects: model.Objects, *, policy: alloc.Policy, search_limit: int) -> Result:
     """Run the whole simulation over decoded objects. Deterministic; no I/O.
 
-    The timed phase runs from planning the claims and building the allocator (CEL compiled
-    and evaluated there) through the last allocation; `Result.seconds` is its wall time.
-    Raises `alloc.AllocationError` when the input cannot be allocated at all.
+    Two timed phases (wall time): index, from planning the claims through building the
+    allocator (which checks the input's allocations), and allocate, through the last
+    allocation. Raises `alloc.AllocationError` when the input cannot be allocated at all.
     """
-    ledger = _Ledger(placement.Cluster.of(objects))
     start = time.perf_counter()
+    ledger = _Ledger(placement.known_nodes(objects))
     plan = claims.plan(objects)
     snapshot = alloc.Snapshot(
         device_classes=objects.device_classes,
         resource_slices=objects.resource_slices,
         nodes=objects.nodes,
         allocated_claims=tuple(claim for claim in objects.resource_claims if claim.allocation is not None),
+        # The input is what a user wrote, not the API's state: a later claim on a held device is refused.
+        check_allocated=True,
     )
     allocator = alloc.Allocator(snapshot, policy=policy, search_limit=search_limit)
+    ledger.rejected = allocator.rejected
+    indexed = time.perf_counter()
     for claim in plan.standalone:
         ledger.add(key=claim.key, namespace=claim.meta.namespace, name=claim.meta.name, claim=claim)
         if claim.allocation is None:
             ledger.allocate(allocator, [claim], nodes=None, context=f"claim {claim.key}")
     for work in plan.pods:
         _place_pod(work, allocator=allocator, ledger=ledger)
-    seconds = time.perf_counter() - start
-    return Result(claims=ledger.outcomes(), attempted=ledger.attempted, seconds=seconds)
+    outcomes = ledger.outcomes()
+    done = time.perf_counter()
+    warnings = tuple(r.message for rejections in allocator.rejected.values() for r in rejections)
+    return Result(
+        claims=outcomes,
+        attempted=ledger.attempted,
+        index_seconds=indexed - start,
+        allocate_seconds=done - indexed,
+        warnings=warnings,
+    )

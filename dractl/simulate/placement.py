@@ -1,37 +1,32 @@
 """Where a pod may go: its `spec.nodeName`, its `spec.nodeSelector` against Node labels, and
-the nodes where the claims it shares with earlier pods are already usable.
+the nodes where the claims it shares with earlier pods are already usable. Node discovery and
+node-selector matching are `model.nodes`'s, shared with the allocator.
 
 Pure: no I/O and no allocation; every function returns the same answer for the same input.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Mapping
 
 from dractl import model
+from dractl.model import nodes as model_nodes
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Cluster:
-    """The node names the input knows (its Nodes, or else the nodes its slices name) and
-    their labels. `has_nodes` says whether Node objects were given at all."""
+Cluster = model_nodes.Cluster
+"""The nodes the input knows and their labels (see `model.nodes.discover`)."""
 
-    names: tuple[str, ...]
-    labels: Mapping[str, Mapping[str, str]]
-    has_nodes: bool
 
-    @classmethod
-    def of(cls, objects: model.Objects) -> Cluster:
-        if objects.nodes:
-            return cls(
-                names=tuple(sorted(node.meta.name for node in objects.nodes)),
-                labels={node.meta.name: node.meta.labels for node in objects.nodes},
-                has_nodes=True,
-            )
-        names = {s.node_name for s in objects.resource_slices if s.node_name}
-        names.update(d.node_name for s in objects.resource_slices for d in s.devices if d.node_name)
-        return cls(names=tuple(sorted(names)), labels={}, has_nodes=False)
+def known_nodes(objects: model.Objects) -> Cluster:
+    """The input's nodes: its Node objects, or else the nodes its slices name. Pure."""
+    return model_nodes.discover(nodes=objects.nodes, slices=objects.resource_slices)
+
+
+def _known(cluster: Cluster, name: str) -> bool:
+    at = bisect.bisect_left(cluster.names, name)
+    return at < len(cluster.names) and cluster.names[at] == name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,45 +38,21 @@ class Candidates:
     problem: str | None = None
 
 
-def _requirement_matches(requirement: model.NodeSelectorRequirement, values: Mapping[str, str]) -> bool:
-    present = requirement.key in values
-    value = values.get(requirement.key, "")
-    match requirement.operator:
-        case "In":
-            return present and value in requirement.values
-        case "NotIn":
-            return not present or value not in requirement.values
-        case "Exists":
-            return present
-        case "DoesNotExist":
-            return not present
-        case "Gt" | "Lt":
-            try:
-                left, right = int(value), int(requirement.values[0])
-            except (ValueError, IndexError):
-                return False
-            return present and (left > right if requirement.operator == "Gt" else left < right)
-    return False
-
-
-def selector_matches(selector: model.NodeSelector, *, name: str, labels: Mapping[str, str]) -> bool:
-    """Whether a node with this name and labels is selected: terms are ORed, requirements
-    ANDed, and a term without requirements selects nothing (as in core/v1). Pure."""
-    fields = {"metadata.name": name}
-    return any(
-        (term.match_expressions or term.match_fields)
-        and all(_requirement_matches(r, labels) for r in term.match_expressions)
-        and all(_requirement_matches(r, fields) for r in term.match_fields)
-        for term in selector.terms
-    )
-
-
 def nodes_of(allocation: model.AllocationResult, cluster: Cluster) -> tuple[str, ...] | None:
     """The known nodes where an allocation is usable; None when it is usable everywhere. Pure."""
     selector = allocation.node_selector
     if selector is None:
         return None
-    return tuple(n for n in cluster.names if selector_matches(selector, name=n, labels=cluster.labels.get(n, {})))
+    named = model_nodes.named_nodes(selector)
+    if named is not None:
+        # The allocator's node-local selector pins names: no need to try every node.
+        pinned = (n for n in named if _known(cluster, n))
+        return tuple(sorted(n for n in pinned if _selects(selector, cluster, n)))
+    return tuple(n for n in cluster.names if _selects(selector, cluster, n))
+
+
+def _selects(selector: model.NodeSelector, cluster: Cluster, name: str) -> bool:
+    return model_nodes.selector_matches(selector, name=name, labels=cluster.labels_of(name))
 
 
 def candidates(pod: model.Pod, *, allocated: Mapping[str, model.AllocationResult], cluster: Cluster) -> Candidates:

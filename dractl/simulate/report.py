@@ -1,10 +1,16 @@
 """What `dractl simulate` prints: a table for people, JSON for programs, and YAML with the
 claims exactly as the API would hold them.
 
-Pure apart from writing to the streams it is given. The per-node summary counts the
-devices each node offers and holds (a device shared by several claims counts once) and sums
-each node's counters by name, adding up indexed counters (`memory-slice-0` ...
-`memory-slice-7`) as one (`memory-slice`).
+Pure apart from writing to the streams it is given. Every format gives each claim's status:
+allocated, not allocated, or (for an allocation given in the input that holds nothing)
+conflict or invalid, with the reasons. JSON carries what YAML carries (`allocation` and
+`reservedFor` exactly as the API holds them). The per-node summary counts the devices each
+node offers in usable pools (`model.nodes`, as the allocator sees them) and holds (a device
+shared by several claims counts once) and sums each node's counters by name, adding up
+indexed counters (`memory-slice-0` ... `memory-slice-7`) as one (`memory-slice`).
+
+Speed matters at thousands of claims: JSON is encoded and indented by msgspec, YAML written by
+`yamlout`, and tables above `RICH_ROWS` claims are plain text.
 """
 
 from __future__ import annotations
@@ -12,19 +18,19 @@ from __future__ import annotations
 import collections
 import dataclasses
 import fractions
-import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
+import msgspec
 import rich.console
 import rich.table
 import rich.text
-import yaml
 
 from dractl import config, model
 from dractl.model import encode
-from dractl.simulate import engine
+from dractl.model import nodes as model_nodes
+from dractl.simulate import engine, yamlout
 
 CLUSTER_WIDE = "(cluster-wide)"
 
@@ -70,45 +76,50 @@ class _Sum:
         return number + suffix
 
 
-def _newest_slices(slices: Sequence[model.ResourceSlice]) -> list[model.ResourceSlice]:
-    """Only the slices of each pool's newest generation count, as for the allocator."""
-    newest: dict[tuple[str, str], int] = {}
-    for s in slices:
-        key = (s.driver, s.pool.name)
-        newest[key] = max(newest.get(key, s.pool.generation), s.pool.generation)
-    return [s for s in slices if s.pool.generation == newest[(s.driver, s.pool.name)]]
-
-
-def usage(slices: Sequence[model.ResourceSlice], outcomes: Iterable[engine.ClaimOutcome]) -> tuple[NodeUsage, ...]:
-    """The per-node summary of devices and counters after the simulation. Pure."""
+def usage(
+    slices: Sequence[model.ResourceSlice],
+    outcomes: Iterable[engine.ClaimOutcome],
+    *,
+    nodes: Sequence[str] = (),
+    view: model_nodes.View | None = None,
+) -> tuple[NodeUsage, ...]:
+    """The per-node summary of devices and counters after the simulation: every node in
+    `nodes` (even without devices) and every node a usable pool's device lives on. Only
+    usable pools count, as for the allocator (`model.nodes.Pools`): the newest generation of
+    each pool, and nothing of an incomplete or invalid pool. `view` is the slices'
+    `Pools(...).current()` when the caller has it already. Pure."""
+    if view is None:
+        view = model_nodes.Pools(slices).current()
     devices: dict[tuple[str, str, str], tuple[str, model.Device]] = {}
     counter_sets: list[tuple[str, str, str, model.CounterSet]] = []
-    for s in _newest_slices(slices):
-        for device in s.devices:
-            devices[(s.driver, s.pool.name, device.name)] = (s.node_name or device.node_name or CLUSTER_WIDE, device)
-        counter_sets.extend((s.node_name or CLUSTER_WIDE, s.driver, s.pool.name, c) for c in s.shared_counters)
+    for usable in view.usable:
+        pool = usable.pool
+        for s in pool.slices:
+            for device in s.devices:
+                devices[(pool.driver, pool.name, device.name)] = (model_nodes.home(s, device) or CLUSTER_WIDE, device)
+            counter_sets.extend((s.node_name or CLUSTER_WIDE, pool.driver, pool.name, c) for c in s.shared_counters)
     used = {
         (result.driver, result.pool, result.device)
         for outcome in outcomes
-        if outcome.claim is not None and outcome.claim.allocation is not None
+        if outcome.allocated and outcome.claim is not None and outcome.claim.allocation is not None
         for result in outcome.claim.allocation.results
         if not result.admin_access
     } & devices.keys()
     consumed: dict[tuple[str, str, str, str], fractions.Fraction] = collections.defaultdict(fractions.Fraction)
-    for driver, pool, name in used:
-        for consumption in devices[(driver, pool, name)][1].consumes_counters:
+    for driver, pool_name, name in used:
+        for consumption in devices[(driver, pool_name, name)][1].consumes_counters:
             for counter, amount in consumption.counters.items():
-                consumed[(driver, pool, consumption.counter_set, counter)] += amount.value
+                consumed[(driver, pool_name, consumption.counter_set, counter)] += amount.value
     sums: dict[str, dict[str, _Sum]] = collections.defaultdict(dict)
-    for node, driver, pool, counter_set in counter_sets:
+    for node, driver, pool_name, counter_set in counter_sets:
         for counter, total in counter_set.counters.items():
             group = sums[node].setdefault(_INDEXED.sub("", counter), _Sum())
-            group.used += consumed.get((driver, pool, counter_set.name, counter), fractions.Fraction(0))
+            group.used += consumed.get((driver, pool_name, counter_set.name, counter), fractions.Fraction(0))
             group.total += total.value
             group.binary = group.binary or bool(_BINARY_SUFFIX.search(total.text))
     offered = collections.Counter(node for node, _ in devices.values())
     held = collections.Counter(devices[key][0] for key in used)
-    nodes = sorted(offered.keys() | sums.keys(), key=lambda n: (n == CLUSTER_WIDE, n))
+    names = sorted(offered.keys() | sums.keys() | set(nodes), key=lambda n: (n == CLUSTER_WIDE, n))
     return tuple(
         NodeUsage(
             node=node,
@@ -120,17 +131,26 @@ def usage(slices: Sequence[model.ResourceSlice], outcomes: Iterable[engine.Claim
                 if group.total
             ),
         )
-        for node in nodes
+        for node in names
     )
 
 
-def _summary(result: engine.Result, nodes: Sequence[NodeUsage], *, policy: config.Policy) -> dict[str, Any]:
-    allocated = sum(1 for outcome in result.claims if outcome.allocated)
+def problems(slices: Sequence[model.ResourceSlice]) -> tuple[str, ...]:
+    """The pools no node can use (incomplete or invalid), one message each, sorted. Pure."""
+    return tuple(problem.message() for problem in model_nodes.Pools(slices).current().problems)
+
+
+def _summary(
+    result: engine.Result, nodes: Sequence[NodeUsage], *, pool_problems: Sequence[str], policy: config.Policy
+) -> dict[str, Any]:
+    counts = collections.Counter(outcome.status for outcome in result.claims)
     return {
         "policy": policy.value,
         "claims": len(result.claims),
-        "allocated": allocated,
-        "unallocated": len(result.claims) - allocated,
+        "allocated": counts[engine.Status.ALLOCATED],
+        "unallocated": counts[engine.Status.NOT_ALLOCATED],
+        "conflict": counts[engine.Status.CONFLICT],
+        "invalid": counts[engine.Status.INVALID],
         "nodes": [
             {
                 "name": n.node,
@@ -140,45 +160,73 @@ def _summary(result: engine.Result, nodes: Sequence[NodeUsage], *, policy: confi
             }
             for n in nodes
         ],
+        "pool_problems": list(pool_problems),
     }
 
 
-def _results(outcome: engine.ClaimOutcome) -> list[Any]:
-    if outcome.claim is None or outcome.claim.allocation is None:
-        return []
-    results: list[Any] = encode.allocation_result(outcome.claim.allocation)["devices"].get("results", [])
-    return results
+def _consumer(ref: model.ResourceClaimConsumerReference) -> dict[str, str]:
+    """A `status.reservedFor` entry as the API holds it (`model.encode` writes it the same way
+    inside a whole claim; it has no public function for one entry)."""
+    entry = {"apiGroup": ref.api_group, "resource": ref.resource, "name": ref.name, "uid": ref.uid}
+    return {key: value for key, value in entry.items() if value}
 
 
-def write_json(result: engine.Result, nodes: Sequence[NodeUsage], *, policy: config.Policy, out: TextIO) -> None:
-    """`{"claims": [...], "summary": {...}}`, one object per claim in processing order."""
+def claim_entry(outcome: engine.ClaimOutcome) -> dict[str, Any]:
+    """One claim of `-o json`: what `-o yaml` says of it (`allocation` and `reservedFor` as
+    the API holds them, `allocation` null when there is none), plus its status, node and
+    reasons. Pure."""
+    claim = outcome.claim
+    allocation = claim.allocation if claim is not None else None
+    return {
+        "namespace": outcome.namespace,
+        "name": outcome.name,
+        "status": outcome.status.value,
+        "allocated": outcome.allocated,
+        "node": outcome.node,
+        "allocation": encode.allocation_result(allocation) if allocation is not None else None,
+        "reservedFor": [_consumer(ref) for ref in claim.reserved_for] if claim is not None else [],
+        "reasons": list(outcome.reasons),
+    }
+
+
+def write_json(
+    result: engine.Result,
+    nodes: Sequence[NodeUsage],
+    *,
+    pool_problems: Sequence[str] = (),
+    policy: config.Policy,
+    out: TextIO,
+) -> None:
+    """`{"claims": [...], "summary": {...}}`, one object per claim in processing order (see
+    `claim_entry`), indented by two spaces."""
     document = {
-        "claims": [
-            {
-                "namespace": o.namespace,
-                "name": o.name,
-                "allocated": o.allocated,
-                "node": o.node,
-                "results": _results(o),
-                "reasons": list(o.reasons),
-            }
-            for o in result.claims
-        ],
-        "summary": _summary(result, nodes, policy=policy),
+        "claims": [claim_entry(o) for o in result.claims],
+        "summary": _summary(result, nodes, pool_problems=pool_problems, policy=policy),
     }
-    json.dump(document, out, indent=2)
+    # msgspec's encoder and formatter are C: the stdlib's indenting encoder is pure Python.
+    out.write(msgspec.json.format(msgspec.json.encode(document), indent=2).decode())
     out.write("\n")
+
+
+def _note(outcome: engine.ClaimOutcome) -> str | None:
+    if outcome.status in (engine.Status.CONFLICT, engine.Status.INVALID):
+        return f"dractl: {outcome.status.value}: " + "; ".join(outcome.reasons)
+    return None
 
 
 def write_yaml(result: engine.Result, *, out: TextIO, err: TextIO) -> None:
     """Every claim that exists as a full ResourceClaim, `status.allocation` and `reservedFor`
-    included, one YAML document each; the reasons of unallocated claims go to `err` so that
-    `out` holds only API objects."""
-    documents = [encode.resource_claim(o.claim) for o in result.claims if o.claim is not None]
-    # A wide line keeps long CEL expressions on one line, as kubectl prints them.
-    yaml.dump_all(documents, out, Dumper=yaml.CSafeDumper, sort_keys=False, explicit_start=True, width=1 << 16)
+    included, one YAML document each. A claim whose input allocation holds nothing (status
+    conflict or invalid) keeps that allocation, as the API holds it, under a `# dractl:
+    conflict: ...` comment; the reasons of unallocated claims go to `err` so that `out` holds
+    only API objects."""
+    shown = [o for o in result.claims if o.claim is not None]
+    writer = yamlout.Writer(out)
+    writer.documents(
+        (encode.resource_claim(o.claim) for o in shown if o.claim is not None), comments=(_note(o) for o in shown)
+    )
     for o in result.claims:
-        for reason in o.reasons if not o.allocated else ():
+        for reason in o.reasons if o.status is engine.Status.NOT_ALLOCATED else ():
             print(f"{o.namespace}/{o.name}: {reason}", file=err)
 
 
@@ -192,38 +240,133 @@ def _devices(outcome: engine.ClaimOutcome) -> str:
     return "\n".join(f"{request}: {', '.join(devices)}" for request, devices in by_request.items())
 
 
-def write_table(result: engine.Result, nodes: Sequence[NodeUsage], *, policy: config.Policy, out: TextIO) -> None:
-    """The claims with their node and devices, the reasons under each claim that was not
-    allocated, and the per-node utilisation. Every cell is a `Text`, so names and reasons
-    print verbatim: the `[...]` of a CEL expression is not taken for rich markup."""
-    console = rich.console.Console(file=out, width=None if out.isatty() else 160, highlight=False)
-    claims = rich.table.Table(title=f"Claims (policy {policy.value})", title_justify="left")
-    for column in ("CLAIM", "NODE", "STATUS", "DEVICES / REASONS"):
-        claims.add_column(column, overflow="fold")
+_STYLES = {
+    engine.Status.ALLOCATED: "green",
+    engine.Status.NOT_ALLOCATED: "red",
+    engine.Status.CONFLICT: "red",
+    engine.Status.INVALID: "red",
+}
+
+RICH_ROWS = 500
+"""Tables with more claims than this are written as plain text: rich measures and wraps
+every cell, about a millisecond per claim."""
+
+
+def _rows(result: engine.Result) -> list[tuple[str, str, engine.Status, str]]:
+    """(claim, node, status, devices or reasons) per claim."""
+    rows = []
     for o in result.claims:
         if o.allocated:
-            claims.add_row(rich.text.Text(f"{o.namespace}/{o.name}"), rich.text.Text(o.node or "(any)"), rich.text.Text("allocated", style="green"), rich.text.Text(_devices(o)))
+            rows.append((f"{o.namespace}/{o.name}", o.node or "(any)", o.status, _devices(o)))
         else:
-            reasons = rich.text.Text("\n".join(f"- {reason}" for reason in o.reasons), style="yellow")
-            claims.add_row(rich.text.Text(f"{o.namespace}/{o.name}"), rich.text.Text("-"), rich.text.Text("not allocated", style="red"), reasons)
+            rows.append((f"{o.namespace}/{o.name}", "-", o.status, "\n".join(f"- {reason}" for reason in o.reasons)))
+    return rows
+
+
+def _footer(result: engine.Result) -> str:
+    counts = collections.Counter(o.status for o in result.claims)
+    text = f"{counts[engine.Status.ALLOCATED]} of {len(result.claims)} claims allocated."
+    trouble = [f"{counts[s]} {s.value}" for s in (engine.Status.CONFLICT, engine.Status.INVALID) if counts[s]]
+    return f"{text} {', '.join(trouble)}." if trouble else text
+
+
+def _node_rows(nodes: Sequence[NodeUsage]) -> list[tuple[str, str, str]]:
+    return [
+        (
+            n.node,
+            f"{n.devices_used} / {n.devices_total}",
+            "\n".join(f"{c.name}: {c.used} / {c.total}" for c in n.counters) or "-",
+        )
+        for n in nodes
+    ]
+
+
+def _plain(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    """A kubectl-style table: columns padded to their widest line, three spaces apart; a
+    cell with several lines continues on the next lines in its own column. No wrapping, so
+    every reason stays on one line (grep-able)."""
+    widths = [len(h) for h in header]
+    split = [[cell.split("\n") for cell in row] for row in rows]
+    for row in split:
+        for i, cell in enumerate(row[:-1]):
+            widths[i] = max(widths[i], max(len(line) for line in cell))
+    pad = [w + 3 for w in widths[:-1]]
+    lines = [title, "".join(h.ljust(p) for h, p in zip(header, pad)) + header[-1]]
+    for row in split:
+        for k in range(max(len(cell) for cell in row)):
+            lines.append(
+                (
+                    "".join((cell[k] if k < len(cell) else "").ljust(p) for cell, p in zip(row, pad))
+                    + (row[-1][k] if k < len(row[-1]) else "")
+                ).rstrip()
+            )
+    out.write("\n".join(lines) + "\n")
+
+
+def write_table(
+    result: engine.Result,
+    nodes: Sequence[NodeUsage],
+    *,
+    pool_problems: Sequence[str] = (),
+    policy: config.Policy,
+    out: TextIO,
+) -> None:
+    """The claims with their node and devices, the reasons under each claim that was not
+    allocated (or whose input allocation is in conflict or invalid), the per-node
+    utilisation, and the pools no node can use. Up to `RICH_ROWS` claims it is a rich table
+    (every cell a `Text`, so names and reasons print verbatim: the `[...]` of a CEL expression
+    is not taken for markup); above, the same columns as plain text."""
+    rows = _rows(result)
+    header = ("CLAIM", "NODE", "STATUS", "DEVICES / REASONS")
+    node_header = ("NODE", "DEVICES USED", "COUNTERS USED")
+    if len(rows) > RICH_ROWS:
+        _plain(f"Claims (policy {policy.value})", header, [(c, n, s.value, d) for c, n, s, d in rows], out)
+        out.write(_footer(result) + "\n")
+        _plain("Nodes", node_header, _node_rows(nodes), out)
+        out.write("".join(f"warning: {problem}\n" for problem in pool_problems))
+        return
+    console = rich.console.Console(file=out, width=None if out.isatty() else 160, highlight=False)
+    claims = rich.table.Table(title=f"Claims (policy {policy.value})", title_justify="left")
+    for column in header:
+        claims.add_column(column, overflow="fold")
+    for claim, node, status, text in rows:
+        style = "yellow" if status is not engine.Status.ALLOCATED else ""
+        claims.add_row(
+            rich.text.Text(claim),
+            rich.text.Text(node),
+            rich.text.Text(status.value, style=_STYLES[status]),
+            rich.text.Text(text, style=style),
+        )
     console.print(claims)
-    allocated = sum(1 for o in result.claims if o.allocated)
-    console.print(rich.text.Text(f"{allocated} of {len(result.claims)} claims allocated."))
+    console.print(rich.text.Text(_footer(result)))
     usage_table = rich.table.Table(title="Nodes", title_justify="left")
-    for column in ("NODE", "DEVICES USED", "COUNTERS USED"):
+    for column in node_header:
         usage_table.add_column(column)
-    for n in nodes:
-        counters = "\n".join(f"{c.name}: {c.used} / {c.total}" for c in n.counters)
-        usage_table.add_row(rich.text.Text(n.node), rich.text.Text(f"{n.devices_used} / {n.devices_total}"), rich.text.Text(counters or "-"))
+    for row in _node_rows(nodes):
+        usage_table.add_row(*(rich.text.Text(cell) for cell in row))
     console.print(usage_table)
+    for problem in pool_problems:
+        console.print(rich.text.Text(f"warning: {problem}", style="yellow"))
 
 
-def write(result: engine.Result, *, slices: Sequence[model.ResourceSlice], settings: config.Simulate, out: TextIO, err: TextIO) -> None:
-    """Print `result` in the format `settings.output` names."""
-    match settings.output:
-        case config.OutputFormat.YAML:
-            write_yaml(result, out=out, err=err)
-        case config.OutputFormat.JSON:
-            write_json(result, usage(slices, result.claims), policy=settings.policy, out=out)
-        case config.OutputFormat.TABLE:
-            write_table(result, usage(slices, result.claims), policy=settings.policy, out=out)
+def write(
+    result: engine.Result,
+    *,
+    slices: Sequence[model.ResourceSlice],
+    settings: config.Simulate,
+    out: TextIO,
+    err: TextIO,
+    nodes: Sequence[str] = (),
+) -> None:
+    """Print `result` in the format `settings.output` names; `nodes` are the input's known
+    nodes, listed in the per-node summary even when they have no devices."""
+    if settings.output is config.OutputFormat.YAML:
+        write_yaml(result, out=out, err=err)
+        return
+    view = model_nodes.Pools(slices).current()
+    summary = usage(slices, result.claims, nodes=nodes, view=view)
+    pool_problems = [problem.message() for problem in view.problems]
+    if settings.output is config.OutputFormat.JSON:
+        write_json(result, summary, pool_problems=pool_problems, policy=settings.policy, out=out)
+    else:
+        write_table(result, summary, pool_problems=pool_problems, policy=settings.policy, out=out)

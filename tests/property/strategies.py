@@ -10,8 +10,12 @@ matchAttribute/distinctAttribute; and claims that already hold devices. `partiti
 focuses on MIG-like GPUs (counters, over-committed parents, two drivers' pools with one name),
 and `regression` pins the minimal instances of discrepancies found so far.
 
-Invariants the generated instances keep (the oracle documents what it does not model):
-selectors never raise at runtime (attributes are guarded with `in` or `.?x.orValue`), admin
+Selectors come in three kinds: guarded ones that never fail (`in`, `.?x.orValue`), unguarded
+ones that fail at run time on devices lacking an attribute (so the search order of errors is
+exercised), and ones that use a whole attribute map (map literals, `dyn`, comprehensions,
+computed keys), which the allocator must evaluate per device rather than share.
+
+Invariants the generated instances keep (the oracle documents what it does not model): admin
 requests never select a device with allowMultipleAllocations, every counter consumption names
 every counter of its set, and pools are valid (unique device and counter-set names).
 """
@@ -49,6 +53,8 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "big": ('"memory" in device.capacity[device.driver] && device.capacity[device.driver].memory.compareTo(quantity("40Gi")) >= 0',),
     "a100": ('device.attributes[device.driver].?model.orValue("") == "a100"',),
     "mig": ('device.attributes[device.driver].?type.orValue("") == "mig"',),
+    # Fails on devices without "numa" (about one in ten).
+    "numa0": ("device.attributes[device.driver].numa == 0",),
 }
 
 REQUEST_SELECTORS = (
@@ -58,13 +64,26 @@ REQUEST_SELECTORS = (
     'device.attributes["example.com"].?rack.orValue("") == "r1"',
     '!("memory" in device.capacity[device.driver]) || device.capacity[device.driver].memory.compareTo(quantity("16Gi")) <= 0',
     'device.attributes[device.driver].?model.orValue("").startsWith("h")',
+    # Unguarded: fail at run time on devices without the attribute.
+    'device.attributes[device.driver].model == "a100"',
+    "device.attributes[device.driver].mig",
+    # Whole-map uses: results depend on more than the members named, so never shared.
+    'device.attributes["example.com"] == {"rack": "r1"}',
+    '{"rack": "r2"} != device.attributes["example.com"]',
+    'dyn(device.attributes[device.driver]).?model.orValue("") == "t4"',
+    'device.attributes[device.driver].exists(k, k == "mig")',
+    'device.attributes[device.driver].all(k, k != "numa")',
+    "device.attributes[device.driver].map(k, k).size() <= 4",
+    'device.attributes[device.driver].filter(k, k.startsWith("m")).size() == 2',
+    'device.attributes[device.driver][?["mo", "del"].join("")].orValue("") == "h100"',
+    'size(device.capacity[device.driver]) == 0 || device.capacity[device.driver].exists(k, k == "memory")',
 )
 
 # Admin requests never meet a shareable device: the oracle leaves that combination unspecified.
 NOT_SHAREABLE = '!("multi" in device.attributes["example.com"])'
 
 # Requests favour the class that matches everything, so that most claims have candidates.
-CLASS_CHOICES = ("any", "any", "any", "gpu", "nic", "big", "a100")
+CLASS_CHOICES = ("any", "any", "any", "gpu", "nic", "big", "a100", "numa0")
 
 # Attributes for constraints, qualified with one of the cluster's drivers (or their own domain).
 CONSTRAINT_ATTRIBUTES = ("model", "numa", "mig", "driverVersion", "pcieRoots", "example.com/rack")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from alloc_inputs import allocator, claim, counter_set, device, devices, held, picked, request, rslice, taint
+from alloc_inputs import allocator, claim, counter_set, device, devices, held, picked, reasons, request, rslice, taint
 
 
 def test_admin_access_enabled() -> None:
@@ -27,7 +27,11 @@ def test_all_devices_some_allocated_admin_access() -> None:
 def test_all_devices_some_allocating_admin_access() -> None:
     """An admin claim cannot take the same device twice."""
     c = claim("c", request("req-0", admin=True), request("req-1", all=True, admin=True))
-    assert not allocator([rslice(*devices(1))]).allocate([c]).ok
+    assert reasons(allocator([rslice(*devices(1))]).allocate([c])) == (
+        "req-1: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (all of them); allocationMode All needs every matching device, but some "
+        "are already allocated or have a taint the request does not tolerate"
+    )
 
 
 def test_count_devices_some_allocated_admin_access() -> None:
@@ -57,7 +61,10 @@ def test_admin_result_does_not_hold_device() -> None:
 
 def test_tainted_admin_access() -> None:
     """Admin access does not bypass a NoSchedule taint."""
-    assert not allocator([rslice(device("device-1", taints=[taint("k")]))]).allocate([claim("c", request(admin=True))]).ok
+    assert reasons(allocator([rslice(device("device-1", taints=[taint("k")]))]).allocate([claim("c", request(admin=True))])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those have a "
+        "taint the request does not tolerate; 0 of those are free on the candidate nodes (1 needed)"
+    )
 
 
 def test_admin_access_needs_no_counters() -> None:
@@ -68,7 +75,11 @@ def test_admin_access_needs_no_counters() -> None:
     ]
     a = allocator(slices)
     assert picked(a.allocate([claim("c0", request("req-0", "class-a", 'device.attributes["driver-a"].?x.orValue("") == ""'))])) == [[("req-0", "full")]]
-    assert not a.allocate([claim("c1")]).ok
+    assert reasons(a.allocate([claim("c1")])) == (
+        "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 1 of those are "
+        "free on the candidate nodes (1 needed); counter mem of counter set gpu-0 in pool driver-a/node-1 "
+        "ran out"
+    )
     assert picked(a.allocate([claim("c2", request(admin=True))])) == [[("req-0", "full")]]
     outcome = a.allocate([claim("c3", request(count=2, admin=True))])
     assert picked(outcome) == [[("req-0", "full"), ("req-0", "part")]]
@@ -84,4 +95,8 @@ def test_admin_share_does_not_spare_a_later_share_its_counters() -> None:
     only_shared = 'device.allowMultipleAllocations'
     outcome = a.allocate([claim("c0", request("req-0", "class-a", only_shared, admin=True)), claim("c1", request("req-0", "class-a", only_shared))])
     assert picked(outcome) == [[("req-0", "shared")], [("req-0", "shared")]]
-    assert not a.allocate([claim("c2", request("req-0", "class-a", "!device.allowMultipleAllocations"))]).ok
+    assert reasons(a.allocate([claim("c2", request("req-0", "class-a", "!device.allowMultipleAllocations"))])) == (
+        "req-0: device class class-a matches 2 devices; 1 pass the request's selectors; 1 of those are "
+        "free on the candidate nodes (1 needed); counter mem of counter set gpu-0 in pool driver-a/node-1 "
+        "ran out"
+    )

@@ -40,13 +40,27 @@ def test_all_devices_plus_another() -> None:
 def test_all_devices_no_solution() -> None:
     """An ExactCount claim first takes the only device, so All fails (and reversed)."""
     slices = [rslice(*devices(1))]
-    assert not allocator(slices).allocate([claim("c0"), claim("c1", request(all=True))]).ok
-    assert not allocator(slices).allocate([claim("c1", request(all=True)), claim("c0")]).ok
+    assert reasons(allocator(slices).allocate([claim("c0"), claim("c1", request(all=True))])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (all of them); allocationMode All needs every matching device, but some "
+        "are already allocated or have a taint the request does not tolerate"
+    )
+    assert reasons(allocator(slices).allocate([claim("c1", request(all=True)), claim("c0")])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (all of them)\n"
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (1 needed)\n"
+        "None: every request has devices on its own, but none of the 1 candidate node has devices for all "
+        "requests together"
+    )
 
 
 def test_all_devices_slice_without_devices() -> None:
     """All with zero matching devices fails."""
-    assert not allocator([rslice()]).allocate([claim("c", request(all=True))]).ok
+    assert reasons(allocator([rslice()]).allocate([claim("c", request(all=True))])) == (
+        "req-0: device class class-a matches 0 devices; 0 pass the request's selectors; 0 of those are "
+        "free on the candidate nodes (all of them)"
+    )
 
 
 def test_all_devices_some_allocated() -> None:
@@ -71,7 +85,10 @@ def test_with_constraint_not_matching_int_attribute_all_devices() -> None:
 def test_tainted_all_devices_single() -> None:
     """An untolerated taint removes the device from the All set: nothing matches."""
     outcome = allocator([rslice(device("device-1", taints=[taint("k")]))]).allocate([claim("c", request(all=True))])
-    assert not outcome.ok
+    assert reasons(outcome) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those have a "
+        "taint the request does not tolerate; 0 of those are free on the candidate nodes (all of them)"
+    )
 
 
 def test_all_devices_beyond_the_claim_limit() -> None:

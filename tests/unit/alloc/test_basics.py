@@ -96,7 +96,14 @@ def test_no_slices() -> None:
 def test_not_enough_suitable_devices() -> None:
     """Two claims, one device: the joint allocation fails."""
     outcome = allocator([rslice(*devices(1))]).allocate([claim("c0"), claim("c1")])
-    assert not outcome.ok
+    assert reasons(outcome) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (1 needed)\n"
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (1 needed)\n"
+        "None: every request has devices on its own, but none of the 1 candidate node has devices for all "
+        "requests together"
+    )
 
 
 @pytest.mark.parametrize("name", ["no-classes", "unknown-class"])
@@ -134,10 +141,11 @@ def test_invalid_cel(where: str) -> None:
 
 
 def test_cel_runtime_error_names_device() -> None:
-    """A runtime error on any class-matching device fails the request, quoting the
-    expression and naming driver/pool/device, even if another device would match."""
+    """A runtime error on a device the search reaches fails the request, quoting the
+    expression and naming driver/pool/device (tests/unit/alloc/test_cel_errors.py has the
+    search-order cases)."""
     expr = 'device.attributes["driver-a"].model == "x"'
-    slices = [rslice(device("device-1", attributes={"model": "x"}), device("device-2"))]
+    slices = [rslice(device("device-2"), device("device-1", attributes={"model": "x"}))]
     text = reasons(allocator(slices).allocate([claim("c", request("req-0", "class-a", expr))]))
     assert '`device.attributes["driver-a"].model == "x"`' in text
     assert "driver-a/node-1/device-2" in text and "no such key" in text
@@ -176,7 +184,10 @@ def test_unsuccessful_allocation_network_attached_device() -> None:
     """A node selector that does not match the node hides the devices."""
     sel = selector(("region", "In", ("region-2",)))
     outcome = allocator([rslice(*devices(1), node=None, pool="pool", node_selector=sel)], nodes=[node("node-1", region="region-1")]).allocate([claim()])
-    assert not outcome.ok
+    assert reasons(outcome) == (
+        "req-0: device class class-a matches 0 devices; 0 pass the request's selectors; 0 of those are "
+        "free on the candidate nodes (1 needed)"
+    )
 
 
 def test_many_network_attached_devices() -> None:
@@ -232,7 +243,10 @@ def test_success_commits() -> None:
     a = allocator([rslice(*devices(2))])
     assert picked(a.allocate([claim("c0")])) == [[("req-0", "device-1")]]
     assert picked(a.allocate([claim("c1")])) == [[("req-0", "device-2")]]
-    assert not a.allocate([claim("c2")]).ok
+    assert reasons(a.allocate([claim("c2")])) == (
+        "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 0 of those are "
+        "free on the candidate nodes (1 needed)"
+    )
 
 
 def test_nodes_argument_restricts_candidates() -> None:
@@ -240,7 +254,11 @@ def test_nodes_argument_restricts_candidates() -> None:
     slices = [rslice(device("device-1"), node="node-1"), rslice(device("device-2"), node="node-2")]
     outcome = allocator(slices).allocate([claim()], nodes=["node-2", "node-9"])
     assert outcome.node == "node-2"
-    assert not allocator(slices).allocate([claim()], nodes=[]).ok
+    assert reasons(allocator(slices).allocate([claim()], nodes=[])) == (
+        "None: none of the candidate nodes is known (no Node object or ResourceSlice names them)\n"
+        "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 0 of those are "
+        "free on the candidate nodes (1 needed)"
+    )
 
 
 def test_nodes_from_node_objects() -> None:

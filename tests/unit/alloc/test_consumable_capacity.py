@@ -9,7 +9,7 @@ import pytest
 
 from dractl import model
 
-from alloc_inputs import allocator, claim, counter_set, device, device_class, match, picked, q, request, rslice
+from alloc_inputs import allocator, claim, counter_set, device, device_class, match, picked, q, reasons, request, rslice
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -32,7 +32,10 @@ def consumed(outcome, index: int = 0) -> list[dict[str, int]]:
 def test_multi_allocatable_device_with_missing_capacity_request() -> None:
     """A requested capacity the device lacks disqualifies it, and the reason says so."""
     outcome = allocator([rslice(shared(slots=cap(4)))]).allocate([claim("c", request("req-0", capacity={"memory": 1}))])
-    assert not outcome.ok and "lack the requested capacity" in outcome.reasons[0].message
+    assert reasons(outcome) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those lack the "
+        "requested capacity; 0 of those are free on the candidate nodes (1 needed)"
+    )
 
 
 def test_multi_allocatable_device_without_capacity_shared_by_two_claims() -> None:
@@ -49,7 +52,10 @@ def test_without_policy_without_capacity_request_consumes_everything() -> None:
     """No request and no policy consume the full capacity: the second claim takes another device."""
     outcome = allocator([rslice(shared("device-1", memory=cap(2)), shared("device-2", memory=cap(2)))]).allocate([claim("c0"), claim("c1")])
     assert picked(outcome) == [[("req-0", "device-1")], [("req-0", "device-2")]]
-    assert not allocator([rslice(shared("device-1", memory=cap(2)))]).allocate([claim("c0"), claim("c1")]).ok
+    assert reasons(allocator([rslice(shared("device-1", memory=cap(2)))]).allocate([claim("c0"), claim("c1")])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (1 needed); capacity memory of device driver-a/node-1/device-1 ran out"
+    )
 
 
 def test_without_policy_with_capacity_request() -> None:
@@ -72,7 +78,10 @@ def test_with_zero_request_policy() -> None:
 
 def test_violates_zero_request_policy() -> None:
     """A request of 1 is not among validValues {0}."""
-    assert not allocator([rslice(shared(memory=cap(1, default=0, values=(0,))))]).allocate([claim("c", request(capacity={"memory": 1}))]).ok
+    assert reasons(allocator([rslice(shared(memory=cap(1, default=0, values=(0,))))]).allocate([claim("c", request(capacity={"memory": 1}))])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those lack the "
+        "requested capacity; 0 of those are free on the candidate nodes (1 needed)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -95,7 +104,10 @@ def test_with_exceeded_consumable_capacity_request() -> None:
     a = allocator([rslice(shared(memory=cap(2, default=1, values=(1, 2))))])
     assert a.allocate([claim("c0", request(capacity={"memory": 1}))]).ok
     outcome = a.allocate([claim("c1", request(capacity={"memory": 2}))])
-    assert not outcome.ok
+    assert reasons(outcome) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (1 needed); capacity memory of device driver-a/node-1/device-1 ran out"
+    )
 
 
 def test_capacity_ran_out_is_named() -> None:
@@ -106,14 +118,20 @@ def test_capacity_ran_out_is_named() -> None:
 
 def test_with_request_over_max_sharing_policy() -> None:
     """6 exceeds the policy max 4 although the capacity is 10."""
-    assert not allocator([rslice(shared(memory=cap(10, default=1, min=1, max=4)))]).allocate([claim("c", request(capacity={"memory": 6}))]).ok
+    assert reasons(allocator([rslice(shared(memory=cap(10, default=1, min=1, max=4)))]).allocate([claim("c", request(capacity={"memory": 6}))])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those lack the "
+        "requested capacity; 0 of those are free on the candidate nodes (1 needed)"
+    )
 
 
 def test_with_allocated_capacity_use_remaining() -> None:
     """An existing share of 2 of 4 leaves 2."""
     existing = claim("x", allocation=model.AllocationResult(results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "device-1", share_id="s", consumed_capacity={"memory": q(2)}),)))
     a = allocator([rslice(shared(memory=cap(4)))], allocated=[existing])
-    assert not a.allocate([claim("c0", request(capacity={"memory": 3}))]).ok
+    assert reasons(a.allocate([claim("c0", request(capacity={"memory": 3}))])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those lack the "
+        "requested capacity; 0 of those are free on the candidate nodes (1 needed)"
+    )
     assert a.allocate([claim("c1", request(capacity={"memory": 2}))]).ok
 
 
@@ -142,19 +160,32 @@ def test_dedicated_device_with_consumable_capacity_request() -> None:
 
 def test_dedicated_device_is_not_shared() -> None:
     """A dedicated device is not shared by a second claim."""
-    assert not allocator([rslice(device("device-1", capacity={"memory": 8}))]).allocate([claim("c0", request(capacity={"memory": 1})), claim("c1", request(capacity={"memory": 1}))]).ok
+    assert reasons(allocator([rslice(device("device-1", capacity={"memory": 8}))]).allocate([claim("c0", request(capacity={"memory": 1})), claim("c1", request(capacity={"memory": 1}))])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (1 needed)\n"
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (1 needed)\n"
+        "None: every request has devices on its own, but none of the 1 candidate node has devices for all "
+        "requests together"
+    )
 
 
 def test_exclude_multi_allocatable_device_by_class_selector() -> None:
     """A class selecting allowMultipleAllocations == false excludes shared devices."""
     classes = [device_class("class-a", "device.allowMultipleAllocations == false")]
-    assert not allocator([rslice(shared())], classes).allocate([claim()]).ok
+    assert reasons(allocator([rslice(shared())], classes).allocate([claim()])) == (
+        "req-0: device class class-a matches 0 devices; 0 pass the request's selectors; 0 of those are "
+        "free on the candidate nodes (1 needed)"
+    )
 
 
 def test_not_allocate_multi_allocatable_device_which_already_dedicated() -> None:
     """A dedicated allocation of a multi-allocatable device blocks sharing."""
     existing = claim("x", allocation=model.AllocationResult(results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "device-1"),)))
-    assert not allocator([rslice(shared())], allocated=[existing]).allocate([claim()]).ok
+    assert reasons(allocator([rslice(shared())], allocated=[existing]).allocate([claim()])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (1 needed)"
+    )
 
 
 def test_allow_multiple_allocations_with_partitionable_device() -> None:
@@ -199,7 +230,12 @@ def test_all_allocating_sufficient() -> None:
 def test_all_allocating_insufficient() -> None:
     """An earlier share in the same call that exhausts a device of the All set fails the claim."""
     c = claim("c", request("req-0", capacity={"memory": 4}), request("req-1", all=True, capacity={"memory": 2}))
-    assert not allocator(all_slices()).allocate([c]).ok
+    assert reasons(allocator(all_slices()).allocate([c])) == (
+        "req-1: device class class-a matches 2 devices; 2 pass the request's selectors; 2 of those are "
+        "free on the candidate nodes (all of them); capacity memory of device driver-a/node-1/device-2 ran "
+        "out; allocationMode All needs every matching device, but some are already allocated or have a "
+        "taint the request does not tolerate"
+    )
 
 
 def test_all_in_use_insufficient() -> None:

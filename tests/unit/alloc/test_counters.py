@@ -93,7 +93,11 @@ def test_partitionable_devices_overallocated_capacity_pool() -> None:
     """Negative availability (over-committed set) blocks every consumer of that set."""
     slices = pool(part("device-1", "8Gi"), part("device-2", "8Gi"), device("device-3", consumes={"set-1": {"memory": 0}}))
     outcome = allocator(slices, allocated=[held("x", "device-1", "device-2")]).allocate([claim()])
-    assert not outcome.ok
+    assert reasons(outcome) == (
+        "req-0: device class class-a matches 3 devices; 3 pass the request's selectors; 1 of those are "
+        "free on the candidate nodes (1 needed); counter memory of counter set set-1 in pool "
+        "driver-a/node-1 ran out"
+    )
 
 
 def test_counters_checked_per_counter_set() -> None:
@@ -179,7 +183,11 @@ def test_partitionable_devices_devices_on_different_nodes_consume_same_counter_s
         rslice(part("device-1", "8Gi", node_name="node-2"), part("device-2", "4Gi", node_name="node-1"), name="d", node=None, pool="pool", count=2, per_device_node_selection=True),
     ]
     outcome = allocator(slices, nodes=[node("node-1"), node("node-2")], allocated=[held("x", "device-1", pool="pool")]).allocate([claim()])
-    assert not outcome.ok
+    assert reasons(outcome) == (
+        "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 1 of those are "
+        "free on the candidate nodes (1 needed); counter memory of counter set set-1 in pool driver-a/pool "
+        "ran out"
+    )
 
 
 def test_partitionable_devices_with_attribute_selector() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from alloc_inputs import allocator, claim, device, distinct, picked, request, rslice
+from alloc_inputs import allocator, claim, device, distinct, picked, reasons, request, rslice
 
 
 def slices_with(values: list[object]) -> list:
@@ -20,7 +20,10 @@ def test_with_distinct_constraints() -> None:
 
 def test_with_distinct_constraints_attribute_not_set() -> None:
     """A device without the attribute cannot join the constraint."""
-    assert not allocator(slices_with([None, None])).allocate([claim("c", request(count=2), constraints=[distinct("driver-a/a")])]).ok
+    assert reasons(allocator(slices_with([None, None])).allocate([claim("c", request(count=2), constraints=[distinct("driver-a/a")])])) == (
+        "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 2 of those are "
+        "free on the candidate nodes (2 needed); constraint distinctAttribute driver-a/a could not be met"
+    )
 
 
 def test_pairwise_distinct_within_one_request() -> None:
@@ -28,14 +31,20 @@ def test_pairwise_distinct_within_one_request() -> None:
     slices = slices_with([1, 2, 1, 3])
     c = claim("c", request(count=3), constraints=[distinct("driver-a/a")])
     assert picked(allocator(slices).allocate([c])) == [[("req-0", "device-1"), ("req-0", "device-2"), ("req-0", "device-4")]]
-    assert not allocator(slices_with([1, 2, 1])).allocate([claim("c", request(count=3), constraints=[distinct("driver-a/a")])]).ok
+    assert reasons(allocator(slices_with([1, 2, 1])).allocate([claim("c", request(count=3), constraints=[distinct("driver-a/a")])])) == (
+        "req-0: device class class-a matches 3 devices; 3 pass the request's selectors; 3 of those are "
+        "free on the candidate nodes (3 needed); constraint distinctAttribute driver-a/a could not be met"
+    )
 
 
 def test_distinct_constraint_one_multi_allocatable_device() -> None:
     """The same multi-allocatable device twice violates distinctness."""
     slices = [rslice(device("device-1", attributes={"a": 1}, multi=True))]
     c = claim("c", request("req-0"), request("req-1"), constraints=[distinct("driver-a/a")])
-    assert not allocator(slices).allocate([c]).ok
+    assert reasons(allocator(slices).allocate([c])) == (
+        "req-1: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (1 needed); constraint distinctAttribute driver-a/a could not be met"
+    )
 
 
 def test_distinct_constraint_two_multi_allocatable_devices() -> None:
@@ -62,6 +71,9 @@ def test_list_attributes(name: str, values: list[object], expected: list[str] | 
     """List attributes are distinct when the value sets are pairwise disjoint."""
     outcome = allocator(slices_with(values)).allocate([claim("c", request(count=2), constraints=[distinct("driver-a/a")])])
     if expected is None:
-        assert not outcome.ok
+        assert reasons(outcome) == (
+            "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 2 of those are "
+            "free on the candidate nodes (2 needed); constraint distinctAttribute driver-a/a could not be met"
+        )
     else:
         assert [d for _, d in picked(outcome)[0]] == expected

@@ -46,7 +46,12 @@ def test_constraint_reason_in_a_joint_allocation_names_that_claims_constraint() 
     first = claim("c0", request("r0"), constraints=[distinct("driver-a/model")])
     second = claim("c1", request("r0"), constraints=[distinct("driver-a/model")])
     outcome = allocator(slices).allocate([first, second])
-    assert not outcome.ok
+    assert reasons(outcome) == (
+        "r0: device class class-a matches 2 devices; 2 pass the request's selectors; 2 of those are free "
+        "on the candidate nodes (1 needed); constraint distinctAttribute driver-a/model could not be met\n"
+        "r0: device class class-a matches 2 devices; 2 pass the request's selectors; 2 of those are free "
+        "on the candidate nodes (1 needed); constraint distinctAttribute driver-a/model could not be met"
+    )
     assert "constraint distinctAttribute driver-a/model could not be met" in reasons(outcome)
 
 
@@ -63,7 +68,14 @@ def test_unknown_class_lists_known_classes() -> None:
 def test_failure_commits_nothing() -> None:
     """A failed joint allocation leaves every device free."""
     a = allocator([rslice(*devices(1))])
-    assert not a.allocate([claim("c0"), claim("c1")]).ok
+    assert reasons(a.allocate([claim("c0"), claim("c1")])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (1 needed)\n"
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+        "on the candidate nodes (1 needed)\n"
+        "None: every request has devices on its own, but none of the 1 candidate node has devices for all "
+        "requests together"
+    )
     assert a.allocate([claim("c2")]).ok
 
 

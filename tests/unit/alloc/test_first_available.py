@@ -13,6 +13,7 @@ from alloc_inputs import (
     held,
     match,
     picked,
+    reasons,
     request,
     rslice,
     sub,
@@ -32,7 +33,12 @@ def test_prioritized_list_first_unavailable() -> None:
 def test_prioritized_list_non_available() -> None:
     """Both subrequests need two devices; only one exists."""
     outcome = allocator([rslice(*devices(1))]).allocate([claim("c", first_available("req-0", sub("a", count=2), sub("b", count=2)))])
-    assert not outcome.ok
+    assert reasons(outcome) == (
+        "req-0/a: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are "
+        "free on the candidate nodes (2 needed)\n"
+        "req-0/b: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are "
+        "free on the candidate nodes (2 needed)"
+    )
     assert {r.request for r in outcome.reasons} == {"req-0/a", "req-0/b"}
 
 
@@ -127,7 +133,12 @@ def test_tainted_two_devices_prioritized_list_tolerated() -> None:
 def test_tainted_prioritized_list() -> None:
     """No subrequest tolerates the taint: nothing is allocated."""
     slices = [rslice(device("device-1", taints=[taint("k")]))]
-    assert not allocator(slices).allocate([claim("c", first_available("req-0", sub("a"), sub("b")))]).ok
+    assert reasons(allocator(slices).allocate([claim("c", first_available("req-0", sub("a"), sub("b")))])) == (
+        "req-0/a: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those have a "
+        "taint the request does not tolerate; 0 of those are free on the candidate nodes (1 needed)\n"
+        "req-0/b: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those have a "
+        "taint the request does not tolerate; 0 of those are free on the candidate nodes (1 needed)"
+    )
 
 
 def test_prioritized_list_max_allocation_limit_request() -> None:

@@ -9,7 +9,12 @@ from alloc_inputs import allocator, claim, counter_set, device, devices, picked,
 def test_obsolete_slice() -> None:
     """A newer generation with a missing slice makes the pool incomplete: nothing allocated."""
     slices = [rslice(*devices(1), name="old", generation=1), rslice(device("device-2"), name="new", generation=2, count=2)]
-    assert not allocator(slices).allocate([claim()]).ok
+    assert reasons(allocator(slices).allocate([claim()])) == (
+        "req-0: device class class-a matches 0 devices; 0 pass the request's selectors; 0 of those are "
+        "free on the candidate nodes (1 needed)\n"
+        "None: resource pool driver-a/node-1 is currently being updated: 1 of 2 slices of generation 2 are "
+        "published"
+    )
 
 
 def test_duplicate_slice() -> None:
@@ -22,7 +27,10 @@ def test_duplicate_slice() -> None:
 def test_multi_host_resource_pool_with_stale_slice_for_current_node() -> None:
     """A newer generation elsewhere makes this node's slice obsolete."""
     slices = [rslice(device("device-1"), name="s1", node="node-1", pool="pool", generation=1, count=2), rslice(device("device-2"), name="s2", node="node-2", pool="pool", generation=2, count=2)]
-    assert not allocator(slices).allocate([claim()], nodes=["node-1"]).ok
+    assert reasons(allocator(slices).allocate([claim()], nodes=["node-1"])) == (
+        "req-0: device class class-a matches 0 devices; 0 pass the request's selectors; 0 of those are "
+        "free on the candidate nodes (1 needed)"
+    )
 
 
 def test_multi_host_resource_pool_complete_update_from_node_1_to_node_2() -> None:
@@ -34,7 +42,12 @@ def test_multi_host_resource_pool_complete_update_from_node_1_to_node_2() -> Non
 def test_multi_host_resource_pool_incomplete_update_from_node_2_to_node_1() -> None:
     """A new generation that is incomplete is not used."""
     slices = [rslice(device("device-1"), name="s1", node="node-1", pool="pool", generation=2, count=2), rslice(device("device-2"), name="s2", node="node-2", pool="pool", generation=1, count=1)]
-    assert not allocator(slices).allocate([claim()], nodes=["node-1"]).ok
+    assert reasons(allocator(slices).allocate([claim()], nodes=["node-1"])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 0 of those are free "
+        "on the candidate nodes (1 needed)\n"
+        "None: resource pool driver-a/pool is currently being updated: 1 of 2 slices of generation 2 are "
+        "published"
+    )
 
 
 def test_invalid_pool_is_ok_if_devices_can_be_allocated_from_other() -> None:
@@ -80,7 +93,12 @@ def test_validation_error_on_non_targeting_slice() -> None:
         rslice(device("device-1", consumes={"set": {"mem": 1}}), name="b", node="node-1", pool="pool", count=3),
         rslice(device("device-2", consumes={"set": {"cpu": 1}}), name="c", node="node-2", pool="pool", count=3),
     ]
-    assert not allocator(slices).allocate([claim()], nodes=["node-1"]).ok
+    assert reasons(allocator(slices).allocate([claim()], nodes=["node-1"])) == (
+        "req-0: device class class-a matches 0 devices; 0 pass the request's selectors; 0 of those are "
+        "free on the candidate nodes (1 needed)\n"
+        "None: resource pool driver-a/pool is invalid: device 'device-2' consumes the unknown counter "
+        "'cpu' of counter set 'set'"
+    )
 
 
 def test_devices_consume_counter_set_in_different_nodes() -> None:

@@ -27,7 +27,13 @@ def test_generous_limit_gives_a_definite_answer() -> None:
 def test_state_is_clean_after_the_limit() -> None:
     """A search stopped by the limit holds nothing afterwards: every device is still free."""
     a = allocator(alternating(30), search_limit=1000)
-    assert not a.allocate([claim("c0", request(count=16), constraints=[match("driver-a/j")])]).ok
+    assert reasons(a.allocate([claim("c0", request(count=16), constraints=[match("driver-a/j")])])) == (
+        "None: search limit reached after 1000 steps without finding an allocation; the claims' "
+        "constraints are too hard to satisfy together (raise the search limit or simplify the "
+        "constraints)\n"
+        "req-0: device class class-a matches 30 devices; 30 pass the request's selectors; 30 of those are "
+        "free on the candidate nodes (16 needed); constraint matchAttribute driver-a/j could not be met"
+    )
     assert len(picked(a.allocate([claim("c1", request(count=30))]))[0]) == 30
 
 

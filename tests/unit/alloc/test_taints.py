@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from alloc_inputs import allocator, claim, device, picked, request, rslice, taint, toleration
+from alloc_inputs import allocator, claim, device, picked, reasons, request, rslice, taint, toleration
 
 
 def test_tainted_two_devices() -> None:
     """Untolerated NoSchedule and NoExecute taints block both devices, and the reason says so."""
     slices = [rslice(device("device-1", taints=[taint("a")]), device("device-2", taints=[taint("b", effect="NoExecute")]))]
     outcome = allocator(slices).allocate([claim()])
-    assert not outcome.ok and "2 of those have a taint the request does not tolerate" in outcome.reasons[0].message
+    assert reasons(outcome) == (
+        "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 2 of those have a "
+        "taint the request does not tolerate; 0 of those are free on the candidate nodes (1 needed)"
+    )
 
 
 def test_tainted_one_device_two_taints() -> None:
     """One tolerated taint is not enough when a second one is not."""
     slices = [rslice(device("device-1", taints=[taint("a"), taint("b", effect="NoExecute")]))]
-    assert not allocator(slices).allocate([claim("c", request("req-0", tolerations=[toleration("a", operator="Exists")]))]).ok
+    assert reasons(allocator(slices).allocate([claim("c", request("req-0", tolerations=[toleration("a", operator="Exists")]))])) == (
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those have a "
+        "taint the request does not tolerate; 0 of those are free on the candidate nodes (1 needed)"
+    )
 
 
 def test_tainted_two_devices_tolerated() -> None:

@@ -85,7 +85,7 @@ def template(name: str, *, count: int = 1, selector: str | None = None) -> str:
         kind: ResourceClaimTemplate
         metadata: {{name: {name}, labels: {{team: ml}}, annotations: {{note: from-template}}}}
         spec:
-          metadata: {{labels: {{claim-label: x}}, annotations: {{claim-note: y}}}}
+          metadata: {{labels: {{claim-label: x}}, annotations: {{claim-note: noted}}}}
           spec:
             devices:
               requests:

@@ -42,7 +42,7 @@ def test_claim_from_template_copies_metadata_and_spec() -> None:
     assert made.meta.name.startswith("trainer-gpu-") and made.meta.generate_name == "trainer-gpu-"
     assert made.meta.namespace == "default"
     assert made.meta.labels == {"claim-label": "x"}
-    assert made.meta.annotations == {"claim-note": "y", "resource.kubernetes.io/pod-claim-name": "gpu"}
+    assert made.meta.annotations == {"claim-note": "noted", "resource.kubernetes.io/pod-claim-name": "gpu"}
     assert made.meta.owner_references == (
         {"apiVersion": "v1", "kind": "Pod", "name": "trainer", "uid": "uid-1", "controller": True, "blockOwnerDeletion": True},
     )

@@ -38,7 +38,10 @@ def test_standalone_claims_go_first_in_input_order() -> None:
     by_name = {o.name: o for o in result.claims}
     assert _devices(by_name["first"]) == [("node-b", "gpu-0")]
     assert _devices(by_name["second"]) == [("node-b", "gpu-1")]
-    assert not by_name[pod_claim].allocated and by_name[pod_claim].reasons
+    assert not by_name[pod_claim].allocated
+    assert by_name[pod_claim].reasons == (
+        "gpu: device class gpu.example.com matches 4 devices; 2 pass the request's selectors; 0 of those are free on the candidate nodes (1 needed)",
+    )
     assert result.attempted == 3
 
 
@@ -139,7 +142,9 @@ def test_pod_claims_are_allocated_jointly_on_one_node() -> None:
     a = outcomes[f"default/{claims.generated_claim_name('greedy', 'a', namespace='default')}"]
     b = outcomes[f"default/{claims.generated_claim_name('greedy', 'b', namespace='default')}"]
     assert not a.allocated and not b.allocated
-    assert a.reasons and b.reasons
+    each = "gpu: device class gpu.example.com matches 4 devices; 4 pass the request's selectors; 4 of those are free on the candidate nodes (2 needed)"
+    assert a.reasons == (each, "every request has devices on its own, but none of the 2 candidate nodes has devices for all requests together")
+    assert b.reasons == (each,)
 
 
 def test_pod_node_selector_is_respected() -> None:
@@ -153,7 +158,8 @@ def test_unknown_class_is_a_reason_not_an_error() -> None:
     """Guards: a claim naming a DeviceClass that does not exist is reported with a reason; the simulation still runs."""
     unknown = claim("lost").replace("deviceClassName: gpu.example.com", "deviceClassName: no-such-class")
     outcome = _run(load(CLUSTER, unknown))["default/lost"]
-    assert not outcome.allocated and any("no-such-class" in r for r in outcome.reasons)
+    assert not outcome.allocated
+    assert outcome.reasons == ("gpu: device class no-such-class does not exist; create it or name one of: gpu.example.com",)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -173,3 +179,14 @@ def test_example_cluster_allocates_every_claim(policy: alloc.Policy) -> None:
     assert shared.claim is not None and [r.name for r in shared.claim.reserved_for] == ["qwen-inference", "embedding-service"]
     nvlink = next(o for o in outcomes if o.name == "nvlink-4x-h100")
     assert len({attributes[device]["partition4"].scalar for device in _devices(nvlink)}) == 1
+
+
+def test_engine_copies_every_field_of_an_allocated_claim() -> None:
+    """Guards: the engine builds allocated ResourceClaims field by field (faster than dataclasses.replace): a new field must be copied there too."""
+    import dataclasses
+
+    assert [f.name for f in dataclasses.fields(model.ResourceClaim)] == ["meta", "spec", "allocation", "reserved_for", "source"]
+    objects = load(CLUSTER, claim("one"))
+    (outcome,) = engine.simulate(objects, policy=alloc.Policy.FIRST_FIT, search_limit=1000).claims
+    assert outcome.claim is not None and outcome.claim.allocation is not None
+    assert outcome.claim == dataclasses.replace(objects.resource_claims[0], allocation=outcome.claim.allocation)

@@ -1,0 +1,152 @@
+"""Which devices a selector cannot tell apart, so that one evaluation serves them all.
+
+What it does: `footprint(expression)` reads the library's checked AST and proves, with an
+allow-list, that the expression sees a device only through named entries: `device.driver`,
+`device.allowMultipleAllocations`, and `device.attributes[D]` / `device.capacity[D]` where the
+domain `D` is a string literal or `device.driver`, each followed at once by a literal member
+(`.x`, `["x"]`, `[?"x"]`, `.?x`, `has(...x)` or `"x" in ...`). `Footprint.key(driver, device)`
+is then a value such that two devices with equal keys give the expression equal results (and
+equal errors). Anything else that touches a device map (a map compared or passed whole, `dyn`,
+a comprehension over it, `cel.bind` of it, a computed key, an optional domain) has no footprint:
+every device is evaluated on its own.
+
+Why here and not in the allocator: it is a property of CEL text and of how devices are turned
+into CEL values (`environment.device_maps`), both of which this package owns; the allocator
+only groups devices by the key and caches results.
+
+What it must not do: evaluate expressions, or answer "shareable" for anything it does not
+recognise. Unknown shapes and unreadable ASTs give None (no sharing), which is always correct.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Hashable
+
+from dractl import model
+from dractl.cel import checked, environment, program
+
+_MAPS = {"device.attributes": 0, "device.capacity": 1}
+_DRIVER = "device.driver"
+_MEMBER_CALLS = frozenset({"_[_]", "_[?_]", "_?._"})
+_MISSING = ("missing",)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Footprint:
+    """The named attribute and capacity entries an expression reads, as (domain, identifier);
+    a domain of None means the device's own driver (`device.attributes[device.driver]`)."""
+
+    attributes: frozenset[tuple[str | None, str]]
+    capacity: frozenset[tuple[str | None, str]]
+
+    def key(self, driver: str, device: model.Device) -> Hashable:
+        """Equal keys imply equal results of the expression. Pure.
+
+        The key holds the driver, the multi-allocation flag and the value (or absence) of
+        every entry read, typed so that `1`, `true` and `"1"` differ.
+        """
+        attributes, capacity = environment.device_maps(driver, device)
+        return (
+            driver,
+            device.allow_multiple_allocations,
+            tuple(_value(attributes, driver, entry) for entry in sorted(self.attributes, key=_order)),
+            tuple(_value(capacity, driver, entry) for entry in sorted(self.capacity, key=_order)),
+        )
+
+
+@functools.lru_cache(maxsize=4096)
+def footprint(expression: str) -> Footprint | None:
+    """The footprint of a selector, or None when its result may depend on more than named
+    entries (or the expression does not compile). Pure; cached by text."""
+    try:
+        root = program.compile(expression).ast
+    except program.CompileError:
+        return None
+    reads: tuple[set[tuple[str | None, str]], set[tuple[str | None, str]]] = (set(), set())
+    if not _visit(root, reads):
+        return None
+    return Footprint(attributes=frozenset(reads[0]), capacity=frozenset(reads[1]))
+
+
+def _domain(node: checked.Node) -> tuple[int, str | None] | None:
+    """(map, domain) when `node` is `device.attributes[D]` or `device.capacity[D]` with a
+    literal domain (or `device.driver`, given as None)."""
+    if not (isinstance(node, checked.Call) and node.function == "_[_]" and node.target is None and len(node.args) == 2):
+        return None
+    container, key = node.args
+    if not (isinstance(container, checked.Ident) and container.name in _MAPS):
+        return None
+    if isinstance(key, checked.Const) and isinstance(key.value, str):
+        return _MAPS[container.name], key.value
+    if isinstance(key, checked.Ident) and key.name == _DRIVER:
+        return _MAPS[container.name], None
+    return None
+
+
+def _member(node: checked.Node) -> tuple[int, str | None, str] | None:
+    """(map, domain, identifier) when `node` reads one literal member of a domain lookup."""
+    if isinstance(node, checked.Select):
+        found = _domain(node.operand)
+        return None if found is None else (*found, node.field)
+    if not isinstance(node, checked.Call) or node.target is not None or len(node.args) != 2:
+        return None
+    if node.function in _MEMBER_CALLS:
+        lookup, name = node.args
+    elif node.function == "@in":
+        name, lookup = node.args
+    else:
+        return None
+    found = _domain(lookup)
+    if found is None or not (isinstance(name, checked.Const) and isinstance(name.value, str)):
+        return None
+    return (*found, name.value)
+
+
+def _visit(node: checked.Node, reads: tuple[set[tuple[str | None, str]], set[tuple[str | None, str]]]) -> bool:
+    """Record the members `node` reads; False when it uses a device map any other way."""
+    member = _member(node)
+    if member is not None:
+        reads[member[0]].add((member[1], member[2]))
+        return True
+    if isinstance(node, checked.Ident):
+        return node.name not in _MAPS
+    if isinstance(node, checked.Const):
+        return True
+    if isinstance(node, checked.Select):
+        return _visit(node.operand, reads)
+    if isinstance(node, checked.Call):
+        parts = node.args if node.target is None else (node.target, *node.args)
+        return all(_visit(part, reads) for part in parts)
+    if isinstance(node, checked.ListLit):
+        return all(_visit(element, reads) for element in node.elements)
+    if isinstance(node, checked.MapLit):
+        return all(_visit(part, reads) for key, value in node.entries for part in (key, value) if part is not None)
+    return all(
+        _visit(part, reads)
+        for part in (node.iter_range, node.accu_init, node.loop_condition, node.loop_step, node.result)
+    )
+
+
+def _order(entry: tuple[str | None, str]) -> tuple[str, str]:
+    return (entry[0] or "", entry[1]) if entry[0] is not None else ("\x00", entry[1])
+
+
+def _value(maps: environment.DomainMaps, driver: str, entry: tuple[str | None, str]) -> Hashable:
+    domain = driver if entry[0] is None else entry[0]
+    values = maps.get(domain)
+    if values is None or entry[1] not in values:
+        return _MISSING
+    return _hashable(values[entry[1]])
+
+
+def _hashable(value: object) -> Hashable:
+    """A typed, hashable image of an input value: equal images mean equal CEL values."""
+    if isinstance(value, list):
+        return ("list", tuple(_hashable(item) for item in value))
+    if environment.is_quantity_value(value):
+        return ("quantity", environment.message_text(value))
+    if environment.is_semver_value(value):
+        return ("semver", environment.message_text(value))
+    return (type(value).__name__, value)
