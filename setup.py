@@ -23,7 +23,16 @@ if profile:
 
 setup(
     ext_modules=cythonize(
-        [Extension("dractl._alloc", ["dractl/_alloc.pyx"], define_macros=macros, extra_compile_args=["-O2"])],
+        [
+            Extension("dractl._alloc", ["dractl/_alloc.pyx"], define_macros=macros, extra_compile_args=["-O2"]),
+            # The YAML fast path of dractl.model.decode: libyaml events straight into Python values.
+            Extension(
+                "dractl.model.decode._fastyaml",
+                ["dractl/model/decode/_fastyaml.pyx"],
+                libraries=["yaml"],
+                extra_compile_args=["-O2"],
+            ),
+        ],
         compiler_directives=directives,
         annotate=os.environ.get("DRACTL_CYTHON_ANNOTATE") == "1",
     )

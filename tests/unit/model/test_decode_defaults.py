@@ -215,7 +215,7 @@ spec:
 
 
 def test_unquoted_timestamps_stay_api_strings() -> None:
-    """Guards: YAML's unquoted timestamps (parsed as datetimes) come back as the API's RFC 3339 strings."""
+    """Guards: unquoted timestamps stay the strings they are written as, as kubectl (goyaml.v2) reads them."""
     text = """\
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -231,4 +231,4 @@ status:
 """
     claim = _claim(text)
     assert claim.meta.deletion_timestamp == "2026-11-21T13:00:00Z"
-    assert claim.allocation is not None and claim.allocation.allocation_timestamp == "2026-11-21T11:59:30Z"
+    assert claim.allocation is not None and claim.allocation.allocation_timestamp == "2026-11-21T12:59:30+01:00"

@@ -374,8 +374,8 @@ kind: ResourceSlice
 metadata: {name: s}
 spec:
   driver: gpu.nvidia.com
-  nodeName: n
-  pool: {name: n, resourceSliceCount: 1}
+  nodeName: n1
+  pool: {name: n1, resourceSliceCount: 1}
   devices:
   - name: gpu-0
     attributes:

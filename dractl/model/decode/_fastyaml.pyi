@@ -1,0 +1,3 @@
+from collections.abc import Callable
+
+def load_all(data: bytes, resolve: Callable[[str], object], max_depth: int, /) -> list[object] | None: ...

@@ -1,0 +1,109 @@
+"""One decoded document -> the model value of its kind, chosen by apiVersion and kind.
+
+What it does: unwraps `*List` objects, routes resource.k8s.io objects by version (v1, v1beta2, v1beta1; removed
+versions get a hint), core/v1 Pods and Nodes, and workloads with a pod template; records every other kind as
+skipped. What it must not do: parse text (`loading` does) or validate fields itself. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dractl.model import types
+from dractl.model.decode import common, device_classes, pods, problems, resource_claims, resource_slices, seed_hints
+
+
+_GROUP = "resource.k8s.io"
+_RESOURCE_KINDS = frozenset({"DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate"})
+_CLUSTER_SCOPED = frozenset({"DeviceClass", "ResourceSlice", "Node", "ResourceClass", "Namespace", "ClusterRole",
+                             "ClusterRoleBinding", "CustomResourceDefinition", "StorageClass", "PersistentVolume",
+                             "PriorityClass", "RuntimeClass", "DeviceTaintRule", "PodGroup"})
+_WORKLOADS = {("apps/v1", "Deployment"): "replicas", ("apps/v1", "ReplicaSet"): "replicas",
+              ("apps/v1", "StatefulSet"): "replicas", ("batch/v1", "Job"): "parallelism"}
+
+
+def document(out: problems.Results, raw: object, file: str, index: int) -> None:
+    where = f"{file}: document {index + 1}"
+    if not isinstance(raw, dict):
+        out.problems.append(f"{where}: must be a Kubernetes object (a mapping with apiVersion and kind)")
+        return
+    kind = raw.get("kind")
+    api_version = raw.get("apiVersion")
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(raw.get("items"), list):
+        for item in raw["items"]:
+            document(out, item, file, index)
+        return
+    if not isinstance(kind, str) or not kind:
+        out.problems.append(f"{where}: kind: required (for example DeviceClass, ResourceClaim, Pod)")
+        return
+    if not isinstance(api_version, str) or not api_version:
+        out.problems.append(f"{where}: apiVersion: required (for example resource.k8s.io/v1 or v1)")
+        return
+    group, _, version = api_version.rpartition("/")
+    source = types.Source(file=file, document=index)
+    o = problems.Report(_prefix(raw, kind, file, index), out)
+    if group == _GROUP:
+        _resource(out, o, raw, kind, version, source)
+    elif kind in _RESOURCE_KINDS:
+        o.error("apiVersion", f"{kind} belongs to resource.k8s.io: write apiVersion: resource.k8s.io/v1")
+    elif kind in ("Pod", "Node"):
+        if api_version != "v1":
+            o.error("apiVersion", f"{kind} is core/v1: write apiVersion: v1")
+        elif kind == "Pod":
+            common.top_keys(o, raw, common.TOP_KEYS_WITH_STATUS)
+            meta = common.object_meta(o, raw, namespaced=True)
+            spec = common.as_map(o, raw.get("spec"), "spec") or {}
+            out.pods.append(types.Pod(meta=meta, source=source, **pods.pod_spec_fields(o, spec, "spec")))
+        else:
+            common.top_keys(o, raw, common.TOP_KEYS_WITH_STATUS)
+            out.nodes.append(types.Node(meta=common.object_meta(o, raw, namespaced=False), source=source))
+    elif (api_version, kind) in _WORKLOADS:
+        out.pods.extend(pods.workload(o, raw, _WORKLOADS[api_version, kind], source))
+    else:
+        skipped = o.prefix + "skipped (not used by allocation)"
+        if kind.endswith(("ClaimParameters", "ClassParameters")):
+            skipped += "; " + seed_hints.NO_CLAIM_PARAMETERS.format(path="the claim's spec")
+        out.warnings.append(skipped)
+
+
+def _prefix(raw: Mapping[str, Any], kind: str, file: str, index: int) -> str:
+    meta = raw.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    name = meta.get("name")
+    shown = name if isinstance(name, str) and name else f"(document {index + 1})"
+    if kind in _CLUSTER_SCOPED:
+        return f"{file}: {kind} {shown}: "
+    namespace = meta.get("namespace")
+    namespace = namespace if isinstance(namespace, str) and namespace else "default"
+    return f"{file}: {kind} {namespace}/{shown}: "
+
+
+def _resource(out: problems.Results, o: problems.Report, raw: dict[str, Any], kind: str, version: str, source: types.Source) -> None:
+    if kind in seed_hints.REMOVED_KINDS or version == "v1alpha2":
+        seed_hints.removed_alpha2(o, raw, kind, version)
+        return
+    if kind not in _RESOURCE_KINDS:
+        out.warnings.append(o.prefix + "skipped (not used by allocation)")
+        return
+    if version == "v1alpha3":
+        o.error("apiVersion", f"resource.k8s.io/v1alpha3 is no longer served: write apiVersion: resource.k8s.io/v1{seed_hints.ALPHA3_CHANGES[kind]}")
+        discard = problems.Results()
+        _resource(discard, o, raw, kind, "v1", source)  # report the old shapes field by field
+        return
+    if version not in ("v1", "v1beta2", "v1beta1"):
+        o.error("apiVersion", f"resource.k8s.io/{version} is not a served version: write apiVersion: resource.k8s.io/v1")
+        return
+    o.beta1 = version == "v1beta1"
+    if kind == "DeviceClass":
+        common.top_keys(o, raw, common.TOP_KEYS, device_classes.CLASS_TOP_HINTS)
+        out.classes.append(device_classes.device_class(o, raw, source))
+    elif kind == "ResourceSlice":
+        common.top_keys(o, raw, common.TOP_KEYS)
+        out.slices.append(resource_slices.resource_slice(o, raw, source))
+    elif kind == "ResourceClaim":
+        common.top_keys(o, raw, common.TOP_KEYS_WITH_STATUS)
+        out.claims.append(resource_claims.resource_claim(o, raw, source))
+    else:
+        common.top_keys(o, raw, common.TOP_KEYS)
+        out.templates.append(resource_claims.resource_claim_template(o, raw, source))

@@ -1,0 +1,71 @@
+"""Accumulated decode results and problems: every problem of every object is collected and raised once.
+
+What it does: holds the values decoded so far (`Results`) and one object's problem reporter (`Report`), whose
+messages read `<file>: <Kind> <ns>/<name>: <field.path>: <message>`. What it must not do: validate anything itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dractl.model import types
+
+
+class DecodeError(ValueError):
+    """Manifests that the API server would reject. `problems` holds one message per problem."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class Results:
+    """Everything decoded so far, in input order, plus problems and warnings."""
+
+    __slots__ = ("classes", "slices", "claims", "templates", "pods", "nodes", "warnings", "problems")
+
+    def __init__(self) -> None:
+        self.classes: list[types.DeviceClass] = []
+        self.slices: list[types.ResourceSlice] = []
+        self.claims: list[types.ResourceClaim] = []
+        self.templates: list[types.ResourceClaimTemplate] = []
+        self.pods: list[types.Pod] = []
+        self.nodes: list[types.Node] = []
+        self.warnings: list[str] = []
+        self.problems: list[str] = []
+
+    def finish(self) -> types.Objects:
+        if self.problems:
+            raise DecodeError(self.problems)
+        return types.Objects(
+            device_classes=tuple(self.classes),
+            resource_slices=tuple(self.slices),
+            resource_claims=tuple(self.claims),
+            resource_claim_templates=tuple(self.templates),
+            pods=tuple(self.pods),
+            nodes=tuple(self.nodes),
+            warnings=tuple(self.warnings),
+        )
+
+
+class Report:
+    """The problems and warnings of one object; each starts with `<file>: <Kind> <ns>/<name>: `.
+
+    `beta1` is set for resource.k8s.io/v1beta1 objects, whose older shapes (request fields
+    inline, devices wrapped in `basic`) are converted silently instead of reported.
+    """
+
+    __slots__ = ("prefix", "problems", "warnings", "beta1")
+
+    def __init__(self, prefix: str, out: Results) -> None:
+        self.prefix = prefix
+        self.problems = out.problems
+        self.warnings = out.warnings
+        self.beta1 = False
+
+    def error(self, path: str, message: str) -> None:
+        self.problems.append(f"{self.prefix}{path}: {message}")
+
+    def warn(self, path: str, message: str) -> None:
+        """Legal input that will not do what the author probably expects."""
+        self.warnings.append(f"{self.prefix}{path}: {message}")
