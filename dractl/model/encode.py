@@ -1,8 +1,8 @@
 """Encode model values into the exact JSON shape of `resource.k8s.io/v1` objects.
 
-What it does: turns a `ResourceClaim` (spec, `status.allocation`, `status.reservedFor`) or an
-`AllocationResult` into plain dicts, lists, strings, ints and bools, omitting empty and unset
-fields the way the API server's JSON does (`omitempty`), so the output can be printed as
+What it does: turns a `ResourceClaim` (spec, `status.allocation`, `status.reservedFor`), an
+`AllocationResult` or a `ResourceSlice` into plain dicts, lists, strings, ints and bools, omitting
+empty and unset fields the way the API server's JSON does (`omitempty`), so the output can be printed as
 YAML/JSON or sent as a patch. Quantities keep their spelling.
 
 What it must not do: validate (values come from `decode` or the allocator), do I/O, or
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dractl.model import quantity, types
+from dractl.model import quantity, semver, types
 
 
 def resource_claim(claim: types.ResourceClaim) -> dict[str, Any]:
@@ -175,3 +175,84 @@ def _requirement(r: types.NodeSelectorRequirement) -> dict[str, Any]:
 
 def _consumer(ref: types.ResourceClaimConsumerReference) -> dict[str, Any]:
     return _omit_empty({"apiGroup": ref.api_group, "resource": ref.resource, "name": ref.name, "uid": ref.uid})
+
+
+# --- ResourceSlice ---------------------------------------------------------------------------
+
+
+def resource_slice(s: types.ResourceSlice) -> dict[str, Any]:
+    """The slice as the API server would return it (`resource.k8s.io/v1`). Pure.
+
+    `pool.generation` and `pool.resourceSliceCount` are always written (the API has no
+    omitempty on them); the `*bool` fields are written only when true, as dractl never
+    sets them to false. Attribute, capacity and counter maps keep their insertion order.
+    """
+    spec: dict[str, Any] = {
+        "driver": s.driver,
+        "pool": {
+            "name": s.pool.name,
+            "generation": s.pool.generation,
+            "resourceSliceCount": s.pool.resource_slice_count,
+        },
+    }
+    spec.update(_omit_empty({
+        "nodeName": s.node_name,
+        "nodeSelector": _node_selector(s.node_selector) if s.node_selector is not None else None,
+        "allNodes": True if s.all_nodes else None,
+        "perDeviceNodeSelection": True if s.per_device_node_selection else None,
+        "devices": [_device(d) for d in s.devices],
+        "sharedCounters": [{"name": c.name, "counters": _counters(c.counters)} for c in s.shared_counters],
+    }))
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": _meta(s.meta), "spec": spec}
+
+
+def device_attribute(a: types.DeviceAttribute) -> dict[str, Any]:
+    """One typed attribute value: `{string: ...}`, `{version: ...}`, or the list forms. Pure."""
+    texts = a.texts if a.kind is types.AttributeKind.VERSION and a.texts else None
+    values: list[Any] = list(texts) if texts else [str(v) if isinstance(v, semver.Semver) else v for v in a.values]
+    if a.is_list:
+        return {f"{a.kind.value}s": values}
+    return {a.kind.value: values[0]}
+
+
+def _device(d: types.Device) -> dict[str, Any]:
+    return _omit_empty({
+        "name": d.name,
+        "attributes": {name: device_attribute(a) for name, a in d.attributes.items()},
+        "capacity": {name: _capacity(c) for name, c in d.capacity.items()},
+        "consumesCounters": [
+            {"counterSet": c.counter_set, "counters": _counters(c.counters)} for c in d.consumes_counters
+        ],
+        "nodeName": d.node_name,
+        "nodeSelector": _node_selector(d.node_selector) if d.node_selector is not None else None,
+        "allNodes": True if d.all_nodes else None,
+        "taints": [_taint(t) for t in d.taints],
+        "bindsToNode": True if d.binds_to_node else None,
+        "bindingConditions": list(d.binding_conditions),
+        "bindingFailureConditions": list(d.binding_failure_conditions),
+        "allowMultipleAllocations": True if d.allow_multiple_allocations else None,
+    })
+
+
+def _capacity(c: types.DeviceCapacity) -> dict[str, Any]:
+    out: dict[str, Any] = {"value": str(c.value)}
+    p = c.request_policy
+    if p is not None:
+        out["requestPolicy"] = _omit_empty({
+            "default": str(p.default) if p.default is not None else None,
+            "validValues": [str(v) for v in p.valid_values],
+            "validRange": _omit_empty({
+                "min": str(p.valid_range.min),
+                "max": str(p.valid_range.max) if p.valid_range.max is not None else None,
+                "step": str(p.valid_range.step) if p.valid_range.step is not None else None,
+            }) if p.valid_range is not None else None,
+        })
+    return out
+
+
+def _counters(counters: Mapping[str, quantity.Quantity]) -> dict[str, dict[str, str]]:
+    return {name: {"value": str(value)} for name, value in counters.items()}
+
+
+def _taint(t: types.DeviceTaint) -> dict[str, Any]:
+    return _omit_empty({"key": t.key, "value": t.value, "effect": t.effect, "timeAdded": t.time_added})

@@ -1,0 +1,354 @@
+"""The fake GPU backend: built-in profiles, the profile file format, stable UUIDs, faults, events, persistence."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import threading
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from dractl.node import backend, fakegpu, inventory
+
+
+def _fake(
+    name: str = "a100-80gb-x8", node: str = "node-a", state_file: pathlib.Path | None = None
+) -> fakegpu.FakeGpus:
+    return fakegpu.FakeGpus(fakegpu.load_profile(name), node_name=node, state_file=state_file)
+
+
+def test_builtin_profiles_are_listed() -> None:
+    """Guards the profiles the brief promises ship with dractl."""
+    assert {"a100-80gb-x8", "h100-80gb-x8", "t4-x2", "l4-x4", "a100-mig-mixed"} <= set(fakegpu.builtin_profiles())
+
+
+@pytest.mark.parametrize("name", fakegpu.builtin_profiles())
+def test_every_builtin_profile_loads(name: str) -> None:
+    """Guards that every shipped profile file is valid and makes a backend with GPUs."""
+    fake = _fake(name)
+    assert fake.gpus()
+    assert inventory.read(fake).gpus
+
+
+def test_a100_placements_are_nvmls() -> None:
+    """Guards the A100-80GB GPU-instance profiles and placements NVML reports."""
+    profiles = {p.name: p for p in _fake().gpu_instance_profiles(0)}
+    got = {
+        name: (p.id, [pl.start for pl in p.placements], {pl.size for pl in p.placements})
+        for name, p in profiles.items()
+    }
+    assert got == {
+        "1g.10gb": (19, [0, 1, 2, 3, 4, 5, 6], {1}),
+        "1g.20gb": (15, [0, 2, 4, 6], {2}),
+        "2g.20gb": (14, [0, 2, 4], {2}),
+        "3g.40gb": (9, [0, 4], {4}),
+        "4g.40gb": (5, [0], {4}),
+        "7g.80gb": (0, [0], {8}),
+    }
+
+
+def test_h100_has_the_same_placement_grid() -> None:
+    """Guards the H100 profile set: same names and placements as A100-80GB, Hopper figures."""
+    h100 = {p.name: [pl.start for pl in p.placements] for p in _fake("h100-80gb-x8").gpu_instance_profiles(0)}
+    a100 = {p.name: [pl.start for pl in p.placements] for p in _fake().gpu_instance_profiles(0)}
+    assert h100 == a100
+
+
+def test_uuids_are_stable_per_node_and_differ_between_nodes() -> None:
+    """Guards UUIDv5 identity: same node -> same UUIDs, another node -> other UUIDs."""
+    a, again, b = _fake(node="node-a"), _fake(node="node-a"), _fake(node="node-b")
+    assert [g.uuid for g in a.gpus()] == [g.uuid for g in again.gpus()]
+    assert not {g.uuid for g in a.gpus()} & {g.uuid for g in b.gpus()}
+    assert a.gpus()[3].uuid == fakegpu.gpu_uuid("node-a", 3)
+
+
+def test_mig_uuids_are_stable_across_instances() -> None:
+    """Guards deterministic MIG UUIDs: the same sequence of creations gives the same devices."""
+    made = []
+    for _ in range(2):
+        fake = _fake()
+        fake.set_mig_mode(2, backend.MigMode.ENABLED)
+        gi = fake.create_gpu_instance(2, profile_id=9, placement=backend.Placement(4, 4))
+        made.append(fake.create_compute_instance(2, gi_id=gi.gi_id))
+    assert made[0] == made[1]
+
+
+def test_mixed_profile_starts_partitioned() -> None:
+    """Guards a100-mig-mixed: MIG devices exist from the start on GPUs 0-2, GPU 3 is whole."""
+    fake = _fake("a100-mig-mixed")
+    layout = {g.minor: [(d.profile_name, d.placement.start) for d in fake.mig_devices(g.minor)] for g in fake.gpus()}
+    assert layout[0] == [("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)]
+    assert layout[1] == [("1g.10gb", s) for s in range(7)]
+    assert layout[2] == [("3g.40gb", 0), ("3g.40gb", 4)]
+    assert layout[3] == [] and fake.gpus()[3].mig_mode is backend.MigMode.DISABLED
+
+
+def test_injected_fault_fails_the_next_call_only() -> None:
+    """Guards fault injection: the chosen operation fails with the given NVML code, once, then works."""
+    fake = _fake()
+    fake.set_mig_mode(0, backend.MigMode.ENABLED)
+    fake.fail("create_gpu_instance", backend.Return.INSUFFICIENT_RESOURCES, minor=0)
+    with pytest.raises(backend.NvmlError) as caught:
+        fake.create_gpu_instance(0, profile_id=19, placement=backend.Placement(0, 1))
+    assert caught.value.code == backend.Return.INSUFFICIENT_RESOURCES
+    assert fake.gpu_instances(0) == ()
+    assert fake.create_gpu_instance(0, profile_id=19, placement=backend.Placement(0, 1)).gi_id == 1
+
+
+def test_fault_on_unknown_operation_is_refused() -> None:
+    """Guards that a misspelt operation name in a test fails loudly instead of never firing."""
+    with pytest.raises(ValueError, match="unknown operation 'create_gi'"):
+        _fake().fail("create_gi", backend.Return.UNKNOWN)
+
+
+def test_lost_gpu_fails_calls_and_reports_an_event() -> None:
+    """Guards mark_lost: GPU_IS_LOST on the GPU's calls, one GPU_LOST event, inventory keeps it as lost."""
+    fake = _fake("a100-mig-mixed")
+    fake.mark_lost(1)
+    with pytest.raises(backend.NvmlError) as caught:
+        fake.mig_devices(1)
+    assert caught.value.code == backend.Return.GPU_IS_LOST
+    events = fake.wait_events(timeout_s=1.0)
+    assert [(e.kind, e.minor) for e in events] == [(backend.EventKind.GPU_LOST, 1)]
+    inv = inventory.read(fake)
+    assert [g.lost for g in inv.gpus] == [False, True, False, False]
+
+
+def test_xid_event_wakes_a_waiting_thread() -> None:
+    """Guards that wait_events returns as soon as an event arrives from another thread (bounded wait)."""
+    fake = _fake()
+    received: list[tuple[backend.Event, ...]] = []
+    waiter = threading.Thread(target=lambda: received.append(fake.wait_events(timeout_s=30.0)))
+    waiter.start()
+    deadline = time.monotonic() + 10.0
+    while waiter.is_alive() and time.monotonic() < deadline:
+        fake.inject_xid(5, 79)
+        waiter.join(timeout=0.05)
+    assert not waiter.is_alive()
+    assert received and received[0][0].kind is backend.EventKind.XID
+    assert (received[0][0].minor, received[0][0].xid) == (5, 79)
+
+
+def test_close_wakes_event_waiters() -> None:
+    """Guards prompt shutdown: close() ends a blocked wait_events with no events."""
+    fake = _fake()
+    received: list[tuple[backend.Event, ...]] = []
+    waiter = threading.Thread(target=lambda: received.append(fake.wait_events(timeout_s=30.0)))
+    waiter.start()
+    deadline = time.monotonic() + 10.0
+    while waiter.is_alive() and time.monotonic() < deadline:
+        fake.close()
+        waiter.join(timeout=0.05)
+    assert not waiter.is_alive() and received == [()]
+
+
+def test_state_file_survives_a_restart(tmp_path: pathlib.Path) -> None:
+    """Guards persistence: a new fake on the same state file sees the MIG devices and modes made before."""
+    state = tmp_path / "fake-gpus.json"
+    first = _fake(state_file=state)
+    first.set_mig_mode(1, backend.MigMode.ENABLED)
+    gi = first.create_gpu_instance(1, profile_id=14, placement=backend.Placement(2, 2))
+    device = first.create_compute_instance(1, gi_id=gi.gi_id)
+    first.set_compute_mode(4, backend.ComputeMode.EXCLUSIVE_PROCESS)
+    first.set_time_slice(4, backend.TimeSlice.LONG)
+    restarted = _fake(state_file=state)
+    assert restarted.mig_devices(1) == (device,)
+    assert restarted.gpus()[1].mig_mode is backend.MigMode.ENABLED
+    assert restarted.compute_mode(4) is backend.ComputeMode.EXCLUSIVE_PROCESS
+    assert restarted.time_slice(4) is backend.TimeSlice.LONG
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        pytest.param("{not json", "cannot read", id="corrupt"),
+        pytest.param(
+            json.dumps({"version": 1, "node": "other", "profile": "a100-80gb-x8", "gpus": {}}),
+            "node 'other'",
+            id="other-node",
+        ),
+        pytest.param(
+            json.dumps(
+                {"version": 1, "node": "node-a", "profile": "a100-80gb-x8", "gpus": {"0": {"migMode": "enabled"}}}
+            ),
+            "does not match profile",
+            id="missing-keys",
+        ),
+    ],
+)
+def test_bad_state_file_is_one_clear_error(tmp_path: pathlib.Path, content: str, problem: str) -> None:
+    """Guards that a corrupt or foreign state file is a StateFileError naming the file, not a crash."""
+    state = tmp_path / "fake-gpus.json"
+    state.write_text(content)
+    with pytest.raises(fakegpu.StateFileError) as caught:
+        _fake(state_file=state)
+    assert str(state) in str(caught.value) and problem in str(caught.value)
+
+
+GOOD: dict[str, Any] = {
+    "driverVersion": "580.126.20",
+    "cudaDriverVersion": "13.0",
+    "gpus": [{"model": "a100-sxm4-80gb", "pciBusID": "0000:07:00.0"}],
+}
+
+
+def _with(path: str, value: object) -> dict[str, Any]:
+    """GOOD with one field replaced; path like "gpus.0.pciBusID"."""
+    document = json.loads(json.dumps(GOOD))
+    target: Any = document
+    *parents, last = path.split(".")
+    for part in parents:
+        target = target[int(part)] if isinstance(target, list) else target[part]
+    if isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
+    return document
+
+
+def test_custom_profile_file_loads(tmp_path: pathlib.Path) -> None:
+    """Guards the documented custom profile format, including an inline model and fabric info."""
+    document = {
+        **GOOD,
+        "models": {
+            "tiny": {
+                "productName": "Tiny GPU",
+                "architecture": "Ampere",
+                "cudaComputeCapability": "8.6",
+                "memory": "8Gi",
+                "multiprocessors": 10,
+            }
+        },
+        "gpus": [
+            {
+                "model": "tiny",
+                "pciBusID": "0000:0A:00.0",
+                "numaNode": 1,
+                "minor": 3,
+                "fabric": {"cliqueID": 2, "moduleID": 1, "partitions": {"2": 0, "1": 3}},
+            },
+            {
+                "model": "a100-sxm4-80gb",
+                "pciBusID": "0000:0b:00.0",
+                "migMode": "enabled",
+                "migDevices": [{"profile": "7g.80gb", "start": 0}],
+            },
+        ],
+    }
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(document))
+    fake = fakegpu.FakeGpus(fakegpu.load_profile(str(path)), node_name="lab")
+    tiny, a100 = fake.gpus()[1], fake.gpus()[0]
+    assert (tiny.minor, tiny.name, tiny.pci_bus_id, tiny.numa_node) == (3, "Tiny GPU", "0000:0a:00.0", 1)
+    assert tiny.fabric == backend.FabricInfo(clique_id=2, module_id=1, partitions=((2, 0), (1, 3)))
+    assert [d.profile_name for d in fake.mig_devices(a100.minor)] == ["7g.80gb"]
+
+
+@pytest.mark.parametrize(
+    ("document", "field", "problem"),
+    [
+        pytest.param(_with("driverVersion", None), "driverVersion", "required", id="no-driver"),
+        pytest.param(_with("cudaDriverVersion", 13.0), "cudaDriverVersion", "non-empty string", id="cuda-number"),
+        pytest.param(_with("gpus", []), "gpus", "at least one GPU", id="no-gpus"),
+        pytest.param(_with("gpus.0.model", "b200"), "gpus[0].model", "unknown model 'b200'", id="unknown-model"),
+        pytest.param(_with("gpus.0.pciBusID", "7:0.0"), "gpus[0].pciBusID", "not a PCI address", id="bad-bus"),
+        pytest.param(_with("gpus.0.migMode", "on"), "gpus[0].migMode", "enabled or disabled", id="bad-mig-mode"),
+        pytest.param(_with("gpus.0.colour", "red"), "gpus[0].colour", "unknown field", id="unknown-field"),
+        pytest.param(
+            _with(
+                "gpus.0",
+                {
+                    "model": "a100-sxm4-80gb",
+                    "pciBusID": "0000:07:00.0",
+                    "migMode": "enabled",
+                    "migDevices": [{"profile": "1g.10gb", "start": 7}],
+                },
+            ),
+            "gpus[0].migDevices[0].start",
+            "cannot start at slice 7",
+            id="bad-placement",
+        ),
+        pytest.param(
+            _with(
+                "gpus.0",
+                {
+                    "model": "a100-sxm4-80gb",
+                    "pciBusID": "0000:07:00.0",
+                    "migMode": "enabled",
+                    "migDevices": [{"profile": "4g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 0}],
+                },
+            ),
+            "gpus[0].migDevices[1]",
+            "overlaps",
+            id="overlap",
+        ),
+        pytest.param(
+            _with(
+                "gpus.0",
+                {
+                    "model": "a100-sxm4-80gb",
+                    "pciBusID": "0000:07:00.0",
+                    "migDevices": [{"profile": "7g.80gb", "start": 0}],
+                },
+            ),
+            "gpus[0].migDevices",
+            "need migMode: enabled",
+            id="mig-off",
+        ),
+        pytest.param(
+            _with("gpus.0", {"model": "tesla-t4", "pciBusID": "0000:07:00.0", "migMode": "enabled"}),
+            "gpus[0].migMode",
+            "cannot enable MIG",
+            id="t4-mig",
+        ),
+        pytest.param({**GOOD, "gpus": GOOD["gpus"] * 2}, "gpus[1].pciBusID", "repeats gpus[0]", id="same-gpu-twice"),
+        pytest.param(
+            {
+                **GOOD,
+                "models": {
+                    "x": {
+                        "productName": "X",
+                        "architecture": "Ampere",
+                        "cudaComputeCapability": "8.0",
+                        "memory": "lots",
+                        "multiprocessors": 1,
+                    }
+                },
+            },
+            "models.x.memory",
+            "not a quantity",
+            id="bad-memory",
+        ),
+        pytest.param(["not", "a", "mapping"], "(top level)", "must be a mapping", id="list"),
+    ],
+)
+def test_bad_profile_names_file_and_field(tmp_path: pathlib.Path, document: object, field: str, problem: str) -> None:
+    """Guards the profile validation: one ProfileError naming the file, the field and the problem."""
+    path = tmp_path / "custom.yaml"
+    path.write_text(yaml.safe_dump(document))
+    with pytest.raises(fakegpu.ProfileError) as caught:
+        fakegpu.load_profile(str(path))
+    message = str(caught.value)
+    assert message.startswith(f"{path}: {field}: "), message
+    assert problem in message
+
+
+def test_unknown_profile_lists_the_builtins() -> None:
+    """Guards the message for a profile that is neither built in nor a file."""
+    with pytest.raises(
+        fakegpu.ProfileError, match=r"'b200-x8': neither a built-in profile \(a100-80gb-x8, .*\) nor a readable file"
+    ):
+        fakegpu.load_profile("b200-x8")
+
+
+def test_invalid_yaml_names_the_file(tmp_path: pathlib.Path) -> None:
+    """Guards a YAML syntax error in a profile file: one line naming the file."""
+    path = tmp_path / "broken.yaml"
+    path.write_text("gpus: [\n")
+    with pytest.raises(fakegpu.ProfileError) as caught:
+        fakegpu.load_profile(str(path))
+    assert str(caught.value).startswith(f"{path}: not valid YAML: ") and "\n" not in str(caught.value)
