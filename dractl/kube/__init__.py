@@ -1,0 +1,15 @@
+"""The Kubernetes layer: the only place in dractl that talks to the API server.
+
+What it does: builds a client from a kubeconfig or the in-cluster service account on the
+official `kubernetes` package (config, auth, transport only), sends raw JSON requests and
+decodes responses into `dractl.model` values one object at a time (`client`); keeps caches
+fed by list+watch (`informer`); queues keys for level-triggered workers (`workqueue`);
+records Events (`events`); elects a leader through a Lease (`leader`); and reads claims for
+the node agent (`claims`).
+
+What it must not do: import `dractl.alloc`, `dractl.node`, `dractl.controller` or the CLI;
+use the `kubernetes` package's generated models (their decoding is slow and drops unknown
+fields); write back a whole object it read through a model (patch the fields dractl owns,
+with a resourceVersion precondition where it matters); or decide anything: what to write
+is the caller's business. `kubernetes` and `urllib3` are imported nowhere else in dractl.
+"""

@@ -1,0 +1,494 @@
+"""A thin, typed client for the API objects dractl reads and writes, over raw JSON.
+
+What it does: builds the official client's `ApiClient` from a kubeconfig or the in-cluster
+service account (config, auth, TLS and connection pooling are the `kubernetes` package's), then
+sends requests itself: get, list (paged), watch (a line-by-line event stream), create, update
+(PUT with the body's resourceVersion as precondition), update of the status subresource, merge
+patch, JSON patch, server-side apply and delete (with optional resourceVersion/uid
+preconditions). Writes carry the field manager `dractl`. Non-2xx answers become `ApiError`
+subclasses (`Conflict`, `NotFound`, `AlreadyExists`, `Gone`, `Invalid`); transient failures (5xx,
+429, connection reset) are retried with tenacity a bounded number of times and then raised as
+`Transient`. `decode` turns one raw object into a `dractl.model` value, or logs and skips it.
+
+What it must not do: use the generated models, hold a cache (see `informer`), or retry an
+answer that is not transient (a 409 goes back to the caller, who re-reads and decides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import logging
+import os
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import kubernetes.client
+import kubernetes.config
+import tenacity
+import urllib3
+import urllib3.exceptions
+
+from dractl import model
+from dractl.model import decode as model_decode
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "dractl"
+DEFAULT_TIMEOUT = 30.0  # seconds, per request (watches use their own read timeout)
+DEFAULT_ATTEMPTS = 5
+_LIST_PAGE = 500
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resource:
+    """One API resource: where it lives and what it is called. `group` is "" for core/v1."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, *, namespace: str = "", name: str = "", subresource: str = "") -> str:
+        """The URL path; an empty namespace on a namespaced resource means every namespace."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        parts = [base]
+        if self.namespaced and namespace:
+            parts.append(f"namespaces/{urllib.parse.quote(namespace, safe='')}")
+        parts.append(self.plural)
+        if name:
+            parts.append(urllib.parse.quote(name, safe=""))
+        if subresource:
+            parts.append(subresource)
+        return "/".join(parts)
+
+
+RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False)
+RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True)
+DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False)
+RESOURCE_CLAIM_TEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate",
+                                    namespaced=True)
+PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
+
+
+# --- Errors --------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """A request the API server refused or could not answer. `status` is the HTTP code (0: no answer).
+
+    `reason` is the Status object's reason (`Conflict`, `NotFound`, `AlreadyExists`, `Expired`,
+    `Invalid`, ...) and `message` its message; str() reads `<status> <reason>: <message>`.
+    """
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{status} {reason}: {message}")
+
+
+class NotFound(ApiError):
+    """404: the object (or its namespace) does not exist."""
+
+
+class Conflict(ApiError):
+    """409 Conflict: the resourceVersion precondition failed; re-read and decide again."""
+
+
+class AlreadyExists(ApiError):
+    """409 AlreadyExists: a create found an object of that name."""
+
+
+class Gone(ApiError):
+    """410: the resourceVersion is too old for a watch or a list continuation; relist."""
+
+
+class Invalid(ApiError):
+    """422: the object failed validation; the message names the fields."""
+
+
+class Transient(ApiError):
+    """5xx, 429 or a broken connection, still failing after the bounded retries."""
+
+
+def error_from_status(status: int, body: bytes | str) -> ApiError:
+    """The `ApiError` subclass for an HTTP status and its (Status object) body. Pure."""
+    reason, message = "", ""
+    try:
+        document = json.loads(body) if body else {}
+    except ValueError:
+        document = {}
+    if isinstance(document, dict) and document.get("kind") == "Status":
+        reason = str(document.get("reason") or "")
+        message = str(document.get("message") or "")
+    else:
+        text = body.decode(errors="replace") if isinstance(body, bytes) else body
+        message = text.strip()[:500]
+    if status == 404:
+        return NotFound(status, reason or "NotFound", message)
+    if status == 409:
+        if reason == "AlreadyExists":
+            return AlreadyExists(status, reason, message)
+        return Conflict(status, reason or "Conflict", message)
+    if status == 410:
+        return Gone(status, reason or "Gone", message)
+    if status == 422:
+        return Invalid(status, reason or "Invalid", message)
+    if status >= 500 or status == 429:
+        return Transient(status, reason or "ServerError", message)
+    return ApiError(status, reason or "Error", message)
+
+
+# --- Construction --------------------------------------------------------------------------
+
+
+def connect(kubeconfig: str | os.PathLike[str] | None = None, *, context: str | None = None,
+            field_manager: str = FIELD_MANAGER, attempts: int = DEFAULT_ATTEMPTS) -> Client:
+    """A client from `kubeconfig`, else in-cluster when running in a pod, else `$KUBECONFIG`/`~/.kube/config`.
+
+    Reads the kubeconfig (and certificates it names); no request is sent.
+    """
+    configuration = kubernetes.client.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=None if kubeconfig is None else os.fspath(kubeconfig), context=context,
+            client_configuration=configuration, persist_config=False)
+    return Client(kubernetes.client.ApiClient(configuration), field_manager=field_manager, attempts=attempts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ListResult:
+    """The items of a list (raw dicts) and the list's resourceVersion, to watch from."""
+
+    items: tuple[dict[str, Any], ...]
+    resource_version: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One watch event: ADDED, MODIFIED, DELETED or BOOKMARK, with the raw object."""
+
+    type: str
+    object: dict[str, Any]
+
+
+class PatchType(enum.Enum):
+    MERGE = "application/merge-patch+json"
+    JSON = "application/json-patch+json"
+    APPLY = "application/apply-patch+yaml"
+
+
+_TRANSIENT_ERRORS = (Transient, urllib3.exceptions.ProtocolError, urllib3.exceptions.MaxRetryError,
+                     urllib3.exceptions.TimeoutError, ConnectionError)
+
+
+class WatchStream:
+    """An open watch: iterate for `WatchEvent`s; `close()` (from any thread) ends the iteration.
+
+    The iteration raises `Gone` when the server says the resourceVersion is too old (an ERROR
+    event with code 410), another `ApiError` for other ERROR events, and `Transient` when the
+    connection breaks mid-stream. It ends normally when the server closes the watch
+    (timeoutSeconds) or after `close()`.
+    """
+
+    def __init__(self, response: urllib3.BaseHTTPResponse) -> None:
+        self._response = response
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop the stream; safe to call twice and from another thread (a blocked reader wakes up)."""
+        self._closed = True
+        self._abort()
+
+    def _abort(self) -> None:
+        shutdown = getattr(self._response, "shutdown", None)
+        for step in (shutdown, self._response.close):
+            if step is None:
+                continue
+            try:
+                step()
+            except (OSError, ValueError, RuntimeError, urllib3.exceptions.HTTPError):
+                pass  # Already released or being torn down: nothing left to stop.
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        buffer = b""
+        completed = False
+        try:
+            for chunk in self._response.stream(1 << 16):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield _watch_event(line)
+            if buffer.strip():
+                yield _watch_event(buffer)
+            completed = True
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as error:
+            if not self._closed:
+                raise Transient(0, "WatchBroken", f"the watch connection broke: {error}") from error
+        finally:
+            if completed:
+                self._response.release_conn()  # Read to the end: the connection can serve again.
+            else:
+                self._abort()
+
+
+def _watch_event(line: bytes) -> WatchEvent:
+    document = json.loads(line)
+    kind, obj = document.get("type"), document.get("object")
+    if kind == "ERROR":
+        code = int(obj.get("code") or 500) if isinstance(obj, dict) else 500
+        raise error_from_status(code, json.dumps(obj))
+    if not isinstance(kind, str) or not isinstance(obj, dict):
+        raise Transient(0, "BadWatchEvent", f"a watch event without type or object: {line[:200]!r}")
+    return WatchEvent(kind, obj)
+
+
+class Client:
+    """Requests to one API server as raw JSON. Thread-safe (urllib3's pool is); no cache.
+
+    Every method raises `ApiError` (or a subclass) for an answer it cannot use; transient
+    failures are retried `attempts` times with jittered exponential backoff first. A create
+    retried after a 5xx whose write did land answers `AlreadyExists`: callers that create treat
+    that as "someone (maybe we) created it" and read it.
+    """
+
+    def __init__(self, api_client: kubernetes.client.ApiClient, *, field_manager: str = FIELD_MANAGER,
+                 attempts: int = DEFAULT_ATTEMPTS, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.api_client = api_client
+        self.field_manager = field_manager
+        self.attempts = attempts
+        self.timeout = timeout
+
+    @property
+    def host(self) -> str:
+        host: str = self.api_client.configuration.host
+        return host
+
+    def close(self) -> None:
+        """Release the connection pool. Idempotent."""
+        self.api_client.close()  # type: ignore[no-untyped-call]
+
+    # --- Transport -----------------------------------------------------------------------
+
+    def _send(self, method: str, path: str, *, query: Sequence[tuple[str, str]] = (), body: Any = None,
+              content_type: str = "application/json",
+              timeout: float | tuple[float, float] | None = None) -> urllib3.BaseHTTPResponse:
+        """One request, no retry. Returns the open response (2xx) or raises the mapped `ApiError`."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        _, url, headers, body, _ = self.api_client.param_serialize(
+            method=method, resource_path=path, query_params=list(query) or None, header_params=headers, body=body,
+            auth_settings=["BearerToken"])
+        try:
+            response: urllib3.BaseHTTPResponse = self.api_client.call_api(
+                method, url, header_params=headers, body=body, _request_timeout=timeout or self.timeout).response
+        except kubernetes.client.ApiException as error:
+            raise Transient(error.status or 0, "TransportError", str(error.reason)) from error
+        if not 200 <= response.status < 300:
+            try:
+                data = response.read()
+            finally:
+                response.release_conn()
+            raise error_from_status(response.status, data)
+        return response
+
+    def _request(self, method: str, path: str, *, query: Sequence[tuple[str, str]] = (), body: Any = None,
+                 content_type: str = "application/json") -> dict[str, Any]:
+        """One request with bounded retries on transient failures; the decoded JSON answer."""
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.attempts),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
+            retry=tenacity.retry_if_exception_type(_TRANSIENT_ERRORS),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    response = self._send(method, path, query=query, body=body, content_type=content_type)
+                    try:
+                        data = response.read()
+                    finally:
+                        response.release_conn()
+                    document = json.loads(data) if data else {}
+                    return document if isinstance(document, dict) else {}
+        except (urllib3.exceptions.HTTPError, ConnectionError) as error:
+            raise Transient(0, "ConnectionFailed", f"{method} {path}: {error}") from error
+        raise AssertionError("unreachable: tenacity re-raises the last failure")
+
+    def _write_query(self, *, dry_run: bool = False, force: bool = False) -> list[tuple[str, str]]:
+        query = [("fieldManager", self.field_manager)]
+        if force:
+            query.append(("force", "true"))
+        if dry_run:
+            query.append(("dryRun", "All"))
+        return query
+
+    # --- Reads ---------------------------------------------------------------------------
+
+    def get(self, resource: Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
+        """The object as raw JSON. Raises `NotFound`. Read-only."""
+        return self._request("GET", resource.path(namespace=namespace, name=name))
+
+    def list(self, resource: Resource, *, namespace: str = "", label_selector: str = "",
+             field_selector: str = "") -> ListResult:
+        """Every matching object (pages of 500 followed to the end) and the list's resourceVersion. Read-only."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query = [("limit", str(_LIST_PAGE))]
+            if label_selector:
+                query.append(("labelSelector", label_selector))
+            if field_selector:
+                query.append(("fieldSelector", field_selector))
+            if token:
+                query.append(("continue", token))
+            document = self._request("GET", resource.path(namespace=namespace), query=query)
+            for item in document.get("items") or ():
+                # A list's items carry no kind; add it so each item decodes on its own.
+                item.setdefault("apiVersion", resource.api_version)
+                item.setdefault("kind", resource.kind)
+                items.append(item)
+            metadata = document.get("metadata") or {}
+            token = metadata.get("continue") or ""
+            if not token:
+                return ListResult(tuple(items), str(metadata.get("resourceVersion") or ""))
+
+    def watch(self, resource: Resource, *, resource_version: str, namespace: str = "", label_selector: str = "",
+              field_selector: str = "", timeout_seconds: int = 300, bookmarks: bool = True) -> WatchStream:
+        """Open a watch from `resource_version`; the server ends it after `timeout_seconds`.
+
+        Raises `Gone` at once if the server refuses the version with a 410 answer. Not retried:
+        the informer decides what a failed watch means.
+        """
+        query = [("watch", "true"), ("timeoutSeconds", str(timeout_seconds))]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
+        if bookmarks:
+            query.append(("allowWatchBookmarks", "true"))
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        try:
+            response = self._send("GET", resource.path(namespace=namespace), query=query,
+                                  timeout=(self.timeout, timeout_seconds + 30.0))
+        except (urllib3.exceptions.HTTPError, ConnectionError) as error:
+            raise Transient(0, "ConnectionFailed", f"watch {resource.plural}: {error}") from error
+        return WatchStream(response)
+
+    # --- Writes --------------------------------------------------------------------------
+
+    def create(self, resource: Resource, body: Mapping[str, Any], *, namespace: str = "",
+               dry_run: bool = False) -> dict[str, Any]:
+        """Create; returns the stored object. Raises `AlreadyExists`, `Invalid`. Not idempotent."""
+        namespace = namespace or str((body.get("metadata") or {}).get("namespace") or "")
+        return self._request("POST", resource.path(namespace=namespace), body=dict(body),
+                             query=self._write_query(dry_run=dry_run))
+
+    def update(self, resource: Resource, body: Mapping[str, Any], *, subresource: str = "") -> dict[str, Any]:
+        """Replace (PUT) the object named in `body`; `metadata.resourceVersion` in it is the precondition.
+
+        Raises `Conflict` when the stored object changed since that version. Only for objects
+        dractl owns entirely (Leases, its own slices): never PUT an object read through a model.
+        """
+        metadata = body.get("metadata") or {}
+        if not metadata.get("resourceVersion"):
+            raise ValueError(f"update of {resource.kind} {metadata.get('name')}: "
+                             "metadata.resourceVersion is required as precondition")
+        path = resource.path(namespace=str(metadata.get("namespace") or ""), name=str(metadata.get("name") or ""),
+                             subresource=subresource)
+        return self._request("PUT", path, body=dict(body), query=self._write_query())
+
+    def update_status(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        """`update` of the status subresource (only `status` is written), with the same precondition."""
+        return self.update(resource, body, subresource="status")
+
+    def patch(self, resource: Resource, name: str, patch: Mapping[str, Any] | Sequence[Mapping[str, Any]], *,
+              namespace: str = "", type: PatchType = PatchType.MERGE, subresource: str = "",
+              force: bool = False) -> dict[str, Any]:
+        """Patch; returns the stored object.
+
+        A merge patch carrying `metadata.resourceVersion` (and a JSON patch with a `test` op on it)
+        fails with `Conflict` when the object changed. `PatchType.APPLY` is server-side apply
+        with field manager `dractl`; `force` takes over conflicting fields.
+        """
+        body: Any = list(patch) if type is PatchType.JSON else dict(patch)  # type: ignore[arg-type]
+        path = resource.path(namespace=namespace, name=name, subresource=subresource)
+        return self._request("PATCH", path, body=body, content_type=type.value,
+                             query=self._write_query(force=force and type is PatchType.APPLY))
+
+    def delete(self, resource: Resource, name: str, *, namespace: str = "", resource_version: str = "",
+               uid: str = "") -> None:
+        """Delete, with optional preconditions (`Conflict` if they fail). Raises `NotFound` if already gone."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        preconditions = {key: value for key, value in (("resourceVersion", resource_version), ("uid", uid)) if value}
+        if preconditions:
+            body["preconditions"] = preconditions
+        self._request("DELETE", resource.path(namespace=namespace, name=name), body=body)
+
+    # --- Typed reads ---------------------------------------------------------------------
+
+    def get_resource_claim(self, namespace: str, name: str) -> model.ResourceClaim:
+        """The claim as a model value. Raises `NotFound`, or `BadObject` when it does not decode."""
+        raw = self.get(RESOURCE_CLAIMS, name, namespace=namespace)
+        raw.setdefault("apiVersion", RESOURCE_CLAIMS.api_version)
+        raw.setdefault("kind", RESOURCE_CLAIMS.kind)
+        claim = decode(raw, strict=True)
+        assert isinstance(claim, model.ResourceClaim)
+        return claim
+
+    def list_resource_slices(self, *, label_selector: str = "", field_selector: str = "") -> tuple[
+            tuple[model.ResourceSlice, ...], str]:
+        """Matching slices as model values (undecodable ones logged and skipped) and the list's resourceVersion."""
+        result = self.list(RESOURCE_SLICES, label_selector=label_selector, field_selector=field_selector)
+        slices = tuple(value for value in map(decode, result.items) if isinstance(value, model.ResourceSlice))
+        return slices, result.resource_version
+
+
+# --- Decoding ------------------------------------------------------------------------------
+
+
+class BadObject(ValueError):
+    """An object from the API server that the model refuses; str() names it and the fields."""
+
+
+Decoded = (model.ResourceSlice | model.ResourceClaim | model.DeviceClass | model.ResourceClaimTemplate
+           | model.Pod | model.Node)
+_MODEL_KINDS = frozenset({"ResourceSlice", "ResourceClaim", "DeviceClass", "ResourceClaimTemplate", "Pod", "Node"})
+
+
+def decode(raw: Mapping[str, Any], *, strict: bool = False) -> Decoded | None:
+    """One raw API object (with apiVersion and kind) as a model value.
+
+    An object the model refuses is logged with its kind and name and skipped (None), so one bad
+    object never blocks the rest; with `strict` it raises `BadObject` instead. Kinds the model
+    does not have (Lease, Event, ...) give None. Pure apart from logging.
+    """
+    kind = str(raw.get("kind") or "")
+    if kind not in _MODEL_KINDS:
+        return None
+    meta = raw.get("metadata") or {}
+    name = f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("namespace") else str(meta.get("name"))
+    try:
+        return model_decode.load_object(raw, source="api")
+    except model_decode.DecodeError as error:
+        if strict:
+            raise BadObject(str(error)) from error
+        log.warning("skipping %s %s: it does not decode: %s", kind, name, error)
+        return None

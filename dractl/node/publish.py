@@ -1,0 +1,206 @@
+"""The node agent's ResourceSlice publisher: make the API hold exactly the desired slices, writing only the difference.
+
+What it does: `Publisher.publish(desired)` takes the slices this node should publish (from
+`slices`, pool = node name), lists the slices that exist for this node and driver (field
+selector `spec.nodeName`, `spec.driver`), and compares their content (everything but name,
+resourceVersion and the pool's generation and slice count). If every desired slice already
+exists unchanged, nothing is written. Otherwise the pool's generation is bumped (one past the
+highest existing one) in every slice, existing slices are updated in place (PUT with their
+resourceVersion as precondition), missing ones are created, and extra ones deleted, in that
+order, so a reader never sees the new generation incomplete for longer than the writes take.
+Each slice gets an owner reference to the Node (its uid read on each publish), so the slices go
+when the Node goes. A write conflict leads to a fresh list and a new attempt (bounded).
+
+What it must not do: delete slices on shutdown (the kubelet removes them once the driver is
+gone; a restarting agent finds and keeps them), touch slices of other nodes or drivers, decide
+what the slices contain, or write when nothing changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dractl import model
+from dractl.kube import client as kube_client
+from dractl.model import encode
+
+log = logging.getLogger(__name__)
+
+_ATTEMPTS = 3
+
+
+class PublishError(Exception):
+    """The slices could not be published; str() says which node and why."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Result:
+    """What one `publish` wrote, and the pool generation the slices carry now."""
+
+    generation: int
+    created: int = 0
+    updated: int = 0
+    deleted: int = 0
+
+    @property
+    def writes(self) -> int:
+        return self.created + self.updated + self.deleted
+
+
+def _content(body: Mapping[str, Any]) -> Any:
+    """What decides whether a slice must be rewritten: its spec without the pool's bookkeeping, and its owners.
+
+    Device taints are compared without `timeAdded`: the API server fills it in when a taint
+    arrives without one, so the stored slice always has it and the desired one may not.
+    """
+    spec = dict(body.get("spec") or {})
+    pool = dict(spec.get("pool") or {})
+    pool.pop("generation", None)
+    pool.pop("resourceSliceCount", None)
+    spec["pool"] = pool
+    if spec.get("devices"):
+        spec["devices"] = [
+            {**device, "taints": [{k: v for k, v in taint.items() if k != "timeAdded"} for taint in device["taints"]]}
+            if device.get("taints") else device
+            for device in spec["devices"]
+        ]
+    metadata = body.get("metadata") or {}
+    return spec, metadata.get("ownerReferences") or [], metadata.get("labels") or {}
+
+
+class Publisher:
+    """Publishes one node's slices for one driver. Not thread-safe: one caller (the agent's publish loop)."""
+
+    def __init__(self, client: kube_client.Client, *, driver: str, node_name: str) -> None:
+        self._client = client
+        self.driver = driver
+        self.node_name = node_name
+
+    def _owner(self) -> dict[str, Any]:
+        """The owner reference to this node's Node, its uid read afresh (one GET, no write).
+
+        Read on every publish because a Node deleted and registered again has a new uid: slices
+        still owned by the old uid would be garbage-collected after every publish.
+        """
+        try:
+            node = self._client.get(kube_client.NODES, self.node_name)
+        except kube_client.NotFound:
+            raise PublishError(f"cannot publish ResourceSlices for node {self.node_name}: "
+                               "the Node object does not exist (is --node-name right?)") from None
+        uid = str((node.get("metadata") or {}).get("uid") or "")
+        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid, "controller": True}
+
+    def _existing(self) -> list[dict[str, Any]]:
+        """This node's slices for the driver, in name order, each normalized through the model.
+
+        Decoding and encoding again gives the same shape `encode` gives the desired slices, so
+        equal content compares equal whatever defaults the server spells out. A slice that does
+        not decode keeps its raw form, compares unequal and is rewritten.
+        """
+        result = self._client.list(kube_client.RESOURCE_SLICES,
+                                   field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}")
+        existing = []
+        for raw in result.items:
+            value = kube_client.decode(raw)
+            normalized = encode.resource_slice(value) if isinstance(value, model.ResourceSlice) else dict(raw)
+            normalized["metadata"] = raw.get("metadata") or {}
+            existing.append(normalized)
+        return sorted(existing, key=lambda raw: str(raw["metadata"].get("name")))
+
+    def _bodies(self, desired: Sequence[model.ResourceSlice]) -> list[dict[str, Any]]:
+        owner = self._owner()
+        bodies = []
+        for value in desired:
+            if value.driver != self.driver or value.node_name != self.node_name:
+                raise PublishError(f"slice {value.meta.name or value.pool.name}: spec.driver {value.driver!r} and "
+                                   f"spec.nodeName {value.node_name!r} must be {self.driver!r} and "
+                                   f"{self.node_name!r} for this publisher")
+            body = encode.resource_slice(value)
+            metadata = {key: item for key, item in body["metadata"].items()
+                        if key in ("name", "generateName", "labels", "annotations")}
+            metadata["ownerReferences"] = [owner]
+            body["metadata"] = metadata
+            bodies.append(body)
+        return bodies
+
+    def publish(self, desired: Sequence[model.ResourceSlice]) -> Result:
+        """Make this node's slices for the driver equal `desired`. Idempotent: unchanged input writes nothing.
+
+        Raises `PublishError`, or `client.ApiError` when the API server keeps failing.
+        """
+        bodies = self._bodies(desired)
+        for attempt in range(_ATTEMPTS):
+            try:
+                return self._publish(bodies)
+            except (kube_client.Conflict, kube_client.AlreadyExists) as conflict:
+                # Someone (or an earlier attempt of ours) wrote meanwhile: look again and redo the difference.
+                log.info("node %s: slices changed while publishing (%s); listing again", self.node_name, conflict)
+                if attempt == _ATTEMPTS - 1:
+                    raise PublishError(f"cannot publish ResourceSlices for node {self.node_name}: they kept "
+                                       f"changing underneath ({conflict})") from conflict
+        raise AssertionError("unreachable")
+
+    def _publish(self, bodies: list[dict[str, Any]]) -> Result:
+        existing = self._existing()
+        generations = [int(((raw.get("spec") or {}).get("pool") or {}).get("generation") or 0) for raw in existing]
+        current = max(generations, default=0)
+        # Pair desired with existing slices: same name first, then equal content, then the rest in name order.
+        by_name = {str(raw["metadata"]["name"]): raw for raw in existing}
+        pairs: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+        unpaired: list[dict[str, Any]] = []
+        for body in bodies:
+            name = body["metadata"].get("name")
+            if name and name in by_name:
+                pairs.append((body, by_name.pop(name)))
+            else:
+                unpaired.append(body)
+        leftover = list(by_name.values())
+        still: list[dict[str, Any]] = []
+        for body in unpaired:
+            match = next((raw for raw in leftover if _content(raw) == _content(body)), None)
+            if match is not None:
+                leftover.remove(match)
+                pairs.append((body, match))
+            else:
+                still.append(body)
+        for body in still:
+            pairs.append((body, leftover.pop(0) if leftover and not body["metadata"].get("name") else None))
+        count = len(bodies)
+        unchanged = (not leftover and all(
+            raw is not None and _content(raw) == _content(body)
+            and int(raw["spec"]["pool"].get("resourceSliceCount") or 0) == count
+            and len(set(generations)) == 1
+            for body, raw in pairs))
+        if unchanged:
+            return Result(generation=current)
+        generation = current + 1 if existing else max(
+            [int(body["spec"]["pool"].get("generation") or 0) for body in bodies], default=0)
+        created = updated = deleted = 0
+        for body, raw in pairs:
+            body["spec"]["pool"]["generation"] = generation
+            body["spec"]["pool"]["resourceSliceCount"] = count
+            if raw is None:
+                if not body["metadata"].get("name"):
+                    body["metadata"]["generateName"] = f"{self.node_name}-{self.driver}-"
+                self._client.create(kube_client.RESOURCE_SLICES, body)
+                created += 1
+            else:
+                metadata = dict(body["metadata"])
+                metadata.pop("generateName", None)
+                metadata["name"] = raw["metadata"]["name"]
+                metadata["resourceVersion"] = raw["metadata"]["resourceVersion"]
+                self._client.update(kube_client.RESOURCE_SLICES, {**body, "metadata": metadata})
+                updated += 1
+        for raw in leftover:
+            try:
+                self._client.delete(kube_client.RESOURCE_SLICES, raw["metadata"]["name"],
+                                    resource_version=raw["metadata"]["resourceVersion"])
+            except kube_client.NotFound:
+                pass  # Already gone: what we wanted.
+            deleted += 1
+        log.info("node %s: published %d slices at pool generation %d (%d created, %d updated, %d deleted)",
+                 self.node_name, count, generation, created, updated, deleted)
+        return Result(generation=generation, created=created, updated=updated, deleted=deleted)

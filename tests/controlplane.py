@@ -1,0 +1,441 @@
+"""A real Kubernetes control plane for tests: etcd, kube-apiserver, optionally controller manager and scheduler.
+
+What it does: finds the binaries the way controller-runtime's envtest does (`$KUBEBUILDER_ASSETS`,
+else the xz archives in `../shared/k8s/` or `$DRACTL_K8S_ARCHIVES`, unpacked once into a cache
+directory after checking their sha256), generates certificates with the openssl CLI, starts the
+processes on free 127.0.0.1 ports, waits for `/readyz` with a bounded deadline and writes a
+kubeconfig. Processes are remembered by PID and stopped exactly; temp dirs are removed.
+
+What it must not do: download anything, bind to anything but 127.0.0.1, or stop processes it did
+not start. When the binaries cannot be found, `find_binaries` raises `Unavailable` whose message
+is one line saying how to get them (the fixtures turn it into a skip).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import http.client
+import json
+import lzma
+import os
+import pathlib
+import re
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+
+K8S_VERSION = "1.36.2"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DEFAULT_ARCHIVES = ROOT.parent / "shared" / "k8s"
+REQUIRED = ("etcd", "kube-apiserver")
+OPTIONAL = ("kube-controller-manager", "kube-scheduler")
+
+# The pins of ../shared/k8s/README.md, used when the archive directory has no README to read them from.
+_PINNED_SHA256 = {
+    "kube-apiserver": "a3adacf3d5a9ec1e83974a9c86c4e59dfef72e06004ca7161854d6fe003a41e4",
+    "kube-controller-manager": "b2484ca1f7933aea42903a3ffe15cdb9fd4a483d6a054246c95a1c138b739289",
+    "kube-scheduler": "f0800a6fe8df0e0c005fcd72c130f35980abbebb95d97e4b688a50c8c7b51d89",
+    "etcd": "c395ce223b4cc8a85642fcf3b4935903966a52826ca1a0f317d5978dfb8951ca",
+}
+
+FEATURE_GATES = ",".join(f"{gate}=true" for gate in (
+    "DRAAdminAccess", "DRAConsumableCapacity", "DRADeviceBindingConditions", "DRADeviceTaints",
+    "DRADeviceTaintRules", "DRAExtendedResource", "DRAPartitionableDevices", "DRAPrioritizedList",
+    "DRAResourceClaimDeviceStatus",
+))
+RUNTIME_CONFIG = "resource.k8s.io/v1=true,resource.k8s.io/v1beta2=true"
+HOW_TO_GET = (
+    "needs kube-apiserver and etcd: set KUBEBUILDER_ASSETS to a directory holding them, "
+    "or DRACTL_K8S_ARCHIVES to a directory of *.xz archives (see DEVELOPERS.md)"
+)
+READY_DEADLINE = 60.0
+
+
+class Unavailable(Exception):
+    """The control plane binaries cannot be found; str() is one line saying how to get them."""
+
+
+class StartFailed(Exception):
+    """A process did not come up; the message holds the tail of its stderr."""
+
+
+# --- Binaries ------------------------------------------------------------------------------
+
+
+def cache_dir() -> pathlib.Path:
+    """`$XDG_CACHE_HOME/dractl/k8s-<version>`, else `~/.cache/dractl/k8s-<version>`."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(pathlib.Path.home() / ".cache")
+    return pathlib.Path(base) / "dractl" / f"k8s-{K8S_VERSION}"
+
+
+def archive_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("DRACTL_K8S_ARCHIVES") or DEFAULT_ARCHIVES)
+
+
+def pinned_sha256(archives: pathlib.Path) -> dict[str, str]:
+    """The sha256 of each unpacked binary, from the README table beside the archives (else the built-in pins)."""
+    readme = archives / "README.md"
+    if not readme.is_file():
+        return dict(_PINNED_SHA256)
+    pins = {}
+    row = re.compile(r"^\|\s*`([a-z-]+)\.xz`\s*\|[^|]*\|\s*([0-9a-f]{64})\s*\|", re.MULTILINE)
+    for match in row.finditer(readme.read_text()):
+        pins[match.group(1)] = match.group(2)
+    return pins
+
+
+def _unpack(archive: pathlib.Path, target: pathlib.Path, sha256: str | None) -> None:
+    """Unpack `archive` to `target` atomically: write a temp name in the same directory, check, rename.
+
+    Two processes racing both write complete, identical files and the last rename wins, so a
+    reader never sees a partial binary.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    digest = hashlib.sha256()
+    try:
+        with lzma.open(archive) as source, open(temp, "wb") as sink:
+            while chunk := source.read(1 << 20):
+                digest.update(chunk)
+                sink.write(chunk)
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise Unavailable(f"{archive}: sha256 {digest.hexdigest()} does not match the pinned {sha256}; "
+                              "fetch the archive again")
+        temp.chmod(0o755)
+        os.replace(temp, target)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def find_binaries(names: tuple[str, ...] = REQUIRED) -> pathlib.Path:
+    """A directory holding every binary in `names`. Raises `Unavailable` (one line) when there is none.
+
+    Order: `$KUBEBUILDER_ASSETS`, then the cache directory, filled from the archives when needed.
+    Idempotent; safe when several test processes call it at once.
+    """
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets:
+        directory = pathlib.Path(assets)
+        missing = [name for name in names if not (directory / name).is_file()]
+        if not missing:
+            return directory
+        if not any((archive_dir() / f"{name}.xz").is_file() for name in missing):
+            raise Unavailable(f"KUBEBUILDER_ASSETS={assets} lacks {', '.join(missing)}; {HOW_TO_GET}")
+    cache = cache_dir()
+    archives = archive_dir()
+    pins: dict[str, str] | None = None
+    for name in names:
+        if (cache / name).is_file():
+            continue
+        archive = archives / f"{name}.xz"
+        if not archive.is_file():
+            raise Unavailable(f"{name} not in {cache} nor {archives}; {HOW_TO_GET}")
+        if pins is None:
+            pins = pinned_sha256(archives)
+        _unpack(archive, cache / name, pins.get(name))
+    return cache
+
+
+# --- Certificates and ports ----------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _openssl(*args: str, cwd: pathlib.Path) -> None:
+    completed = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+    if completed.returncode != 0:
+        raise StartFailed(f"openssl {' '.join(args)}: {completed.stderr.strip()}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CertificateAuthority:
+    """A throwaway CA in `directory` (`ca.crt`, `ca.key`) that issues serving and client certificates."""
+
+    directory: pathlib.Path
+
+    @property
+    def cert(self) -> pathlib.Path:
+        return self.directory / "ca.crt"
+
+    @classmethod
+    def create(cls, directory: pathlib.Path) -> CertificateAuthority:
+        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=dractl-test-ca",
+                 cwd=directory)
+        return cls(directory)
+
+    def issue(self, name: str, *, subject: str, server: bool = False) -> tuple[pathlib.Path, pathlib.Path]:
+        """A key and certificate `<name>.crt`/`.key` signed by this CA; `server` adds 127.0.0.1/localhost SANs."""
+        extensions = ["-addext", "basicConstraints=critical,CA:FALSE"]
+        if server:
+            extensions += ["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                           "-addext", "extendedKeyUsage=serverAuth"]
+        else:
+            extensions += ["-addext", "extendedKeyUsage=clientAuth"]
+        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-CA", "ca.crt", "-CAkey", "ca.key", "-keyout", f"{name}.key", "-out", f"{name}.crt",
+                 "-days", "2", "-subj", subject, *extensions, cwd=self.directory)
+        return self.directory / f"{name}.crt", self.directory / f"{name}.key"
+
+
+def write_kubeconfig(path: pathlib.Path, *, server: str, ca: pathlib.Path, cert: pathlib.Path,
+                     key: pathlib.Path) -> pathlib.Path:
+    """A kubeconfig with one cluster, user and context (`test`), certificates by path. JSON is valid YAML."""
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": "test", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+    }
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+# --- Processes -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class Process:
+    """One started binary: its Popen (hence PID) and the file its stderr goes to."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: pathlib.Path
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Stop exactly this PID: SIGTERM, then SIGKILL after 10 s. Idempotent."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+
+
+def _start(name: str, args: list[str], *, directory: pathlib.Path) -> Process:
+    log = directory / f"{name}.log"
+    with open(log, "wb") as sink:
+        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                                 cwd=directory)
+    return Process(name, popen, log)
+
+
+def _wait_healthy(process: Process, *, port: int, path: str, context: ssl.SSLContext | None,
+                  deadline: float) -> None:
+    """Poll `path` until it answers 200, the process exits, or `deadline` (monotonic) passes."""
+    last = ""
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            raise StartFailed(f"{process.name} exited with {process.popen.returncode}:\n{process.tail()}")
+        connection: http.client.HTTPConnection
+        if context is None:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        else:
+            connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=2, context=context)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            body = response.read().decode(errors="replace")
+            if response.status == 200:
+                return
+            last = f"{response.status} {body[-300:]}"
+        except (OSError, http.client.HTTPException) as error:
+            last = str(error)
+        finally:
+            connection.close()
+        time.sleep(0.1)
+    raise StartFailed(f"{process.name} not healthy on {path} within the deadline ({last}):\n{process.tail()}")
+
+
+@dataclasses.dataclass(slots=True)
+class ControlPlane:
+    """etcd + kube-apiserver on 127.0.0.1, with an admin kubeconfig (client cert in `system:masters`).
+
+    `start` returns a running plane; `stop` stops exactly its processes and removes its directory.
+    """
+
+    directory: pathlib.Path
+    binaries: pathlib.Path
+    ca: CertificateAuthority
+    port: int
+    kubeconfig: pathlib.Path
+    processes: list[Process] = dataclasses.field(default_factory=list)
+    startup_seconds: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(cls, *, authorization: str = "AlwaysAllow", apiserver_args: Sequence[str] = ()) -> ControlPlane:
+        """Start etcd and kube-apiserver and wait for `/readyz`. Raises `Unavailable` or `StartFailed`.
+
+        `authorization` is `AlwaysAllow` or `RBAC` (or `Node,RBAC`); `apiserver_args` are added last.
+        """
+        binaries = find_binaries(REQUIRED)
+        began = time.monotonic()
+        directory = pathlib.Path(tempfile.mkdtemp(prefix="dractl-k8s-"))
+        plane: ControlPlane | None = None
+        try:
+            ca = CertificateAuthority.create(directory)
+            serving_cert, serving_key = ca.issue("apiserver", subject="/CN=kube-apiserver", server=True)
+            admin_cert, admin_key = ca.issue("admin", subject="/O=system:masters/CN=dractl-test-admin")
+            _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key",
+                     cwd=directory)
+            _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
+            port = free_port()
+            plane = cls(directory=directory, binaries=binaries, ca=ca, port=port,
+                        kubeconfig=write_kubeconfig(directory / "admin.kubeconfig", server=f"https://127.0.0.1:{port}",
+                                                    ca=ca.cert, cert=admin_cert, key=admin_key))
+            etcd_client, etcd_peer = free_port(), free_port()
+            etcd = _start("etcd", [
+                str(binaries / "etcd"), "--data-dir", str(directory / "etcd"), "--name", "default",
+                "--listen-client-urls", f"http://127.0.0.1:{etcd_client}",
+                "--advertise-client-urls", f"http://127.0.0.1:{etcd_client}",
+                "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+                "--initial-cluster", f"default=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync", "--log-level", "warn",
+            ], directory=directory)
+            plane.processes.append(etcd)
+            deadline = time.monotonic() + READY_DEADLINE
+            _wait_healthy(etcd, port=etcd_client, path="/health", context=None, deadline=deadline)
+            apiserver = _start("kube-apiserver", [
+                str(binaries / "kube-apiserver"),
+                "--etcd-servers", f"http://127.0.0.1:{etcd_client}",
+                "--bind-address", "127.0.0.1", "--secure-port", str(port), "--cert-dir", str(directory),
+                "--tls-cert-file", str(serving_cert), "--tls-private-key-file", str(serving_key),
+                "--client-ca-file", str(ca.cert),
+                "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+                "--service-account-key-file", str(directory / "sa.pub"),
+                "--service-account-signing-key-file", str(directory / "sa.key"),
+                "--service-cluster-ip-range", "10.0.0.0/24",
+                "--authorization-mode", authorization,
+                "--endpoint-reconciler-type", "none",
+                "--runtime-config", RUNTIME_CONFIG, "--feature-gates", FEATURE_GATES,
+                "--disable-admission-plugins", "TaintNodesByCondition",
+                *apiserver_args,
+            ], directory=directory)
+            plane.processes.append(apiserver)
+            _wait_healthy(apiserver, port=port, path="/readyz", context=plane.ssl_context(), deadline=deadline)
+            plane.startup_seconds = time.monotonic() - began
+            return plane
+        except BaseException:
+            if plane is not None:
+                plane.stop()
+            else:
+                shutil.rmtree(directory, ignore_errors=True)
+            raise
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client TLS context trusting the test CA and presenting the admin certificate."""
+        context = ssl.create_default_context(cafile=str(self.ca.cert))
+        context.load_cert_chain(str(self.directory / "admin.crt"), str(self.directory / "admin.key"))
+        return context
+
+    def stop(self) -> None:
+        """Stop this plane's processes (last started first) and remove its directory. Idempotent."""
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def start_components(self) -> Components:
+        """Start kube-controller-manager and kube-scheduler against this plane; wait until both are healthy.
+
+        Each has its own identity (`system:kube-controller-manager`, `system:kube-scheduler`), the
+        DRA feature gates, `--leader-elect=false`; the node lifecycle controller is off since no
+        kubelet runs. Stop them with `Components.stop()`.
+        """
+        binaries = find_binaries(OPTIONAL)
+        components = Components()
+        try:
+            deadline = time.monotonic() + READY_DEADLINE
+            kcm_cert, kcm_key = self.ca.issue("kcm", subject="/CN=system:kube-controller-manager")
+            kcm_config = write_kubeconfig(self.directory / "kcm.kubeconfig", server=self.url, ca=self.ca.cert,
+                                          cert=kcm_cert, key=kcm_key)
+            kcm_port = free_port()
+            kcm = _start("kube-controller-manager", [
+                str(binaries / "kube-controller-manager"), "--kubeconfig", str(kcm_config),
+                "--authentication-kubeconfig", str(kcm_config), "--authorization-kubeconfig", str(kcm_config),
+                "--bind-address", "127.0.0.1", "--secure-port", str(kcm_port), "--leader-elect=false",
+                "--controllers", "*,-node-lifecycle-controller", "--use-service-account-credentials",
+                "--service-account-private-key-file", str(self.directory / "sa.key"),
+                "--root-ca-file", str(self.ca.cert), "--feature-gates", FEATURE_GATES,
+                "--cert-dir", str(self.directory / "kcm-certs"),
+            ], directory=self.directory)
+            components.processes.append(kcm)
+            scheduler_cert, scheduler_key = self.ca.issue("scheduler", subject="/CN=system:kube-scheduler")
+            scheduler_config = write_kubeconfig(self.directory / "scheduler.kubeconfig", server=self.url,
+                                                ca=self.ca.cert, cert=scheduler_cert, key=scheduler_key)
+            scheduler_port = free_port()
+            scheduler = _start("kube-scheduler", [
+                str(binaries / "kube-scheduler"), "--kubeconfig", str(scheduler_config),
+                "--authentication-kubeconfig", str(scheduler_config),
+                "--authorization-kubeconfig", str(scheduler_config),
+                "--bind-address", "127.0.0.1", "--secure-port", str(scheduler_port), "--leader-elect=false",
+                "--feature-gates", FEATURE_GATES, "--cert-dir", str(self.directory / "scheduler-certs"),
+            ], directory=self.directory)
+            components.processes.append(scheduler)
+            insecure = ssl.create_default_context()
+            insecure.check_hostname = False
+            insecure.verify_mode = ssl.CERT_NONE  # their serving certs are self-signed; only /healthz is read
+            _wait_healthy(kcm, port=kcm_port, path="/healthz", context=insecure, deadline=deadline)
+            _wait_healthy(scheduler, port=scheduler_port, path="/healthz", context=insecure, deadline=deadline)
+        except BaseException:
+            components.stop()
+            raise
+        return components
+
+
+@dataclasses.dataclass(slots=True)
+class Components:
+    """kube-controller-manager and kube-scheduler started by `ControlPlane.start_components`."""
+
+    processes: list[Process] = dataclasses.field(default_factory=list)
+
+    def stop(self) -> None:
+        """Stop exactly these processes. Idempotent."""
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+
+
+@contextlib.contextmanager
+def running(*, authorization: str = "AlwaysAllow", apiserver_args: Sequence[str] = ()) -> Iterator[ControlPlane]:
+    """`with running() as plane:` a control plane stopped on exit."""
+    plane = ControlPlane.start(authorization=authorization, apiserver_args=apiserver_args)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+def wait_until(predicate: Callable[[], bool], *, what: str, timeout: float = 30.0, interval: float = 0.02) -> None:
+    """Poll `predicate` until true; fail with `what` after `timeout` seconds (a bounded wait, not a sleep-and-hope)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting until {what}")
+        time.sleep(interval)

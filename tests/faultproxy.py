@@ -1,0 +1,306 @@
+"""A fault-injecting HTTPS proxy in front of the real kube-apiserver, for tests.
+
+What it does: listens on 127.0.0.1 with its own serving certificate (issued by the control
+plane's test CA, so the same kubeconfig CA trusts it), forwards every request to the API
+server with the admin client certificate, streams watch responses line by line, records every
+request, and injects faults by rule: an HTTP status (409 Conflict, 5xx, ...) instead of the
+answer, a 410 Gone ERROR event on a watch, a watch dropped mid-stream after N events, or added
+latency. A rule matches by method and a regex searched in the request target (path and query)
+and fires `count` times (None: forever).
+
+What it must not do: change requests or answers it has no rule for, or listen beyond 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import http.server
+import json
+import pathlib
+import re
+import socket
+import ssl
+import sys
+import threading
+import time
+from typing import Any
+
+import controlplane
+
+_REASONS = {400: "BadRequest", 404: "NotFound", 409: "Conflict", 410: "Gone", 422: "Invalid",
+            429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
+
+
+@dataclasses.dataclass(slots=True)
+class Rule:
+    """One fault: which requests it matches and what it does instead of (or to) the real answer.
+
+    Exactly one action: `status` (answer with it and a Status body), `watch_gone` (answer a watch
+    with an ERROR event carrying 410), `drop_after` (forward a watch, then cut the connection
+    after that many events), or only `delay` (seconds added before forwarding; also combinable).
+    """
+
+    method: str = ""  # empty: any method
+    path: str = ""  # regex searched in "path?query"; empty: any
+    count: int | None = 1
+    status: int = 0
+    reason: str = ""
+    watch_gone: bool = False
+    drop_after: int | None = None
+    delay: float = 0.0
+    fired: int = 0
+
+    def matches(self, method: str, target: str) -> bool:
+        if self.count is not None and self.fired >= self.count:
+            return False
+        if self.method and self.method.upper() != method:
+            return False
+        return not self.path or re.search(self.path, target) is not None
+
+
+def respond(status: int, *, method: str = "", path: str = "", count: int | None = 1, reason: str = "") -> Rule:
+    """Answer matching requests with `status` (e.g. 409, 500, 503) and a Status body, not forwarding them."""
+    return Rule(method=method, path=path, count=count, status=status, reason=reason)
+
+
+def watch_gone(*, path: str = "", count: int | None = 1) -> Rule:
+    """Answer matching watches with 200 and one ERROR event of code 410 (what a too-old resourceVersion gets)."""
+    return Rule(method="GET", path=path + r".*[?&]watch=true" if path else r"[?&]watch=true", count=count,
+                watch_gone=True)
+
+
+def drop_watch(*, path: str = "", after: int = 0, count: int | None = 1) -> Rule:
+    """Forward matching watches but close the connection abruptly after `after` events."""
+    return Rule(method="GET", path=path + r".*[?&]watch=true" if path else r"[?&]watch=true", count=count,
+                drop_after=after)
+
+
+def latency(seconds: float, *, method: str = "", path: str = "", count: int | None = 1) -> Rule:
+    """Delay matching requests by `seconds` before forwarding them."""
+    return Rule(method=method, path=path, count=count, delay=seconds)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Request:
+    """One request the proxy saw, with the status the client got and the fault applied (or "")."""
+
+    method: str
+    target: str
+    status: int
+    fault: str
+
+    @property
+    def is_write(self) -> bool:
+        return self.method in ("POST", "PUT", "PATCH", "DELETE")
+
+    @property
+    def is_watch(self) -> bool:
+        return self.method == "GET" and re.search(r"[?&]watch=true", self.target) is not None
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    proxy: FaultProxy
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Connections the proxy cut on purpose (dropped watches) or that clients dropped end in
+        # socket and TLS errors; those are expected. Anything else is a bug in the proxy: show it.
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handle_error(request, client_address)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # else Nagle and delayed ACK cost ~40 ms per request
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # The request log is `FaultProxy.requests`.
+
+    def do_GET(self) -> None:
+        self.server.proxy._handle(self)
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+
+
+class FaultProxy:
+    """The running proxy: `rules` to inject faults, `requests` to see what passed. Thread-safe."""
+
+    def __init__(self, plane: controlplane.ControlPlane, server: _Server, kubeconfig: pathlib.Path) -> None:
+        self.plane = plane
+        self._server = server
+        self.kubeconfig = kubeconfig
+        self._lock = threading.Lock()
+        self._rules: list[Rule] = []
+        self._requests: list[Request] = []
+        self._upstreams: set[http.client.HTTPConnection] = set()
+        self._upstream_context = plane.ssl_context()
+        self._thread = threading.Thread(target=server.serve_forever, name="faultproxy", daemon=True)
+
+    @property
+    def port(self) -> int:
+        port: int = self._server.server_address[1]
+        return port
+
+    @classmethod
+    def start(cls, plane: controlplane.ControlPlane) -> FaultProxy:
+        """Listen on a free 127.0.0.1 port; returns once accepting. Writes `<plane dir>/proxy-<port>.kubeconfig`."""
+        cert, key = plane.ca.issue("proxy", subject="/CN=dractl-fault-proxy", server=True)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(cert), str(key))
+        server = _Server(("127.0.0.1", 0), _Handler, bind_and_activate=False)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        server.server_bind()
+        server.server_activate()
+        port = server.server_address[1]
+        kubeconfig = controlplane.write_kubeconfig(
+            plane.directory / f"proxy-{port}.kubeconfig", server=f"https://127.0.0.1:{port}", ca=plane.ca.cert,
+            cert=plane.directory / "admin.crt", key=plane.directory / "admin.key")
+        proxy = cls(plane, server, kubeconfig)
+        server.proxy = proxy
+        proxy._thread.start()
+        return proxy
+
+    def stop(self) -> None:
+        """Stop listening and cut open upstream connections (watches). Idempotent."""
+        self._server.shutdown()
+        self._server.server_close()
+        with self._lock:
+            upstreams = list(self._upstreams)
+        for connection in upstreams:
+            _shutdown(connection.sock)
+        self._thread.join(timeout=10)
+
+    def add(self, *rules: Rule) -> None:
+        """Add rules; the first matching rule with firings left applies to a request."""
+        with self._lock:
+            self._rules.extend(rules)
+
+    def clear(self) -> None:
+        """Forget rules and the request log."""
+        with self._lock:
+            self._rules.clear()
+            self._requests.clear()
+
+    @property
+    def requests(self) -> list[Request]:
+        with self._lock:
+            return list(self._requests)
+
+    def writes(self) -> list[Request]:
+        """The write requests (POST, PUT, PATCH, DELETE) seen so far."""
+        return [request for request in self.requests if request.is_write]
+
+    # --- Serving -------------------------------------------------------------------------
+
+    def _take_rule(self, method: str, target: str) -> Rule | None:
+        with self._lock:
+            for rule in self._rules:
+                if rule.matches(method, target):
+                    rule.fired += 1
+                    return rule
+        return None
+
+    def _record(self, handler: _Handler, status: int, fault: str) -> None:
+        with self._lock:
+            self._requests.append(Request(handler.command, handler.path, status, fault))
+
+    def _handle(self, handler: _Handler) -> None:
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length) if length else None
+        rule = self._take_rule(handler.command, handler.path)
+        if rule is not None and rule.delay:
+            time.sleep(rule.delay)
+        if rule is not None and rule.status:
+            reason = rule.reason or _REASONS.get(rule.status, "Error")
+            # Recorded before answering, so a client that got its answer always finds it in the log.
+            self._record(handler, rule.status, f"status {rule.status}")
+            _send_json(handler, rule.status, {
+                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": rule.status, "reason": reason,
+                "message": f"injected by the fault proxy: {rule.status} {reason}"})
+            return
+        if rule is not None and rule.watch_gone:
+            self._record(handler, 200, "watch gone")
+            handler.send_response(200)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            event = {"type": "ERROR", "object": {
+                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired",
+                "message": "injected by the fault proxy: too old resource version"}}
+            _send_chunk(handler, json.dumps(event).encode() + b"\n")
+            _send_chunk(handler, b"")
+            return
+        self._forward(handler, body, rule)
+
+    def _forward(self, handler: _Handler, body: bytes | None, rule: Rule | None) -> None:
+        upstream = http.client.HTTPSConnection("127.0.0.1", self.plane.port, context=self._upstream_context,
+                                               timeout=600)
+        with self._lock:
+            self._upstreams.add(upstream)
+        try:
+            headers = {key: value for key, value in handler.headers.items() if key.lower() not in _HOP_BY_HOP}
+            upstream.request(handler.command, handler.path, body=body, headers=headers)
+            response = upstream.getresponse()
+            is_stream = response.getheader("Transfer-Encoding", "").lower() == "chunked" and re.search(
+                r"[?&]watch=true", handler.path) is not None
+            handler.send_response(response.status)
+            for key, value in response.getheaders():
+                if key.lower() not in _HOP_BY_HOP:
+                    handler.send_header(key, value)
+            if not is_stream:
+                data = response.read()
+                self._record(handler, response.status, "delay" if rule is not None else "")
+                handler.send_header("Content-Length", str(len(data)))
+                handler.end_headers()
+                handler.wfile.write(data)
+                return
+            self._record(handler, response.status, "drop watch" if rule is not None and rule.drop_after is not None
+                         else ("delay" if rule is not None else ""))
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            events = 0
+            while True:
+                if rule is not None and rule.drop_after is not None and events >= rule.drop_after:
+                    # Cut the client's connection without the final chunk, as a broken network would.
+                    handler.close_connection = True
+                    _shutdown(handler.connection)
+                    return
+                line = response.readline()
+                if not line:
+                    _send_chunk(handler, b"")
+                    return
+                _send_chunk(handler, line)
+                events += 1
+        except (OSError, http.client.HTTPException):
+            handler.close_connection = True
+        finally:
+            with self._lock:
+                self._upstreams.discard(upstream)
+            upstream.close()
+
+
+def _send_json(handler: _Handler, status: int, document: dict[str, Any]) -> None:
+    data = json.dumps(document).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def _send_chunk(handler: _Handler, data: bytes) -> None:
+    handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+    handler.wfile.flush()
+
+
+def _shutdown(sock: socket.socket | None) -> None:
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # Already closed.

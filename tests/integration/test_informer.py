@@ -1,0 +1,213 @@
+"""The informer against a real kube-apiserver: sync, live updates, relists after a dropped watch or a 410.
+
+No event may be lost or repeated across a relist.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import controlplane
+import faultproxy
+import pytest
+
+from dractl import model
+from dractl.kube import client, informer, workqueue
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _template(name: str, namespace: str, *, label: str = "") -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if label:
+        metadata["labels"] = {"v": label}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": metadata,
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}}
+
+
+class Recorder:
+    """Every handler call as (event, key, labels), thread-safe."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.events: list[tuple[str, str, str]] = []
+
+    def _label(self, value: model.ResourceClaimTemplate) -> str:
+        return value.meta.labels.get("v", "")
+
+    def handlers(self) -> informer.Handlers[client.Decoded]:
+        def add(value: client.Decoded) -> None:
+            assert isinstance(value, model.ResourceClaimTemplate)
+            with self.lock:
+                self.events.append(("add", value.meta.name, self._label(value)))
+
+        def update(old: client.Decoded, new: client.Decoded) -> None:
+            assert isinstance(new, model.ResourceClaimTemplate)
+            with self.lock:
+                self.events.append(("update", new.meta.name, self._label(new)))
+
+        def delete(value: client.Decoded) -> None:
+            assert isinstance(value, model.ResourceClaimTemplate)
+            with self.lock:
+                self.events.append(("delete", value.meta.name, self._label(value)))
+
+        return informer.Handlers(on_add=add, on_update=update, on_delete=delete)
+
+    def snapshot(self) -> list[tuple[str, str, str]]:
+        with self.lock:
+            return list(self.events)
+
+
+@pytest.fixture
+def started() -> Iterator[list[informer.Informer[Any]]]:
+    """Informers a test starts; all stopped (threads joined) at the end."""
+    informers: list[informer.Informer[Any]] = []
+    yield informers
+    for one in informers:
+        one.stop()
+
+
+def _start(api: client.Client, namespace: str, recorder: Recorder,
+           started: list[informer.Informer[Any]]) -> informer.Informer[client.Decoded]:
+    one: informer.Informer[client.Decoded] = informer.Informer(
+        api, client.RESOURCE_CLAIM_TEMPLATES, decode=client.decode, handlers=recorder.handlers(),
+        namespace=namespace, watch_timeout=60)
+    started.append(one)
+    one.start()
+    assert one.wait_synced(30)
+    return one
+
+
+def test_sync_fills_the_store_and_reports_each_object_once(kube_client: client.Client, namespace: str,
+                                                           started: list[informer.Informer[Any]]) -> None:
+    """Guards: after the first list has_synced() is true, the store holds every object, one add each."""
+    for name in ("a", "b", "c"):
+        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(name, namespace))
+    recorder = Recorder()
+    one = _start(kube_client, namespace, recorder, started)
+    assert one.has_synced()
+    assert one.store.keys() == [f"{namespace}/a", f"{namespace}/b", f"{namespace}/c"]
+    value = one.store.get(f"{namespace}/a")
+    assert isinstance(value, model.ResourceClaimTemplate)
+    assert sorted(recorder.snapshot()) == [("add", "a", ""), ("add", "b", ""), ("add", "c", "")]
+
+
+def test_live_adds_updates_and_deletes_arrive_in_order(kube_client: client.Client, namespace: str,
+                                                       started: list[informer.Informer[Any]]) -> None:
+    """Guards: watch events after the sync become add, update and delete callbacks in the order they happened."""
+    recorder = Recorder()
+    one = _start(kube_client, namespace, recorder, started)
+    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("x", namespace))
+    kube_client.patch(client.RESOURCE_CLAIM_TEMPLATES, "x", {"metadata": {"labels": {"v": "2"}}}, namespace=namespace)
+    kube_client.delete(client.RESOURCE_CLAIM_TEMPLATES, "x", namespace=namespace)
+    controlplane.wait_until(lambda: len(recorder.snapshot()) >= 3, what="three events arrived")
+    assert recorder.snapshot() == [("add", "x", ""), ("update", "x", "2"), ("delete", "x", "2")]
+    assert one.store.keys() == []
+    assert one.lists == 1
+
+
+def test_a_dropped_watch_relists_without_losing_or_repeating_events(
+        proxied_client: client.Client, kube_client: client.Client, fault_proxy: faultproxy.FaultProxy,
+        namespace: str, started: list[informer.Informer[Any]]) -> None:
+    """Guards: a watch cut mid-stream leads to a relist; changes made meanwhile arrive exactly once, none repeat."""
+    for name in ("keep", "change", "remove"):
+        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(name, namespace))
+    recorder = Recorder()
+    fault_proxy.add(faultproxy.drop_watch(path="/resourceclaimtemplates", after=1))
+    one = _start(proxied_client, namespace, recorder, started)
+    # The first watch event (this create) is forwarded, then the connection is cut.
+    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("first", namespace))
+    kube_client.patch(client.RESOURCE_CLAIM_TEMPLATES, "change", {"metadata": {"labels": {"v": "2"}}},
+                      namespace=namespace)
+    kube_client.delete(client.RESOURCE_CLAIM_TEMPLATES, "remove", namespace=namespace)
+    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("new", namespace))
+    controlplane.wait_until(lambda: one.store.keys() == sorted(f"{namespace}/{n}" for n in ("keep", "change",
+                                                                                            "first", "new"))
+                            and recorder.snapshot().count(("update", "change", "2")) == 1,
+                            what="the informer caught up after the dropped watch")
+    events = recorder.snapshot()
+    assert sorted(events[:3]) == [("add", "change", ""), ("add", "keep", ""), ("add", "remove", "")]
+    assert sorted(events[3:]) == sorted([("add", "first", ""), ("update", "change", "2"), ("delete", "remove", ""),
+                                         ("add", "new", "")])
+    assert len(events) == len(set(events))
+    assert one.lists >= 2
+    assert any(r.fault == "drop watch" for r in fault_proxy.requests)
+
+
+def test_a_410_relists_and_diffs_against_the_store(
+        proxied_client: client.Client, kube_client: client.Client, fault_proxy: faultproxy.FaultProxy,
+        namespace: str, started: list[informer.Informer[Any]]) -> None:
+    """Guards: on 410 Gone the informer relists; changes made while it could not watch give one event each."""
+    for name in ("keep", "change", "remove"):
+        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(name, namespace))
+    recorder = Recorder()
+    # Every watch is refused with 410 until the rule is removed.
+    fault_proxy.add(faultproxy.watch_gone(path="/resourceclaimtemplates", count=None))
+    one = _start(proxied_client, namespace, recorder, started)
+    kube_client.patch(client.RESOURCE_CLAIM_TEMPLATES, "change", {"metadata": {"labels": {"v": "2"}}},
+                      namespace=namespace)
+    kube_client.delete(client.RESOURCE_CLAIM_TEMPLATES, "remove", namespace=namespace)
+    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("new", namespace))
+    controlplane.wait_until(lambda: any(r.fault == "watch gone" for r in fault_proxy.requests),
+                            what="a watch was refused with 410")
+    fault_proxy.clear()
+    controlplane.wait_until(lambda: len(recorder.snapshot()) >= 6, what="the relist's events arrived")
+    events = recorder.snapshot()
+    assert sorted(events[:3]) == [("add", "change", ""), ("add", "keep", ""), ("add", "remove", "")]
+    assert sorted(events[3:]) == sorted([("update", "change", "2"), ("delete", "remove", ""), ("add", "new", "")])
+    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("after", namespace))
+    controlplane.wait_until(lambda: ("add", "after", "") in recorder.snapshot(), what="the watch resumed")
+    assert len(recorder.snapshot()) == 7
+    assert one.lists >= 2
+
+
+def test_stop_ends_the_thread_while_a_watch_is_open(kube_client: client.Client, namespace: str) -> None:
+    """Guards: stop() closes an open watch and joins the informer's thread promptly."""
+    one: informer.Informer[client.Decoded] = informer.Informer(
+        kube_client, client.RESOURCE_CLAIM_TEMPLATES, decode=client.decode, namespace=namespace, watch_timeout=300)
+    one.start()
+    assert one.wait_synced(30)
+    one.stop(timeout=20)
+    assert one._thread is not None
+    assert not one._thread.is_alive()
+
+
+def test_the_informer_feeds_a_work_queue_that_converges(kube_client: client.Client, namespace: str,
+                                                        started: list[informer.Informer[Any]]) -> None:
+    """Guards: handlers that only enqueue keys, and a worker reading the store, see the final state of each object."""
+    queue = workqueue.WorkQueue()
+    seen: dict[str, str] = {}
+
+    def enqueue(value: client.Decoded, *_: client.Decoded) -> None:
+        queue.add(f"{value.meta.namespace}/{value.meta.name}")
+
+    one: informer.Informer[client.Decoded] = informer.Informer(
+        kube_client, client.RESOURCE_CLAIM_TEMPLATES, decode=client.decode, namespace=namespace,
+        handlers=informer.Handlers(on_add=enqueue, on_update=lambda old, new: enqueue(new), on_delete=enqueue))
+    started.append(one)
+    one.start()
+    assert one.wait_synced(30)
+
+    def work() -> None:
+        while (key := queue.get()) is not None:
+            value = one.store.get(key)
+            seen[key] = "gone" if value is None else value.meta.labels.get("v", "")
+            queue.done(key)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        for i in range(5):
+            kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(f"w{i}", namespace))
+        for i in range(5):
+            kube_client.patch(client.RESOURCE_CLAIM_TEMPLATES, f"w{i}", {"metadata": {"labels": {"v": "final"}}},
+                              namespace=namespace)
+        kube_client.delete(client.RESOURCE_CLAIM_TEMPLATES, "w0", namespace=namespace)
+        expected = {f"{namespace}/w0": "gone", **{f"{namespace}/w{i}": "final" for i in range(1, 5)}}
+        controlplane.wait_until(lambda: seen == expected, what="the worker saw every object's final state")
+    finally:
+        queue.shutdown()
+        worker.join(timeout=10)
