@@ -27,6 +27,7 @@ class OutputFormat(enum.Enum):
 
 
 DEFAULT_SEARCH_LIMIT = 1_000_000
+MAX_SEARCH_LIMIT = 2**63 - 1  # the allocator core counts search steps in an int64
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,3 +39,76 @@ class Simulate:
     output: OutputFormat = OutputFormat.TABLE
     timing: bool = False
     search_limit: int = DEFAULT_SEARCH_LIMIT
+
+
+DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
+DEFAULT_FAKE_PROFILE = "a100-80gb-x8"
+
+
+class DeviceSource(enum.Enum):
+    """Where the node agent learns its GPUs: the real NVML, or the deterministic fake."""
+
+    NVML = "nvml"
+    FAKE = "fake"
+
+
+class MigMode(enum.Enum):
+    """How MIG is published: `static` the MIG devices that exist; `dynamic` every profile x
+    placement as partitionable devices, created when a claim is prepared."""
+
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Discover:
+    """Settings of `dractl discover` (and the device part of `dractl node-agent`)."""
+
+    node_name: str
+    driver_name: str = DEFAULT_DRIVER_NAME
+    device_source: DeviceSource = DeviceSource.NVML
+    fake_profile: str = DEFAULT_FAKE_PROFILE
+    mig_mode: MigMode = MigMode.STATIC
+    consumable_memory: bool = False
+    output: OutputFormat = OutputFormat.YAML
+
+
+class LogFormat(enum.Enum):
+    JSON = "json"  # one JSON object per line, for the cluster's log collection
+    CONSOLE = "console"  # aligned key=value lines for a person at a terminal
+
+
+DEFAULT_CDI_ROOT = pathlib.Path("/var/run/cdi")
+DEFAULT_KUBELET_REGISTRAR_DIR = pathlib.Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_KUBELET_PLUGINS_DIR = pathlib.Path("/var/lib/kubelet/plugins")
+DEFAULT_HEALTH_PORT = 51515
+DEFAULT_METRICS_PORT = 8080
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeAgent:
+    """Settings of `dractl node-agent`. The device fields mean what they mean for `Discover`.
+
+    `state_dir` None means `<kubelet_plugins_dir>/<driver_name>` (beside the DRA socket);
+    `kubeconfig` None means the in-cluster config; a port of -1 turns that endpoint off;
+    `log_format` None means console on a terminal and JSON otherwise.
+    """
+
+    node_name: str
+    driver_name: str = DEFAULT_DRIVER_NAME
+    device_source: DeviceSource = DeviceSource.NVML
+    fake_profile: str = DEFAULT_FAKE_PROFILE
+    mig_mode: MigMode = MigMode.STATIC
+    consumable_memory: bool = False
+    cdi_root: pathlib.Path = DEFAULT_CDI_ROOT
+    kubelet_registrar_dir: pathlib.Path = DEFAULT_KUBELET_REGISTRAR_DIR
+    kubelet_plugins_dir: pathlib.Path = DEFAULT_KUBELET_PLUGINS_DIR
+    state_dir: pathlib.Path | None = None
+    kubeconfig: pathlib.Path | None = None
+    health_port: int = DEFAULT_HEALTH_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
+    log_format: LogFormat | None = None
+
+    @property
+    def plugin_state_dir(self) -> pathlib.Path:
+        return self.state_dir if self.state_dir is not None else self.kubelet_plugins_dir / self.driver_name

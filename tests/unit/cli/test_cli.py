@@ -135,8 +135,8 @@ def test_version() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["node-agent"], ["controller"], ["explain", "claim", "default/train"], ["discover"]],
-    ids=["node-agent", "controller", "explain", "discover"],
+    [["controller"], ["explain", "claim", "default/train"]],
+    ids=["controller", "explain"],
 )
 def test_modes_of_later_releases_say_so_and_exit_2(args: list[str]) -> None:
     """Guards: modes not in this release print one line on stderr and exit 2."""
@@ -176,17 +176,17 @@ def test_env_vars_mirror_flags(manifests: pathlib.Path, bad: pathlib.Path) -> No
 
 
 def test_json_output_has_the_documented_keys(manifests: pathlib.Path) -> None:
-    """Guards: -o json is {"claims": [{namespace, name, allocated, node, results, reasons}], "summary": {...}}."""
+    """Guards: -o json is {"claims": [{namespace, name, status, allocated, node, allocation, reservedFor, reasons}], "summary": {...}}."""
     result = _invoke("simulate", "-f", str(manifests), "-o", "json")
     assert result.exit_code == 0, result.stderr
     document = json.loads(result.stdout)
     claims = {c["name"]: c for c in document["claims"]}
     assert list(claims) == ["too-big", "fits"]
     for claim in claims.values():
-        assert set(claim) == {"namespace", "name", "allocated", "node", "results", "reasons"}
+        assert set(claim) == {"namespace", "name", "status", "allocated", "node", "allocation", "reservedFor", "reasons"}
     assert claims["fits"]["allocated"] is True and claims["fits"]["node"] == "node-1"
-    assert claims["fits"]["results"] == [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]
-    assert claims["too-big"]["allocated"] is False and claims["too-big"]["results"] == [] and claims["too-big"]["reasons"]
+    assert claims["fits"]["allocation"]["devices"]["results"] == [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]
+    assert claims["too-big"]["allocated"] is False and claims["too-big"]["allocation"] is None and claims["too-big"]["reasons"]
     summary = document["summary"]
     assert (summary["policy"], summary["claims"], summary["allocated"], summary["unallocated"]) == ("binpack", 2, 1, 1)
     assert summary["nodes"] == [{"name": "node-1", "devices_used": 1, "devices_total": 1, "counters": {}}]
@@ -214,7 +214,7 @@ def test_yaml_output_fed_back_in_keeps_the_allocations(manifests: pathlib.Path, 
     result = _invoke("simulate", "-f", str(again), "-o", "json")
     assert result.exit_code == 0, result.stderr
     fits = next(c for c in json.loads(result.stdout)["claims"] if c["name"] == "fits")
-    assert fits["allocated"] and fits["results"][0]["device"] == "gpu-0"
+    assert fits["allocated"] and fits["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
 
 
 def test_table_shows_claims_reasons_and_nodes_and_exits_0(manifests: pathlib.Path) -> None:
@@ -246,9 +246,9 @@ def test_without_files_the_example_cluster_runs(policy: str) -> None:
 def test_python_dash_m_dractl_runs_the_cli() -> None:
     """Guards: `python -m dractl` is the same CLI as the console script."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    completed = subprocess.run([sys.executable, "-m", "dractl", "discover"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    completed = subprocess.run([sys.executable, "-m", "dractl", "explain"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert completed.returncode == 2
-    assert completed.stderr == "dractl discover: not yet available in this release\n"
+    assert completed.stderr == "dractl explain: not yet available in this release\n"
 
 
 def test_search_limit_reaches_the_allocator() -> None:
@@ -296,3 +296,10 @@ spec:
     assert result.stderr.startswith(f"{path}: DeviceClass high-memory-gpu: spec.selectors[0].cel.expression: CEL expression")
     assert 'write instead: device.driver == "gpu.nvidia.com" && device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0' in result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_the_cli_imports_no_cluster_libraries_until_a_mode_needs_them() -> None:
+    """Guards: `dractl simulate` does not pay for importing gRPC, the Kubernetes client or prometheus-client."""
+    code = "import sys, dractl.cli; print(sorted(m for m in ('grpc', 'kubernetes', 'prometheus_client') if m in sys.modules))"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert completed.stdout.strip() == "[]"

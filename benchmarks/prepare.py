@@ -1,0 +1,225 @@
+"""Node agent benchmark: NodePrepareResources latency over the DRA socket, and start-up to published slices.
+
+Run from the repository root: `python benchmarks/prepare.py [--rounds N]`.
+
+What it measures, with the fake GPUs (`a100-80gb-x8`) and the real `state.State` behind the
+real gRPC server, a client playing the kubelet over the unix socket:
+
+* prepare latency (client round trip of one NodePrepareResources v1 call with one claim) for a
+  claim of 1 full GPU, of 8 full GPUs, and of one dynamic-MIG device (instances created at
+  prepare); each prepare is followed by an unprepare (not timed) so every round does the full
+  work (CDI spec written, checkpoint written twice, MIG instances created). p50 and p99.
+* start-up: from `Agent.start()` to the node's 8-GPU slices being published, to a real
+  kube-apiserver when the test control plane's binaries are available (tests/controlplane.py),
+  else to slices computed and encoded; and to the plugin answering on its sockets.
+
+Targets (issue 6): p50 under 10 ms for a 1-GPU claim, start-up under 2 s. It prints figures and
+asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pathlib
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import grpc
+import structlog
+
+from dractl import config, model
+from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc
+from dractl.model import encode
+from dractl.node import agent, cdi, fakegpu, plugin, sharing, state
+
+DRIVER = "gpu.nvidia.com"
+NODE = "bench-node"
+
+
+class Claims:
+    """An in-memory ClaimSource (the API read is the kube layer's cost, not the node's)."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], model.ResourceClaim] = {}
+
+    def get_claim(self, namespace: str, name: str) -> model.ResourceClaim | None:
+        return self.claims.get((namespace, name))
+
+    def put(self, name: str, uid: str, devices: Sequence[str]) -> state.ClaimRef:
+        results = tuple(
+            model.DeviceRequestAllocationResult(request="gpu", driver=DRIVER, pool=NODE, device=d) for d in devices
+        )
+        self.claims[("bench", name)] = model.ResourceClaim(
+            meta=model.ObjectMeta(name=name, namespace="bench", uid=uid),
+            spec=model.ResourceClaimSpec(),
+            allocation=model.AllocationResult(results=results),
+        )
+        return state.ClaimRef(namespace="bench", name=name, uid=uid)
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def prepare_latency(devices: Sequence[str], *, dynamic_mig: bool, rounds: int) -> list[float]:
+    """Seconds per NodePrepareResources round trip, one claim per call."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix="drab-", dir="/tmp"))
+    try:
+        gpus = fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=NODE)
+        claims = Claims()
+        st = state.State(
+            driver_name=DRIVER,
+            node_name=NODE,
+            backend=gpus,
+            claims=claims,
+            cdi_root=work / "cdi",
+            state_dir=work / "state",
+            mps=sharing.FakeMps(root=work / "mps"),
+            common_edits=cdi.NoCommonEdits(),
+            dynamic_mig=dynamic_mig,
+            device_nodes=False,
+        )
+        sockets = plugin.socket_paths(driver_name=DRIVER, registrar_dir=work / "reg", plugins_dir=work / "plugins")
+        server = plugin.Plugin(driver_name=DRIVER, sockets=sockets, preparer=st)
+        server.start()
+        timings: list[float] = []
+        try:
+            with grpc.insecure_channel(f"unix:{sockets.dra}") as channel:
+                stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+                for i in range(rounds + 5):
+                    uid = f"0c1d2e3f-0000-4000-8000-{i:012d}"
+                    ref = claims.put(f"c{i}", uid, devices)
+                    message = dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=uid)
+                    started = time.perf_counter()
+                    response = stub.NodePrepareResources(
+                        dra_v1_pb2.NodePrepareResourcesRequest(claims=[message]), timeout=30
+                    )
+                    elapsed = time.perf_counter() - started
+                    if response.claims[uid].error:
+                        raise SystemExit(f"prepare failed: {response.claims[uid].error}")
+                    stub.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[message]), timeout=30)
+                    if i >= 5:  # the first calls warm up the channel and the imports
+                        timings.append(elapsed)
+        finally:
+            server.stop(grace_s=0)
+        return timings
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class EncodingPublisher:
+    """Stands in for the API: encodes the slices as the real publisher would before writing."""
+
+    def __init__(self) -> None:
+        self.published_at: float | None = None
+
+    def publish(self, desired: Sequence[model.ResourceSlice]) -> None:
+        for value in desired:
+            encode.resource_slice(value)
+        if self.published_at is None:
+            self.published_at = time.perf_counter()
+
+
+def startup(*, use_apiserver: bool) -> tuple[str, float, float]:
+    """(target, seconds to slices published, seconds to the plugin serving), from Agent.start()."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix="drab-", dir="/tmp"))
+    plane = None
+    try:
+        settings = config.NodeAgent(
+            node_name=NODE,
+            device_source=config.DeviceSource.FAKE,
+            fake_profile="a100-80gb-x8",
+            cdi_root=work / "cdi",
+            kubelet_registrar_dir=work / "reg",
+            kubelet_plugins_dir=work / "plugins",
+            state_dir=work / "state",
+            health_port=-1,
+            metrics_port=-1,
+        )
+        claims = Claims()
+        publisher: object
+        target = "slices computed and encoded (no kube-apiserver binaries)"
+        if use_apiserver:
+            try:
+                import controlplane
+
+                from dractl.kube import client as kube_client
+                from dractl.node import publish
+
+                plane = controlplane.ControlPlane.start()
+            except Exception as err:  # noqa: BLE001 - the benchmark falls back, and says so
+                print(f"(no control plane: {err}; timing slices computed instead)", file=sys.stderr)
+            else:
+                client = kube_client.connect(plane.kubeconfig)
+                # The publisher makes the Node the slices' owner, so the Node must exist.
+                client.create(kube_client.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+                real = publish.Publisher(client, driver=DRIVER, node_name=NODE)
+                target = f"a real kube-apiserver ({plane.url})"
+        if plane is None:
+            fake = EncodingPublisher()
+            publisher = fake
+        else:
+            stamps: list[float] = []
+
+            class Timed:
+                def publish(self, desired: Sequence[model.ResourceSlice]) -> None:
+                    real.publish(desired)
+                    stamps.append(time.perf_counter())
+
+            publisher = Timed()
+        node_agent = agent.Agent(settings, claims=claims, publisher=publisher)  # type: ignore[arg-type]
+        started = time.perf_counter()
+        node_agent.start()
+        serving = time.perf_counter() - started
+        published_at = fake.published_at if plane is None else (stamps[0] if stamps else None)
+        node_agent.stop()
+        if published_at is None:
+            raise SystemExit("the agent did not publish its slices")
+        return target, published_at - started, serving
+    finally:
+        if plane is not None:
+            plane.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200, help="timed prepares per claim shape (default: 200)")
+    parser.add_argument("--no-apiserver", action="store_true", help="time start-up to computed slices only")
+    args = parser.parse_args()
+    # Per-call log lines would be most of the work measured; warnings still show.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    logging.basicConfig(level=logging.WARNING)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"{'NodePrepareResources (one claim)':40} {'p50 ms':>8} {'p99 ms':>8} {'rounds':>7}")
+    shapes = (
+        ("1 full GPU", ["gpu-0"], False),
+        ("8 full GPUs", [f"gpu-{i}" for i in range(8)], False),
+        ("1 dynamic MIG device (1g.10gb)", ["gpu-1-mig-1g10gb-19-0"], True),
+    )
+    for label, devices, dynamic in shapes:
+        timings = prepare_latency(devices, dynamic_mig=dynamic, rounds=args.rounds)
+        print(
+            f"{label:40} {statistics.median(timings) * 1e3:8.2f} "
+            f"{_percentile(timings, 0.99) * 1e3:8.2f} {len(timings):7}"
+        )
+    target, published, serving = startup(use_apiserver=not args.no_apiserver)
+    print(f"start-up, 8 GPUs: slices published after {published:.3f} s, plugin serving after {serving:.3f} s")
+    print(f"  (published to {target})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

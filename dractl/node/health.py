@@ -1,0 +1,346 @@
+"""Device health of the node agent: NVML events in, device taints and a health report out.
+
+What it does: a `Monitor` reads XID and GPU-lost events from the `backend.NvmlBackend` on its
+own thread (a bounded wait per poll, so stopping is prompt), turns them into device taints
+named as the NVIDIA DRA driver names them (`<driver>/xid` with the XID code as value,
+`<driver>/gpu-lost`; effect NoSchedule, or None for the XIDs NVIDIA treats as application
+errors), and clears them again when the device recovers: a lost GPU when NVML answers for it
+again, an XID taint after a quiet period without further XIDs on a GPU that answers. The taints
+feed the slice publisher (observers get the whole device -> taints mapping on every change)
+and the kubelet's health stream (`report()` / `wait_report()`: Healthy, Unhealthy or Unknown
+per (pool, device)).
+
+What it must not do: import grpc (the plugin streams the report), talk to the Kubernetes API
+(the publisher does, through an observer), or change GPU state. It only reads the backend,
+and only under the lock it is given, since backends are not thread-safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import structlog
+
+from dractl import model
+from dractl.node import backend
+
+_log = structlog.get_logger(__name__)
+
+# XIDs the NVIDIA DRA driver ignores (application errors, not hardware faults): its taint for
+# them has effect None, so they are visible on the device but never repel pods.
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+# The kubelet marks a device Unknown when it is not re-reported within its timeout (30 s by
+# default), so every report carries this and the plugin re-sends well within it.
+HEALTH_CHECK_TIMEOUT_S = 30
+
+_DEVICE_NAME = re.compile(r"^gpu-(?P<minor>\d+)(?:-|$)")
+
+
+class Status(enum.Enum):
+    UNKNOWN = "Unknown"
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MonitoredDevice:
+    """A published device and the physical GPU behind it.
+
+    `uuid` is the device's own NVML UUID (`GPU-...` for a full GPU, `MIG-...` for a static MIG
+    device) or None for a device that has none yet (a dynamic-MIG partition).
+    """
+
+    name: str
+    minor: int
+    uuid: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceHealth:
+    """One line of the health report: `last_updated` in Unix seconds, `message` one line."""
+
+    pool: str
+    device: str
+    status: Status
+    last_updated: int
+    message: str = ""
+
+
+def devices_from_slices(slices: Iterable[model.ResourceSlice]) -> tuple[MonitoredDevice, ...]:
+    """The devices of the node's slices with their parent GPU's minor, in slice order.
+
+    Pure. The minor comes from the NVIDIA device names (`gpu-<minor>` and `gpu-<minor>-...`);
+    devices named otherwise are not GPU-backed and are left out.
+    """
+    found = []
+    for resource_slice in slices:
+        for device in resource_slice.devices:
+            match = _DEVICE_NAME.match(device.name)
+            if match is None:
+                continue
+            uuid = device.attributes.get("uuid")
+            scalar = uuid.scalar if uuid is not None else None
+            text = scalar if isinstance(scalar, str) else None
+            found.append(MonitoredDevice(name=device.name, minor=int(match["minor"]), uuid=text))
+    return tuple(found)
+
+
+TaintObserver = Callable[[Mapping[str, tuple[model.DeviceTaint, ...]]], None]
+
+
+@dataclasses.dataclass(slots=True)
+class _GpuState:
+    lost: bool = False
+    xid: int | None = None  # the latest XID seen, kept until the GPU has been quiet long enough
+    xid_at: float = 0.0
+    mig_xids: dict[str, int] = dataclasses.field(default_factory=dict)  # MIG uuid -> XID
+
+
+class Monitor:
+    """Health of one node's devices, driven by backend events; thread-safe.
+
+    Invariants: a device's taints are a pure function of its GPU's state (lost, latest XID,
+    per-MIG XIDs); observers are called with the complete mapping (every monitored device,
+    tainted or not) exactly when that mapping changes, outside the monitor's lock; the report
+    version increases on every change, so `wait_report(after=v)` never misses one.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: backend.NvmlBackend,
+        driver_name: str,
+        pool: str,
+        devices: Sequence[MonitoredDevice],
+        lost: Iterable[int] = (),
+        ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS,
+        xid_quiet_s: float = 300.0,
+        poll_s: float = 1.0,
+        backend_lock: contextlib.AbstractContextManager[object] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._backend = backend
+        self._pool = pool
+        self._xid_key = f"{driver_name}/xid"
+        self._lost_key = f"{driver_name}/gpu-lost"
+        self._ignored = frozenset(ignored_xids)
+        self._xid_quiet_s = xid_quiet_s
+        self._poll_s = poll_s
+        self._backend_lock: contextlib.AbstractContextManager[object] = backend_lock or threading.Lock()
+        self._clock = clock
+        self._devices = tuple(devices)
+        self._gpus = {device.minor: _GpuState() for device in self._devices}
+        # GPUs already lost when the inventory was read start tainted; probes clear them.
+        for minor in lost:
+            if minor in self._gpus:
+                self._gpus[minor].lost = True
+        self._uuid_to_minor = {d.uuid: d.minor for d in self._devices if d.uuid is not None}
+        self._events_readable = True  # False while reading events fails: the report says Unknown
+        self._cond = threading.Condition()
+        self._version = 0
+        self._taints = self._compute_taints()
+        self._observers: list[TaintObserver] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- what others read --------------------------------------------------------------------
+
+    def subscribe(self, observer: TaintObserver) -> None:
+        """Call `observer(device -> taints)` on every change of the taints (from the monitor's thread)."""
+        self._observers.append(observer)
+
+    def taints(self) -> dict[str, tuple[model.DeviceTaint, ...]]:
+        """Every monitored device's current taints (an empty tuple when healthy). A copy."""
+        with self._cond:
+            return dict(self._taints)
+
+    def report(self) -> tuple[DeviceHealth, ...]:
+        """The complete health list, one entry per monitored device, in device order."""
+        with self._cond:
+            return self._report()
+
+    def wait_report(self, *, after: int, timeout_s: float) -> tuple[int, tuple[DeviceHealth, ...]]:
+        """Wait up to `timeout_s` for a report newer than version `after`; return (version, report).
+
+        Returns at once when the current version differs from `after` (pass -1 to get the
+        current report immediately); on timeout it returns the current, unchanged report.
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != after, timeout=timeout_s)
+            return self._version, self._report()
+
+    # --- running -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start reading events on a daemon thread. Call once."""
+        self._thread = threading.Thread(target=self._run, name="dractl-health", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, timeout_s: float = 5.0) -> None:
+        """Stop the event thread and wait for it (at most one poll). Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+        with self._cond:
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll_once()
+
+    def poll_once(self) -> None:
+        """Wait for events once (up to the poll interval), apply them, then check for recoveries.
+
+        Never raises: a failed event read marks the report Unknown until a read succeeds
+        again (GPU_IS_LOST marks every GPU lost instead).
+        """
+        try:
+            events = self._backend.wait_events(timeout_s=self._poll_s)
+        except backend.NvmlError as err:
+            if err.code == backend.Return.GPU_IS_LOST:
+                self.handle((backend.Event(kind=backend.EventKind.GPU_LOST),))
+            else:
+                _log.warning("health: reading GPU events failed", error=str(err))
+                self._set_readable(False)
+                # Waiting here keeps a persistently failing backend from spinning the CPU.
+                self._stop.wait(self._poll_s)
+            return
+        self._set_readable(True)
+        if events:
+            self.handle(events)
+        self.check_recovery()
+
+    # --- transitions -------------------------------------------------------------------------
+
+    def handle(self, events: Iterable[backend.Event]) -> None:
+        """Apply events to the GPUs' states; notify observers if any taint changed."""
+        now = self._clock()
+        with self._cond:
+            for event in events:
+                self._apply(event, now)
+        self._publish_if_changed()
+
+    def _apply(self, event: backend.Event, now: float) -> None:
+        minor = event.minor
+        if minor is None and event.gpu_uuid is not None:
+            minor = self._uuid_to_minor.get(event.gpu_uuid)
+        if event.kind is backend.EventKind.GPU_LOST or minor is None:
+            # An event that names no GPU we know cannot be attributed: the NVIDIA driver then
+            # treats every GPU as lost, and so do we (recovery probes clear the ones that answer).
+            targets = [minor] if minor is not None and minor in self._gpus else list(self._gpus)
+            for target in targets:
+                self._gpus[target].lost = True
+            _log.warning("health: GPU lost", minors=targets, xid=event.xid or None)
+            return
+        state = self._gpus.get(minor)
+        if state is None:
+            _log.info("health: event for an unmonitored GPU ignored", minor=minor, xid=event.xid)
+            return
+        if event.mig_uuid is not None and event.mig_uuid in self._uuid_to_minor:
+            state.mig_xids[event.mig_uuid] = event.xid
+        else:
+            state.xid = event.xid
+        state.xid_at = now
+        _log.warning("health: XID", minor=minor, xid=event.xid, mig_uuid=event.mig_uuid)
+
+    def check_recovery(self) -> None:
+        """Clear what has recovered: lost GPUs that NVML answers for again, and XID taints of
+        answering GPUs quiet for `xid_quiet_s`. Probes run under the backend lock."""
+        now = self._clock()
+        with self._cond:
+            candidates = {
+                minor: state.lost
+                for minor, state in self._gpus.items()
+                if state.lost
+                or ((state.xid is not None or state.mig_xids) and now - state.xid_at >= self._xid_quiet_s)
+            }
+        if not candidates:
+            return
+        answering = {minor for minor in candidates if self._probe(minor)}
+        with self._cond:
+            for minor in answering:
+                state = self._gpus[minor]
+                if state.lost:
+                    state.lost = False
+                    _log.info("health: GPU answers again", minor=minor)
+                if (state.xid is not None or state.mig_xids) and now - state.xid_at >= self._xid_quiet_s:
+                    state.xid = None
+                    state.mig_xids.clear()
+                    _log.info("health: XID taint cleared after a quiet period", minor=minor)
+        self._publish_if_changed()
+
+    def _probe(self, minor: int) -> bool:
+        try:
+            with self._backend_lock:
+                self._backend.compute_mode(minor)
+        except backend.NvmlError:
+            return False
+        return True
+
+    def _set_readable(self, readable: bool) -> None:
+        with self._cond:
+            if self._events_readable == readable:
+                return
+            self._events_readable = readable
+            self._bump()
+
+    # --- derived values ------------------------------------------------------------------------
+
+    def _compute_taints(self) -> dict[str, tuple[model.DeviceTaint, ...]]:
+        taints: dict[str, tuple[model.DeviceTaint, ...]] = {}
+        for device in self._devices:
+            state = self._gpus[device.minor]
+            found: list[model.DeviceTaint] = []
+            if state.lost:
+                found.append(model.DeviceTaint(key=self._lost_key, effect=model.TaintEffect.NO_SCHEDULE.value))
+            xid = state.mig_xids.get(device.uuid, state.xid) if device.uuid is not None else state.xid
+            if xid is not None:
+                effect = model.TaintEffect.NONE if xid in self._ignored else model.TaintEffect.NO_SCHEDULE
+                found.append(model.DeviceTaint(key=self._xid_key, value=str(xid), effect=effect.value))
+            taints[device.name] = tuple(found)
+        return taints
+
+    def _publish_if_changed(self) -> None:
+        with self._cond:
+            taints = self._compute_taints()
+            if taints == self._taints:
+                return
+            self._taints = taints
+            self._bump()
+        for observer in list(self._observers):
+            try:
+                observer(dict(taints))
+            except Exception:  # noqa: BLE001 - one failing observer must not stop health tracking
+                _log.exception("health: taint observer failed")
+
+    def _bump(self) -> None:
+        # Called with the lock held.
+        self._version += 1
+        self._cond.notify_all()
+
+    def _report(self) -> tuple[DeviceHealth, ...]:
+        # Called with the lock held.
+        report = []
+        # The status is re-determined on every poll, so it is as fresh as the report itself.
+        now = int(self._clock())
+        for device in self._devices:
+            taints = self._taints[device.name]
+            repelling = [t for t in taints if t.effect != model.TaintEffect.NONE.value]
+            if not self._events_readable:
+                status, message = Status.UNKNOWN, "GPU events cannot be read"
+            elif repelling:
+                status = Status.UNHEALTHY
+                message = "; ".join(f"{t.key}={t.value}" if t.value else t.key for t in repelling)
+            else:
+                status, message = Status.HEALTHY, ""
+            report.append(
+                DeviceHealth(pool=self._pool, device=device.name, status=status, last_updated=now, message=message)
+            )
+        return tuple(report)

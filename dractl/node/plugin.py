@@ -1,0 +1,497 @@
+"""The kubelet-facing gRPC side of the node agent: registration, DRA v1/v1beta1, health stream.
+
+What it does: serves the kubelet's plugin APIs over two unix sockets. The DRA socket
+(`<plugins-dir>/<driver>/dra.sock`) carries `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`, its
+`v1beta1` twin and, when a health source is given, the `v1` and `v1alpha1` DRAResourceHealth
+stream. The registration socket (`<registrar-dir>/<driver>-reg.sock`) carries
+`pluginregistration.Registration`, advertising type DRAPlugin, the driver name, the DRA socket
+and exactly the services served. The DRA socket is up before the registration socket appears,
+stale sockets are removed before binding and both are removed on stop. `probe()` is the
+liveness check: one gRPC call over each socket.
+
+What it must not do: any work of its own. Handlers only translate protobuf <-> `state` values
+and call the injected `Preparer` once per claim, one claim after another (one batch at a time),
+turning `state.PrepareError` (and anything unexpected) into that claim's `error` string so
+every claim of a request gets exactly one entry. It is the only module besides `dractl._proto`
+that imports grpc; it does not talk to the Kubernetes API or NVML.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import pathlib
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any, Protocol
+
+import grpc
+import structlog
+
+from dractl._proto import (
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    health_v1_pb2,
+    health_v1alpha1_pb2,
+    pluginregistration_pb2,
+)
+from dractl.node import health, state
+
+_log = structlog.get_logger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+
+# AF_UNIX paths are limited to 108 bytes including the terminating NUL on Linux.
+_MAX_SOCKET_PATH = 107
+# The kubelet marks a device Unknown 30 s after its last report; re-send well within that.
+DEFAULT_HEALTH_RESEND_S = 10.0
+_HEALTH_MESSAGE_LIMIT = 1024
+
+
+class PluginError(Exception):
+    """The plugin cannot start: a socket path is unusable. str() names the path and the flag."""
+
+
+class Preparer(Protocol):
+    """What the handlers call per claim: `state.State` in production, a fake in tests.
+
+    `prepare` is idempotent and raises `state.PrepareError` with the message for the kubelet;
+    `unprepare` succeeds for unknown claims.
+    """
+
+    def prepare(self, claim: state.ClaimRef) -> tuple[state.PreparedDevice, ...]: ...
+
+    def unprepare(self, claim: state.ClaimRef) -> None: ...
+
+
+class HealthSource(Protocol):
+    """The device health list the stream sends: `health.Monitor` in production."""
+
+    def wait_report(self, *, after: int, timeout_s: float) -> tuple[int, tuple[health.DeviceHealth, ...]]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """One handled NodePrepare/NodeUnprepare call, for metrics: `api` is "v1" or "v1beta1"."""
+
+    operation: str  # "prepare" | "unprepare"
+    api: str
+    claims: int
+    errors: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegistrationStatus:
+    """The kubelet's last NotifyRegistrationStatus; `registered` is None before the first one."""
+
+    registered: bool | None = None
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sockets:
+    """The two socket paths; `dra` is also what GetInfo sends as the endpoint."""
+
+    registration: pathlib.Path
+    dra: pathlib.Path
+
+
+def socket_paths(*, driver_name: str, registrar_dir: pathlib.Path, plugins_dir: pathlib.Path) -> Sockets:
+    """`<registrar_dir>/<driver>-reg.sock` and `<plugins_dir>/<driver>/dra.sock`, absolute.
+
+    Pure. Raises PluginError when a path would exceed the AF_UNIX limit (108 bytes).
+    """
+    sockets = Sockets(
+        registration=registrar_dir.absolute() / f"{driver_name}-reg.sock",
+        dra=plugins_dir.absolute() / driver_name / "dra.sock",
+    )
+    for path, flag in ((sockets.registration, "--kubelet-registrar-dir"), (sockets.dra, "--kubelet-plugins-dir")):
+        if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+            raise PluginError(f"socket path {path} is longer than {_MAX_SOCKET_PATH} bytes: shorten {flag}")
+    return sockets
+
+
+def _unlink_socket(path: pathlib.Path) -> None:
+    """Remove our socket if grpc left it; never a file of another kind."""
+    try:
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink(missing_ok=True)
+    except FileNotFoundError:
+        pass
+
+
+def _remove_stale(path: pathlib.Path, flag: str) -> None:
+    """Remove a socket left at our own path by an earlier run; refuse to touch anything else."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise PluginError(f"{path} exists and is not a socket: remove it or change {flag}")
+    path.unlink(missing_ok=True)
+    _log.info("plugin: removed stale socket", path=str(path))
+
+
+class Plugin:
+    """Both gRPC servers of one driver on one node.
+
+    Invariants: `start()` binds the DRA socket, waits until it exists, then binds the
+    registration socket; `stop()` removes the registration socket first (the kubelet then
+    deregisters the plugin) and the DRA socket last; each is idempotent. Prepare and unprepare
+    batches are handled one at a time, claims in request order; an empty batch (the liveness
+    probe) answers at once without waiting for a running batch.
+    """
+
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        sockets: Sockets,
+        preparer: Preparer,
+        health_source: HealthSource | None = None,
+        on_call: Callable[[Call], None] | None = None,
+        health_resend_s: float = DEFAULT_HEALTH_RESEND_S,
+        workers: int = 8,
+    ) -> None:
+        self.driver_name = driver_name
+        self.sockets = sockets
+        self._preparer = preparer
+        self._health = health_source
+        self._on_call = on_call
+        self._health_resend_s = health_resend_s
+        self._workers = workers
+        self._batch_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._status = RegistrationStatus()
+        self._dra_server: Any = None
+        self._registration_server: Any = None
+
+    @property
+    def supported_versions(self) -> tuple[str, ...]:
+        """What GetInfo advertises: the DRA services, plus the health services when served."""
+        return DRA_SERVICES + (HEALTH_SERVICES if self._health is not None else ())
+
+    @property
+    def registration_status(self) -> RegistrationStatus:
+        return self._status
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Serve the DRA socket, then the registration socket. Raises PluginError on a bad path."""
+        self.sockets.dra.parent.mkdir(parents=True, exist_ok=True)
+        self.sockets.registration.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(self.sockets.dra, "--kubelet-plugins-dir")
+        _remove_stale(self.sockets.registration, "--kubelet-registrar-dir")
+        self._stopping.clear()
+        self._dra_server = self._serve(self.sockets.dra, self._dra_handlers())
+        # The kubelet calls GetInfo and connects to the endpoint as soon as the registration
+        # socket appears, so the DRA socket must already accept connections by then.
+        _wait_for_socket(self.sockets.dra)
+        self._registration_server = self._serve(self.sockets.registration, [self._registration_handler()])
+        _log.info(
+            "plugin: serving",
+            driver=self.driver_name,
+            dra_socket=str(self.sockets.dra),
+            registration_socket=str(self.sockets.registration),
+            supported_versions=list(self.supported_versions),
+        )
+
+    def stop(self, *, grace_s: float = 2.0) -> None:
+        """Stop both servers and remove both sockets. Idempotent."""
+        self._stopping.set()
+        for attr, path in (("_registration_server", self.sockets.registration), ("_dra_server", self.sockets.dra)):
+            server = getattr(self, attr)
+            if server is None:
+                continue  # never bound: whatever is at the path is not ours to remove
+            server.stop(grace_s).wait()
+            setattr(self, attr, None)
+            _unlink_socket(path)
+        _log.info("plugin: stopped; sockets removed", driver=self.driver_name)
+
+    def _serve(self, path: pathlib.Path, handlers: list[Any]) -> Any:
+        server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="dractl-grpc")
+        )
+        server.add_generic_rpc_handlers(tuple(handlers))
+        try:
+            server.add_insecure_port(f"unix:{path}")
+        except RuntimeError as err:
+            raise PluginError(f"cannot listen on {path}: {err}") from err
+        server.start()
+        return server
+
+    # --- handlers ------------------------------------------------------------------------------
+
+    def _registration_handler(self) -> Any:
+        service = pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"].full_name
+        return grpc.method_handlers_generic_handler(
+            service,
+            {
+                "GetInfo": _unary(
+                    self._get_info, pluginregistration_pb2.InfoRequest, pluginregistration_pb2.PluginInfo
+                ),
+                "NotifyRegistrationStatus": _unary(
+                    self._notify_registration_status,
+                    pluginregistration_pb2.RegistrationStatus,
+                    pluginregistration_pb2.RegistrationStatusResponse,
+                ),
+            },
+        )
+
+    def _dra_handlers(self) -> list[Any]:
+        handlers = []
+        for api, pb2 in (("v1", dra_v1_pb2), ("v1beta1", dra_v1beta1_pb2)):
+            handlers.append(
+                grpc.method_handlers_generic_handler(
+                    pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name,
+                    {
+                        "NodePrepareResources": _unary(
+                            _bind(self._prepare, pb2, api),
+                            pb2.NodePrepareResourcesRequest,
+                            pb2.NodePrepareResourcesResponse,
+                        ),
+                        "NodeUnprepareResources": _unary(
+                            _bind(self._unprepare, pb2, api),
+                            pb2.NodeUnprepareResourcesRequest,
+                            pb2.NodeUnprepareResourcesResponse,
+                        ),
+                    },
+                )
+            )
+        if self._health is not None:
+            for hpb2 in (health_v1_pb2, health_v1alpha1_pb2):
+                handlers.append(
+                    grpc.method_handlers_generic_handler(
+                        hpb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name,
+                        {
+                            "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+                                _bind_stream(self._watch_resources, hpb2),
+                                request_deserializer=hpb2.NodeWatchResourcesRequest.FromString,
+                                response_serializer=hpb2.NodeWatchResourcesResponse.SerializeToString,
+                            )
+                        },
+                    )
+                )
+        return handlers
+
+    def _get_info(self, request: Any, context: Any) -> Any:
+        return pluginregistration_pb2.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=self.driver_name,
+            endpoint=str(self.sockets.dra),
+            supported_versions=list(self.supported_versions),
+        )
+
+    def _notify_registration_status(self, request: Any, context: Any) -> Any:
+        self._status = RegistrationStatus(registered=bool(request.plugin_registered), error=str(request.error))
+        if request.plugin_registered:
+            _log.info("plugin: registered with the kubelet", driver=self.driver_name)
+        else:
+            # Not fatal: the kubelet retries registration from GetInfo, and the error says why.
+            _log.error("plugin: the kubelet refused registration", driver=self.driver_name, error=request.error)
+        return pluginregistration_pb2.RegistrationStatusResponse()
+
+    def _prepare(self, request: Any, context: Any, pb2: ModuleType, api: str) -> Any:
+        response = pb2.NodePrepareResourcesResponse()
+        claims = list(request.claims)
+        if not claims:
+            return response
+        started = time.perf_counter()
+        errors = 0
+        with self._batch_lock:
+            for claim in claims:
+                entry = response.claims[claim.uid]
+                del entry.devices[:]
+                try:
+                    prepared = self._preparer.prepare(_claim_ref(claim))
+                except Exception as err:  # noqa: BLE001 - every failure becomes this claim's error
+                    entry.error = _error_text("prepare", claim, err)
+                    errors += 1
+                    continue
+                entry.error = ""
+                for device in prepared:
+                    entry.devices.append(_device_message(pb2, device, share_id=api == "v1"))
+        self._record(Call(operation="prepare", api=api, claims=len(claims), errors=errors, seconds=_since(started)))
+        return response
+
+    def _unprepare(self, request: Any, context: Any, pb2: ModuleType, api: str) -> Any:
+        response = pb2.NodeUnprepareResourcesResponse()
+        claims = list(request.claims)
+        if not claims:
+            return response
+        started = time.perf_counter()
+        errors = 0
+        with self._batch_lock:
+            for claim in claims:
+                entry = response.claims[claim.uid]
+                try:
+                    self._preparer.unprepare(_claim_ref(claim))
+                except Exception as err:  # noqa: BLE001 - every failure becomes this claim's error
+                    entry.error = _error_text("unprepare", claim, err)
+                    errors += 1
+                else:
+                    entry.error = ""
+        self._record(Call(operation="unprepare", api=api, claims=len(claims), errors=errors, seconds=_since(started)))
+        return response
+
+    def _watch_resources(self, request: Any, context: Any, hpb2: ModuleType) -> Iterator[Any]:
+        assert self._health is not None  # only registered when a source exists
+        version = -1
+        last_sent = 0.0
+        # Each wait is short so a cancelled stream or a stopping server ends the generator
+        # promptly; a report is sent on every change and re-sent every health_resend_s.
+        while context.is_active() and not self._stopping.is_set():
+            new_version, report = self._health.wait_report(after=version, timeout_s=0.5)
+            now = time.monotonic()
+            if new_version == version and now - last_sent < self._health_resend_s:
+                continue
+            version, last_sent = new_version, now
+            yield _health_message(hpb2, report)
+
+    def _record(self, call: Call) -> None:
+        if call.errors:
+            _log.warning(f"plugin: {call.operation} finished with errors", **dataclasses.asdict(call))
+        else:
+            _log.debug(f"plugin: {call.operation} done", **dataclasses.asdict(call))
+        if self._on_call is not None:
+            try:
+                self._on_call(call)
+            except Exception:  # noqa: BLE001 - metrics must never fail a kubelet call
+                _log.exception("plugin: call observer failed")
+
+
+# --- translation (pure) ------------------------------------------------------------------------
+
+
+def _claim_ref(claim: Any) -> state.ClaimRef:
+    """The kubelet's Claim as a ClaimRef; a claim missing a field is a PrepareError naming it."""
+    missing = [field for field in ("namespace", "name", "uid") if not getattr(claim, field)]
+    if missing:
+        raise state.PrepareError(
+            f"ResourceClaim {claim.namespace or '?'}/{claim.name or '?'} (uid {claim.uid or '?'}): "
+            f"the kubelet's request has no {', '.join(missing)}"
+        )
+    return state.ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid)
+
+
+def _error_text(operation: str, claim: Any, err: Exception) -> str:
+    if isinstance(err, state.PrepareError):
+        return str(err)
+    # A bug or an unexpected failure below: log it in full here, give the kubelet one line.
+    _log.exception(
+        f"plugin: unexpected error in {operation}", namespace=claim.namespace, name=claim.name, uid=claim.uid
+    )
+    who = f"ResourceClaim {claim.namespace}/{claim.name} (uid {claim.uid})"
+    return f"{who}: {operation} failed: {type(err).__name__}: {err}"
+
+
+def _device_message(pb2: ModuleType, device: state.PreparedDevice, *, share_id: bool) -> Any:
+    message = pb2.Device(
+        request_names=list(device.requests),
+        pool_name=device.pool,
+        device_name=device.device,
+        cdi_device_ids=list(device.cdi_device_ids),
+    )
+    # v1beta1 has no share_id: its kubelet has no consumable capacity either.
+    if share_id and device.share_id is not None:
+        message.share_id = device.share_id
+    return message
+
+
+_HEALTH_CODES = {
+    health.Status.UNKNOWN: "UNKNOWN",
+    health.Status.HEALTHY: "HEALTHY",
+    health.Status.UNHEALTHY: "UNHEALTHY",
+}
+
+
+def _health_message(hpb2: ModuleType, report: tuple[health.DeviceHealth, ...]) -> Any:
+    response = hpb2.NodeWatchResourcesResponse()
+    for line in report:
+        message = line.message
+        if len(message) > _HEALTH_MESSAGE_LIMIT:
+            message = message[: _HEALTH_MESSAGE_LIMIT - 3] + "..."
+        response.devices.append(
+            hpb2.DeviceHealth(
+                device=hpb2.DeviceIdentifier(pool_name=line.pool, device_name=line.device),
+                health=hpb2.HealthStatus.Value(_HEALTH_CODES[line.status]),
+                last_updated_time=line.last_updated,
+                health_check_timeout_seconds=health.HEALTH_CHECK_TIMEOUT_S,
+                message=message,
+            )
+        )
+    return response
+
+
+# --- plumbing ----------------------------------------------------------------------------------
+
+
+def _unary(handler: Callable[[Any, Any], Any], request: Any, response: Any) -> Any:
+    return grpc.unary_unary_rpc_method_handler(
+        handler, request_deserializer=request.FromString, response_serializer=response.SerializeToString
+    )
+
+
+def _bind(method: Callable[[Any, Any, ModuleType, str], Any], pb2: ModuleType, api: str) -> Callable[[Any, Any], Any]:
+    return lambda request, context: method(request, context, pb2, api)
+
+
+def _bind_stream(
+    method: Callable[[Any, Any, ModuleType], Iterator[Any]], pb2: ModuleType
+) -> Callable[[Any, Any], Any]:
+    return lambda request, context: method(request, context, pb2)
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started
+
+
+def _wait_for_socket(path: pathlib.Path, *, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise PluginError(f"the DRA socket {path} did not appear within {timeout_s} s")
+        time.sleep(0.005)
+
+
+# --- liveness ----------------------------------------------------------------------------------
+
+
+def probe(sockets: Sockets, *, timeout_s: float = 2.0) -> list[str]:
+    """Call GetInfo on the registration socket and an empty v1 NodePrepareResources on the DRA
+    socket; return one line per failure (empty when both answer). Never raises."""
+    problems = []
+    checks = (
+        (
+            sockets.registration,
+            "/pluginregistration.Registration/GetInfo",
+            pluginregistration_pb2.InfoRequest(),
+            pluginregistration_pb2.PluginInfo,
+        ),
+        (
+            sockets.dra,
+            "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+            dra_v1_pb2.NodePrepareResourcesRequest(),
+            dra_v1_pb2.NodePrepareResourcesResponse,
+        ),
+    )
+    for path, method, request, response in checks:
+        try:
+            with grpc.insecure_channel(f"unix:{path}") as channel:
+                call = channel.unary_unary(
+                    method,
+                    request_serializer=type(request).SerializeToString,
+                    response_deserializer=response.FromString,
+                )
+                call(request, timeout=timeout_s)
+        except grpc.RpcError as err:
+            problems.append(f"{method} on {path}: {err.code().name}: {err.details()}")
+    return problems

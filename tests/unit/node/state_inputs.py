@@ -1,0 +1,148 @@
+"""Builders for node state tests: claims with allocations, an in-test ClaimSource, a State on temp dirs."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dractl import model
+from dractl.node import cdi, fakegpu, sharing, state
+
+DRIVER = "gpu.nvidia.com"
+NODE = "node-a"
+API = "resource.nvidia.com/v1beta1"
+
+
+class Claims:
+    """An in-memory ClaimSource: `put` a claim, `delete` it; counts reads."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], model.ResourceClaim] = {}
+        self.reads = 0
+        self.error: Exception | None = None
+
+    def put(self, claim: model.ResourceClaim) -> state.ClaimRef:
+        self.claims[(claim.meta.namespace, claim.meta.name)] = claim
+        return state.ClaimRef(namespace=claim.meta.namespace, name=claim.meta.name, uid=claim.meta.uid)
+
+    def delete(self, namespace: str, name: str) -> None:
+        self.claims.pop((namespace, name), None)
+
+    def get_claim(self, namespace: str, name: str) -> model.ResourceClaim | None:
+        self.reads += 1
+        if self.error is not None:
+            raise self.error
+        return self.claims.get((namespace, name))
+
+
+def result(
+    device: str,
+    request: str = "gpu",
+    *,
+    pool: str = NODE,
+    share_id: str | None = None,
+    admin: bool = False,
+    memory: str | None = None,
+    driver: str = DRIVER,
+) -> model.DeviceRequestAllocationResult:
+    return model.DeviceRequestAllocationResult(
+        request=request,
+        driver=driver,
+        pool=pool,
+        device=device,
+        share_id=share_id,
+        admin_access=True if admin else None,
+        consumed_capacity={"memory": model.quantity.parse(memory)} if memory else {},
+    )
+
+
+def config(
+    parameters: Mapping[str, Any], *, requests: Sequence[str] = (), source: str = "FromClaim", driver: str = DRIVER
+) -> model.DeviceAllocationConfiguration:
+    return model.DeviceAllocationConfiguration(
+        source=source,
+        requests=tuple(requests),
+        opaque=model.OpaqueDeviceConfiguration(driver=driver, parameters=dict(parameters)),
+    )
+
+
+def gpu_config(sharing_: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {"apiVersion": API, "kind": "GpuConfig", **extra}
+    if sharing_ is not None:
+        raw["sharing"] = dict(sharing_)
+    return raw
+
+
+def claim(
+    name: str,
+    uid: str,
+    results: Sequence[model.DeviceRequestAllocationResult] = (),
+    configs: Sequence[model.DeviceAllocationConfiguration] = (),
+    *,
+    namespace: str = "default",
+    allocated: bool = True,
+) -> model.ResourceClaim:
+    return model.ResourceClaim(
+        meta=model.ObjectMeta(name=name, namespace=namespace, uid=uid),
+        spec=model.ResourceClaimSpec(),
+        allocation=model.AllocationResult(results=tuple(results), config=tuple(configs)) if allocated else None,
+    )
+
+
+@dataclasses.dataclass
+class Node:
+    """A node under test: fake GPUs, claims, MPS fake, dirs, and the State over them."""
+
+    gpus: fakegpu.FakeGpus
+    claims: Claims
+    mps: sharing.FakeMps
+    cdi_root: pathlib.Path
+    state_dir: pathlib.Path
+    boot_id: pathlib.Path
+    proc: pathlib.Path
+    dynamic_mig: bool
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    common: cdi.CommonEdits = dataclasses.field(default_factory=cdi.NoCommonEdits)
+
+    def state(self) -> state.State:
+        """A new State on the same dirs (as after an agent restart)."""
+        return state.State(
+            driver_name=DRIVER,
+            node_name=NODE,
+            backend=self.gpus,
+            claims=self.claims,
+            cdi_root=self.cdi_root,
+            state_dir=self.state_dir,
+            mps=self.mps,
+            common_edits=self.common,
+            dynamic_mig=self.dynamic_mig,
+            boot_id_path=self.boot_id,
+            proc_root=self.proc,
+            on_warning=self.warnings.append,
+        )
+
+    def cdi_files(self) -> list[str]:
+        return sorted(p.name for p in self.cdi_root.iterdir()) if self.cdi_root.exists() else []
+
+
+def make_node(tmp_path: pathlib.Path, profile: str = "a100-80gb-x8", *, dynamic_mig: bool = False) -> Node:
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("boot-1\n")
+    return Node(
+        gpus=fakegpu.FakeGpus(fakegpu.load_profile(profile), node_name=NODE),
+        claims=Claims(),
+        mps=sharing.FakeMps(root=tmp_path / "state" / "mps"),
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "state",
+        boot_id=boot_id,
+        proc=tmp_path / "proc",
+        dynamic_mig=dynamic_mig,
+    )
+
+
+def env_of(spec: Mapping[str, Any], device_name: str) -> dict[str, str]:
+    """The env a CDI device sets, as a dict."""
+    device = next(d for d in spec["devices"] if d["name"] == device_name)
+    return dict(item.split("=", 1) for item in device["containerEdits"].get("env", ()))

@@ -1,0 +1,323 @@
+"""The node agent wired together: fake GPUs, an in-test claim source and publisher, real sockets and HTTP."""
+
+from __future__ import annotations
+
+import collections.abc
+import io
+import os
+import pathlib
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+import grpc
+import pytest
+import structlog
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from state_inputs import Claims, claim, result
+
+from dractl import config, model
+from dractl._proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+from dractl.node import agent, fakegpu
+
+NODE = "node-a"
+DRIVER = "gpu.nvidia.com"
+UID = "0c1d2e3f-0000-4000-8000-0000000000a1"
+
+
+class FakePublisher:
+    """Records every publish (and whether the registration socket existed then); can fail on demand."""
+
+    def __init__(self, registration_socket: pathlib.Path) -> None:
+        self.registration_socket = registration_socket
+        self.published: list[tuple[model.ResourceSlice, ...]] = []
+        self.socket_existed: list[bool] = []
+        self.failures = 0
+        self.cond = threading.Condition()
+
+    def publish(self, desired: Sequence[model.ResourceSlice]) -> None:
+        with self.cond:
+            if self.failures:
+                self.failures -= 1
+                raise ConnectionError("apiserver unreachable")
+            self.published.append(tuple(desired))
+            self.socket_existed.append(self.registration_socket.exists())
+            self.cond.notify_all()
+
+    def wait_for(self, predicate: collections.abc.Callable[[tuple[model.ResourceSlice, ...]], bool]) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: bool(self.published) and predicate(self.published[-1]), timeout=20)
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> collections.abc.Iterator[None]:
+    yield
+    structlog.reset_defaults()
+
+
+@pytest.fixture
+def sock_dir() -> collections.abc.Iterator[pathlib.Path]:
+    path = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def settings(tmp_path: pathlib.Path, sock_dir: pathlib.Path) -> config.NodeAgent:
+    return config.NodeAgent(
+        node_name=NODE,
+        device_source=config.DeviceSource.FAKE,
+        fake_profile="a100-80gb-x8",
+        cdi_root=tmp_path / "cdi",
+        kubelet_registrar_dir=sock_dir / "reg",
+        kubelet_plugins_dir=sock_dir / "plugins",
+        state_dir=tmp_path / "state",
+        health_port=0,
+        metrics_port=0,
+    )
+
+
+@pytest.fixture
+def gpus() -> fakegpu.FakeGpus:
+    return fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=NODE)
+
+
+@pytest.fixture
+def claims() -> Claims:
+    return Claims()
+
+
+@pytest.fixture
+def publisher(sock_dir: pathlib.Path) -> FakePublisher:
+    return FakePublisher(sock_dir / "reg" / f"{DRIVER}-reg.sock")
+
+
+@pytest.fixture
+def node_agent(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> collections.abc.Iterator[agent.Agent]:
+    a = agent.Agent(settings, gpus=gpus, claims=claims, publisher=publisher, health_poll_s=0.05)
+    a.start()
+    yield a
+    a.stop()
+
+
+def _get(port: int | None, path: str) -> tuple[int, str]:
+    assert port is not None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def _tainted(slices: tuple[model.ResourceSlice, ...], device: str) -> tuple[model.DeviceTaint, ...]:
+    return next(d.taints for s in slices for d in s.devices if d.name == device)
+
+
+def test_slices_are_published_before_the_plugin_registers(node_agent: agent.Agent, publisher: FakePublisher) -> None:
+    """Guards: the first publish happens before the registration socket exists, with every GPU and no taints."""
+    assert publisher.socket_existed[0] is False
+    devices = [d.name for s in publisher.published[0] for d in s.devices]
+    assert devices == [f"gpu-{i}" for i in range(8)]
+    assert all(not d.taints for s in publisher.published[0] for d in s.devices)
+    assert node_agent.sockets.registration.exists() and node_agent.sockets.dra.exists()
+
+
+def test_get_info_advertises_health(node_agent: agent.Agent) -> None:
+    """Guards: the agent's plugin serves the health stream, so GetInfo advertises both health versions."""
+    with grpc.insecure_channel(f"unix:{node_agent.sockets.registration}") as channel:
+        info = pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
+            pluginregistration_pb2.InfoRequest(), timeout=5
+        )
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
+
+
+def test_prepare_through_the_agent_is_counted_in_metrics(
+    node_agent: agent.Agent, claims: Claims, settings: config.NodeAgent
+) -> None:
+    """Guards: a claim prepared over the socket writes its CDI spec, and /metrics counts the call and the devices."""
+    ref = claims.put(claim("train", UID, [result("gpu-2")]))
+    with grpc.insecure_channel(f"unix:{node_agent.sockets.dra}") as channel:
+        response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+            dra_v1_pb2.NodePrepareResourcesRequest(
+                claims=[dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=UID)]
+            ),
+            timeout=10,
+        )
+    assert response.claims[UID].error == ""
+    assert (settings.cdi_root / f"k8s.gpu.nvidia.com-claim_{UID}.yaml").exists()
+    status, text = _get(node_agent.metrics_port, "/metrics")
+    assert status == 200
+    assert 'dractl_node_requests_total{api="v1",operation="prepare"} 1.0' in text
+    assert 'dractl_node_claims_total{operation="prepare"} 1.0' in text
+    assert "dractl_node_published_devices 8.0" in text
+    assert 'dractl_node_request_duration_seconds_count{operation="prepare"} 1.0' in text
+
+
+def test_an_xid_taints_the_slice_and_shows_on_the_health_stream(
+    node_agent: agent.Agent, gpus: fakegpu.FakeGpus, publisher: FakePublisher
+) -> None:
+    """Guards: an XID injected in the fake GPUs republishes gpu-0 with the xid taint and streams it UNHEALTHY."""
+    with grpc.insecure_channel(f"unix:{node_agent.sockets.dra}") as channel:
+        stream = health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            health_v1_pb2.NodeWatchResourcesRequest(), timeout=30
+        )
+        first = next(stream)
+        assert {d.device.device_name: d.health for d in first.devices}["gpu-0"] == health_v1_pb2.HEALTHY
+        gpus.inject_xid(0, 79)
+        second = next(stream)
+        stream.cancel()
+    assert {d.device.device_name: d.health for d in second.devices}["gpu-0"] == health_v1_pb2.UNHEALTHY
+    assert publisher.wait_for(lambda slices: bool(_tainted(slices, "gpu-0")))
+    assert _tainted(publisher.published[-1], "gpu-0") == (
+        model.DeviceTaint(key=f"{DRIVER}/xid", value="79", effect="NoSchedule"),
+    )
+    assert _tainted(publisher.published[-1], "gpu-1") == ()
+    assert "dractl_node_unhealthy_devices 1.0" in _get(node_agent.metrics_port, "/metrics")[1]
+
+
+def test_liveness_checks_both_sockets(node_agent: agent.Agent) -> None:
+    """Guards: /healthz is 200 while both sockets answer and 503 naming the failing calls once they do not."""
+    assert _get(node_agent.health_port, "/healthz") == (200, "ok\n")
+    assert node_agent.plugin is not None
+    node_agent.plugin.stop(grace_s=0)
+    status, text = _get(node_agent.health_port, "/healthz")
+    assert status == 503
+    assert "/pluginregistration.Registration/GetInfo" in text and "NodePrepareResources" in text
+
+
+def test_stop_removes_sockets_and_leaves_slices(node_agent: agent.Agent, publisher: FakePublisher) -> None:
+    """Guards: stop() removes both sockets, is idempotent, and never publishes an empty set (slices stay)."""
+    sockets = node_agent.sockets
+    node_agent.stop()
+    node_agent.stop()
+    assert not sockets.dra.exists() and not sockets.registration.exists()
+    assert all(len(slices) > 0 for slices in publisher.published)
+
+
+def test_a_failed_publish_is_retried(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards: the API being unreachable at start-up does not stop the agent; tick() publishes once it is back."""
+    publisher.failures = 1
+    a = agent.Agent(settings, gpus=gpus, claims=claims, publisher=publisher, health_poll_s=0.05)
+    a.start()
+    try:
+        assert publisher.published == []
+        assert a.sockets.registration.exists()
+        a.tick()
+        assert len(publisher.published) == 1
+    finally:
+        a.stop()
+
+
+def test_bad_fake_profile_is_one_line(settings: config.NodeAgent) -> None:
+    """Guards: an unknown --fake-profile ends with one error line naming it and exit 1, no traceback, no sockets."""
+    err = io.StringIO()
+    bad = config.NodeAgent(**{**_fields(settings), "fake_profile": "no-such-profile"})
+    assert agent.run(bad, err=err) == 1
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dractl node-agent: error: ") and "no-such-profile" in lines[0]
+    assert not (settings.kubelet_plugins_dir / DRIVER / "dra.sock").exists()
+
+
+def test_nvml_without_a_driver_is_one_line(settings: config.NodeAgent) -> None:
+    """Guards: --device-source nvml on a machine without the NVIDIA driver is one clear line and exit 1."""
+    if _driver_present():
+        pytest.skip("an NVIDIA driver is present here; this test needs a machine without one")
+    err = io.StringIO()
+    real = config.NodeAgent(**{**_fields(settings), "device_source": config.DeviceSource.NVML})
+    assert agent.run(real, err=err) == 1
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 1
+    assert "NVML" in lines[0] and "is the NVIDIA driver installed?" in lines[0] and "Traceback" not in lines[0]
+
+
+def test_sigterm_shuts_down_gracefully(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards: run() returns 0 on SIGTERM with both sockets removed and the slices left published."""
+    a = agent.Agent(settings, gpus=gpus, claims=claims, publisher=publisher, health_poll_s=0.05)
+    registration = a.sockets.registration
+    original = signal.getsignal(signal.SIGTERM)
+
+    def terminate_when_up() -> None:
+        # Up means: serving and the agent's own SIGTERM handler installed (else SIGTERM kills pytest).
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+            registration.exists() and signal.getsignal(signal.SIGTERM) is not original
+        ):
+            time.sleep(0.01)
+        if signal.getsignal(signal.SIGTERM) is original:
+            missing_handler.append(True)
+            fallback.set()  # end run() without killing the test process
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    missing_handler: list[bool] = []
+    fallback = threading.Event()
+
+    killer = threading.Thread(target=terminate_when_up)
+    killer.start()
+    err = io.StringIO()
+    code = agent.run(settings, err=err, agent=a, stop=fallback)
+    killer.join(timeout=20)
+    assert missing_handler == []
+    assert code == 0
+    assert not registration.exists() and not a.sockets.dra.exists()
+    assert publisher.published and all(publisher.published)
+    assert signal.getsignal(signal.SIGTERM) is original
+
+
+def test_log_format_json_writes_json_lines() -> None:
+    """Guards: --log-format json makes every log line a JSON object with event, level and timestamp."""
+    import json
+
+    out = io.StringIO()
+    agent.configure_logging(config.LogFormat.JSON, stream=out)
+    structlog.get_logger("t").info("hello", claim="ns/c")
+    record = json.loads(out.getvalue().splitlines()[-1])
+    assert (
+        record["event"] == "hello"
+        and record["level"] == "info"
+        and record["claim"] == "ns/c"
+        and "timestamp" in record
+    )
+
+
+def _fields(settings: config.NodeAgent) -> dict[str, object]:
+    import dataclasses
+
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+
+
+def _driver_present() -> bool:
+    """Whether real NVML initializes here (then the no-driver tests cannot run)."""
+    from dractl.node import backend, nvml
+
+    try:
+        nvml.NvmlBackend().close()
+    except backend.NvmlError:
+        return False
+    return True

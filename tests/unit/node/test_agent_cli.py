@@ -1,0 +1,114 @@
+"""`dractl node-agent` on the command line: flags with defaults and env vars, one-line failures."""
+
+from __future__ import annotations
+
+import collections.abc
+import pathlib
+import re
+import shutil
+import tempfile
+
+import pytest
+import structlog
+from click.testing import CliRunner
+
+from dractl import cli
+
+FLAGS = {
+    "--node-name": "DRACTL_NODE_NAME",
+    "--driver-name": "DRACTL_DRIVER_NAME",
+    "--device-source": "DRACTL_DEVICE_SOURCE",
+    "--fake-profile": "DRACTL_FAKE_PROFILE",
+    "--mig-mode": "DRACTL_MIG_MODE",
+    "--consumable-memory": "DRACTL_CONSUMABLE_MEMORY",
+    "--cdi-root": "DRACTL_CDI_ROOT",
+    "--kubelet-registrar-dir": "DRACTL_KUBELET_REGISTRAR_DIR",
+    "--kubelet-plugins-dir": "DRACTL_KUBELET_PLUGINS_DIR",
+    "--state-dir": "DRACTL_STATE_DIR",
+    "--kubeconfig": "DRACTL_KUBECONFIG",
+    "--health-port": "DRACTL_HEALTH_PORT",
+    "--metrics-port": "DRACTL_METRICS_PORT",
+    "--log-format": "DRACTL_LOG_FORMAT",
+}
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> collections.abc.Iterator[None]:
+    yield
+    structlog.reset_defaults()
+
+
+@pytest.fixture
+def dirs() -> collections.abc.Iterator[list[str]]:
+    path = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    yield [
+        "--kubelet-registrar-dir",
+        str(path / "reg"),
+        "--kubelet-plugins-dir",
+        str(path / "plugins"),
+        "--cdi-root",
+        str(path / "cdi"),
+        "--health-port",
+        "-1",
+        "--metrics-port",
+        "-1",
+    ]
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_every_flag_states_its_default_and_env_var() -> None:
+    """Guards: each node-agent flag is listed with its DRACTL_ variable and a stated default."""
+    result = CliRunner().invoke(cli.main, ["node-agent", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    for flag, env in FLAGS.items():
+        assert flag in text and env in text, flag
+    blocks = re.split(r"\s(?=--[a-z])", text.split("Options:", 1)[1])
+    described = [b for b in blocks if b.split(" ", 1)[0] in FLAGS]
+    assert len(described) == len(FLAGS)
+    assert all("(default:" in block for block in described)
+    assert "NODE_NAME" in text.replace("DRACTL_NODE_NAME", "")
+
+
+def test_nvml_without_a_driver_is_one_line_and_exit_1(dirs: list[str]) -> None:
+    """Guards: `--device-source nvml` without an NVIDIA driver prints one error line, exit 1, no traceback."""
+    if _driver_present():
+        pytest.skip("an NVIDIA driver is present here; this test needs a machine without one")
+    result = CliRunner().invoke(cli.main, ["node-agent", "--node-name", "n1", "--device-source", "nvml", *dirs])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dractl node-agent: error: cannot read GPUs through NVML")
+
+
+def test_missing_kubeconfig_is_one_line_naming_it(dirs: list[str], tmp_path: pathlib.Path) -> None:
+    """Guards: a --kubeconfig that does not exist is one error line naming the file, exit 1."""
+    missing = tmp_path / "no-such-kubeconfig"
+    result = CliRunner().invoke(
+        cli.main, ["node-agent", "--node-name", "n1", "--device-source", "fake", "--kubeconfig", str(missing), *dirs]
+    )
+    assert result.exit_code == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and str(missing) in lines[0]
+
+
+def test_env_vars_set_the_flags(dirs: list[str]) -> None:
+    """Guards: DRACTL_FAKE_PROFILE reaches the agent (a bad value from the environment is reported like the flag)."""
+    result = CliRunner().invoke(
+        cli.main,
+        ["node-agent", "--node-name", "n1", "--device-source", "fake", *dirs],
+        env={"DRACTL_FAKE_PROFILE": "no-such-profile"},
+    )
+    assert result.exit_code == 1
+    assert "no-such-profile" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def _driver_present() -> bool:
+    """Whether real NVML initializes here (then the no-driver tests cannot run)."""
+    from dractl.node import backend, nvml
+
+    try:
+        nvml.NvmlBackend().close()
+    except backend.NvmlError:
+        return False
+    return True

@@ -1,0 +1,145 @@
+"""The node agent against a real kube-apiserver: slices published, a claim read and prepared, a taint written."""
+
+from __future__ import annotations
+
+import collections.abc
+import pathlib
+import shutil
+import sys
+import tempfile
+import uuid
+
+import grpc
+import pytest
+import structlog
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+import controlplane
+
+from dractl import config, model
+from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc
+from dractl.kube import client
+from dractl.node import agent, fakegpu
+
+pytestmark = pytest.mark.timeout(180)
+
+DRIVER = "gpu.nvidia.com"
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> collections.abc.Iterator[None]:
+    yield
+    structlog.reset_defaults()
+
+
+@pytest.fixture
+def node_name(kube_client: client.Client) -> str:
+    name = f"node-{uuid.uuid4().hex[:8]}"
+    kube_client.create(client.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    return name
+
+
+@pytest.fixture
+def sock_dir() -> collections.abc.Iterator[pathlib.Path]:
+    path = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _slices(kube_client: client.Client, node: str) -> tuple[model.ResourceSlice, ...]:
+    found, _ = kube_client.list_resource_slices(field_selector=f"spec.nodeName={node},spec.driver={DRIVER}")
+    return found
+
+
+def test_agent_publishes_prepares_and_taints_through_the_api(
+    control_plane: controlplane.ControlPlane,
+    kube_client: client.Client,
+    namespace: str,
+    node_name: str,
+    sock_dir: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    """Guards: with a real API the agent publishes the 8 GPUs, prepares an allocated claim it reads from the API,
+    writes an XID taint into the slice, reports a reset checkpoint as a Warning Event on the Node, and leaves the
+    slices in place on stop."""
+    settings = config.NodeAgent(
+        node_name=node_name,
+        device_source=config.DeviceSource.FAKE,
+        cdi_root=tmp_path / "cdi",
+        kubelet_registrar_dir=sock_dir / "reg",
+        kubelet_plugins_dir=sock_dir / "plugins",
+        state_dir=tmp_path / "state",
+        kubeconfig=pathlib.Path(control_plane.kubeconfig),
+        health_port=-1,
+        metrics_port=-1,
+    )
+    gpus = fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=node_name)
+    # A corrupt checkpoint is reset with a Warning Event on the Node, not a crash.
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "checkpoint.json").write_text("{not json")
+    node_agent = agent.Agent(settings, gpus=gpus, health_poll_s=0.05)
+    node_agent.start()
+    try:
+        published = _slices(kube_client, node_name)
+        assert sorted(d.name for s in published for d in s.devices) == sorted(f"gpu-{i}" for i in range(8))
+        assert all(s.meta.owner_references and s.meta.owner_references[0]["name"] == node_name for s in published)
+
+        created = kube_client.create(
+            client.RESOURCE_CLAIMS,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "c", "namespace": namespace},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+            },
+        )
+        kube_client.update_status(
+            client.RESOURCE_CLAIMS,
+            {
+                **created,
+                "status": {
+                    "allocation": {
+                        "devices": {
+                            "results": [{"request": "gpu", "driver": DRIVER, "pool": node_name, "device": "gpu-3"}]
+                        }
+                    }
+                },
+            },
+        )
+        uid = created["metadata"]["uid"]
+        with grpc.insecure_channel(f"unix:{node_agent.sockets.dra}") as channel:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+            response = stub.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[
+                        dra_v1_pb2.Claim(namespace=namespace, name="c", uid=uid),
+                        dra_v1_pb2.Claim(namespace=namespace, name="gone", uid="0000"),
+                    ]
+                ),
+                timeout=30,
+            )
+        assert response.claims[uid].error == ""
+        assert [d.device_name for d in response.claims[uid].devices] == ["gpu-3"]
+        assert response.claims["0000"].error != ""
+
+        gpus.inject_xid(3, 79)
+
+        def tainted() -> bool:
+            devices = {d.name: d for s in _slices(kube_client, node_name) for d in s.devices}
+            return [(t.key, t.value, t.effect) for t in devices["gpu-3"].taints] == [
+                (f"{DRIVER}/xid", "79", "NoSchedule")
+            ]
+
+        controlplane.wait_until(tainted, what="the xid taint on gpu-3 in the API", timeout=30)
+
+        events = kube_client.list(client.EVENTS, namespace="default").items
+        warnings = [
+            e for e in events if e["involvedObject"].get("name") == node_name and e["reason"] == "NodeStateReset"
+        ]
+        assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+        assert "checkpoint" in warnings[0]["message"]
+    finally:
+        node_agent.stop()
+    assert not node_agent.sockets.dra.exists()
+    assert len(_slices(kube_client, node_name)) == len(published)

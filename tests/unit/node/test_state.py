@@ -1,0 +1,389 @@
+"""Prepare and unprepare through `state.State` with fake GPUs and an in-test ClaimSource."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import cdi_rules  # noqa: E402
+from state_inputs import (  # noqa: E402
+    claim,
+    config,
+    env_of,
+    gpu_config,
+    make_node,
+    result,
+)
+
+from dractl.node import backend, cdi, checkpoint, state  # noqa: E402
+
+UID = "0c1d2e3f-0000-4000-8000-000000000001"
+UID2 = "0c1d2e3f-0000-4000-8000-000000000002"
+
+
+def _spec(node, uid: str = UID):  # type: ignore[no-untyped-def]
+    return cdi_rules.check_file(cdi.spec_path(node.cdi_root, uid))
+
+
+def test_full_gpu_prepare_writes_a_valid_cdi_spec_and_returns_the_devices(tmp_path: pathlib.Path) -> None:
+    """Guards: two full GPUs give two devices with CDI ids <uid>-<device>, env UUIDs in result order, /dev nodes."""
+    node = make_node(tmp_path)
+    s = node.state()
+    ref = node.claims.put(claim("train", UID, [result("gpu-3"), result("gpu-1")]))
+    devices = s.prepare(ref)
+    assert devices == (
+        state.PreparedDevice(
+            requests=("gpu",), pool="node-a", device="gpu-3", cdi_device_ids=(f"k8s.gpu.nvidia.com/claim={UID}-gpu-3",)
+        ),
+        state.PreparedDevice(
+            requests=("gpu",), pool="node-a", device="gpu-1", cdi_device_ids=(f"k8s.gpu.nvidia.com/claim={UID}-gpu-1",)
+        ),
+    )
+    assert node.cdi_files() == [f"k8s.gpu.nvidia.com-claim_{UID}.yaml"]
+    spec = _spec(node)
+    uuids = {g.minor: g.uuid for g in node.gpus.gpus()}
+    assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
+    assert env_of(spec, f"{UID}-gpu-3") == {
+        "NVIDIA_VISIBLE_DEVICES": f"{uuids[3]},{uuids[1]}",
+        "CUDA_VISIBLE_DEVICES": f"{uuids[3]},{uuids[1]}",
+    }
+    nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert nodes == ["/dev/nvidia3"]
+    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
+
+
+def test_prepare_twice_returns_the_same_answer_without_reading_the_claim_again(tmp_path: pathlib.Path) -> None:
+    """Guards: idempotency: a completed claim returns its saved devices, also after a restart."""
+    node = make_node(tmp_path)
+    s = node.state()
+    ref = node.claims.put(claim("train", UID, [result("gpu-0")]))
+    first = s.prepare(ref)
+    reads = node.claims.reads
+    assert s.prepare(ref) == first
+    assert node.state().prepare(ref) == first
+    assert node.claims.reads == reads
+
+
+def test_unprepare_removes_the_spec_and_unknown_claims_succeed(tmp_path: pathlib.Path) -> None:
+    """Guards: unprepare deletes the CDI file and the record; unpreparing an unknown claim or twice succeeds."""
+    node = make_node(tmp_path)
+    s = node.state()
+    ref = node.claims.put(claim("train", UID, [result("gpu-0")]))
+    s.prepare(ref)
+    s.unprepare(ref)
+    assert node.cdi_files() == []
+    assert s.prepared() == {}
+    s.unprepare(ref)
+    s.unprepare(state.ClaimRef(namespace="x", name="y", uid="never-seen"))
+    assert node.state().prepared() == {}
+
+
+def test_subrequest_names_are_reported_as_base_request_names(tmp_path: pathlib.Path) -> None:
+    """Guards: a result for request gpu/large is returned with request name gpu (the kubelet matches base names)."""
+    node = make_node(tmp_path)
+    ref = node.claims.put(claim("c", UID, [result("gpu-0", "gpu/large")]))
+    (device,) = node.state().prepare(ref)
+    assert device.requests == ("gpu",)
+
+
+def test_results_of_other_drivers_and_pools_are_left_out(tmp_path: pathlib.Path) -> None:
+    """Guards: only results for our driver and this node's pool are prepared."""
+    node = make_node(tmp_path)
+    ref = node.claims.put(
+        claim("c", UID, [result("gpu-0"), result("gpu-1", pool="node-b"), result("nic-0", driver="net.example.com")])
+    )
+    assert [d.device for d in node.state().prepare(ref)] == ["gpu-0"]
+
+
+def test_env_lists_the_uuids_of_each_request(tmp_path: pathlib.Path) -> None:
+    """Guards: with two requests, each device's env names the UUIDs of its own request."""
+    node = make_node(tmp_path)
+    ref = node.claims.put(claim("c", UID, [result("gpu-0", "a"), result("gpu-1", "b"), result("gpu-2", "a")]))
+    node.state().prepare(ref)
+    spec = _spec(node)
+    uuids = {g.minor: g.uuid for g in node.gpus.gpus()}
+    assert env_of(spec, f"{UID}-gpu-0")["CUDA_VISIBLE_DEVICES"] == f"{uuids[0]},{uuids[2]}"
+    assert env_of(spec, f"{UID}-gpu-1")["CUDA_VISIBLE_DEVICES"] == uuids[1]
+
+
+@pytest.mark.parametrize(
+    ("stored", "message"),
+    [
+        pytest.param(None, "claim default/c: ResourceClaim not found", id="missing"),
+        pytest.param(
+            claim("c", "another-uid", [result("gpu-0")]), "UID is another-uid, the kubelet asked for", id="uid-changed"
+        ),
+        pytest.param(claim("c", UID, allocated=False), "not allocated", id="not-allocated"),
+        pytest.param(
+            claim("c", UID, [result("gpu-9")]), "device gpu-9: this node has no GPU with minor 9", id="unknown-gpu"
+        ),
+        pytest.param(
+            claim("c", UID, [result("tpu-0")]), "device tpu-0: not a device this driver publishes", id="foreign-device"
+        ),
+    ],
+)
+def test_prepare_refuses_bad_claims_with_a_message_naming_the_claim(
+    tmp_path: pathlib.Path, stored, message: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Guards: a missing, replaced or unallocated claim, or unknown device: PrepareError, nothing left."""
+    node = make_node(tmp_path)
+    if stored is not None:
+        node.claims.put(stored)
+    s = node.state()
+    with pytest.raises(state.PrepareError, match="claim default/c") as caught:
+        s.prepare(state.ClaimRef(namespace="default", name="c", uid=UID))
+    assert message in str(caught.value)
+    assert s.prepared() == {}
+    assert node.cdi_files() == []
+
+
+def test_an_api_failure_is_the_claims_error(tmp_path: pathlib.Path) -> None:
+    """Guards: an exception from the ClaimSource becomes a PrepareError, not a crash of the handler."""
+    node = make_node(tmp_path)
+    node.claims.error = RuntimeError("connection refused")
+    with pytest.raises(state.PrepareError, match="claim default/c: cannot read the ResourceClaim: connection refused"):
+        node.state().prepare(state.ClaimRef(namespace="default", name="c", uid=UID))
+
+
+def test_a_device_held_by_another_claim_is_refused(tmp_path: pathlib.Path) -> None:
+    """Guards: no double use: a non-admin device prepared for one claim is refused to another, naming both claims."""
+    node = make_node(tmp_path)
+    s = node.state()
+    s.prepare(node.claims.put(claim("first", UID, [result("gpu-0")])))
+    with pytest.raises(
+        state.PrepareError, match=r"claim default/second: device gpu-0 is already prepared for claim default/first"
+    ):
+        s.prepare(node.claims.put(claim("second", UID2, [result("gpu-0")])))
+    assert list(s.prepared()) == [UID]
+
+
+def test_admin_access_may_reach_a_held_device(tmp_path: pathlib.Path) -> None:
+    """Guards: an adminAccess result is not refused for a device another claim holds (monitoring)."""
+    node = make_node(tmp_path)
+    s = node.state()
+    s.prepare(node.claims.put(claim("first", UID, [result("gpu-0")])))
+    devices = s.prepare(node.claims.put(claim("monitor", UID2, [result("gpu-0", admin=True)])))
+    assert [d.device for d in devices] == ["gpu-0"]
+
+
+def test_two_shares_of_one_multi_allocatable_gpu_are_both_prepared(tmp_path: pathlib.Path) -> None:
+    """Guards: shares of one GPU in two claims both prepare; memory is enforced per client by MPS."""
+    node = make_node(tmp_path)
+    s = node.state()
+    a = s.prepare(node.claims.put(claim("a", UID, [result("gpu-0", share_id="a1b2c", memory="10Gi")])))
+    b = s.prepare(node.claims.put(claim("b", UID2, [result("gpu-0", share_id="d3e4f", memory="20Gi")])))
+    assert a[0].share_id == "a1b2c" and b[0].share_id == "d3e4f"
+    assert a[0].cdi_device_ids == (f"k8s.gpu.nvidia.com/claim={UID}-gpu-0-a1b2c",)
+    uuid = node.gpus.gpus()[0].uuid
+    assert list(node.mps.running) == [f"shared-{uuid}"]
+    env = env_of(_spec(node, UID2), f"{UID2}-gpu-0-d3e4f")
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    s.unprepare(state.ClaimRef("default", "a", UID))
+    assert list(node.mps.running) == [f"shared-{uuid}"]  # the other share still uses the daemon
+    s.unprepare(state.ClaimRef("default", "b", UID2))
+    assert node.mps.running == {}
+
+
+def test_a_share_and_a_whole_use_of_one_gpu_are_refused(tmp_path: pathlib.Path) -> None:
+    """Guards: a share of a GPU cannot join a claim holding that GPU whole, and vice versa."""
+    node = make_node(tmp_path)
+    s = node.state()
+    s.prepare(node.claims.put(claim("a", UID, [result("gpu-0", share_id="a1b2c")])))
+    with pytest.raises(state.PrepareError, match="device gpu-0 is already prepared"):
+        s.prepare(node.claims.put(claim("b", UID2, [result("gpu-0")])))
+
+
+def test_time_slicing_is_set_and_reset_only_when_no_claim_uses_the_gpu(tmp_path: pathlib.Path) -> None:
+    """Guards: TimeSlicing sets the interval; unprepare resets it only when no other claim uses the GPU."""
+    node = make_node(tmp_path)
+    s = node.state()
+    ts = config(gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}))
+    s.prepare(node.claims.put(claim("a", UID, [result("gpu-2", share_id="aaaaa")], [ts])))
+    s.prepare(node.claims.put(claim("b", UID2, [result("gpu-2", share_id="bbbbb")], [ts])))
+    assert node.gpus.time_slice(2) is backend.TimeSlice.LONG
+    assert s.prepared()[UID].time_slices == {2: 3}
+    s.unprepare(state.ClaimRef("default", "a", UID))
+    assert node.gpus.time_slice(2) is backend.TimeSlice.LONG
+    s.unprepare(state.ClaimRef("default", "b", UID2))
+    assert node.gpus.time_slice(2) is backend.TimeSlice.DEFAULT
+
+
+def test_mps_config_starts_a_daemon_with_its_settings_and_stops_it(tmp_path: pathlib.Path) -> None:
+    """Guards: MPS: a daemon per claim with its settings, exclusive compute mode, CDI edits; all undone."""
+    node = make_node(tmp_path)
+    s = node.state()
+    mps = config(
+        gpu_config(
+            {
+                "strategy": "MPS",
+                "mpsConfig": {
+                    "defaultActiveThreadPercentage": 50,
+                    "defaultPinnedDeviceMemoryLimit": "10Gi",
+                    "defaultPerDevicePinnedMemoryLimit": {"1": "5Gi"},
+                },
+            }
+        )
+    )
+    ref = node.claims.put(claim("m", UID, [result("gpu-4"), result("gpu-5")], [mps]))
+    s.prepare(ref)
+    uuids = {g.minor: g.uuid for g in node.gpus.gpus()}
+    (settings,) = node.mps.running.values()
+    assert settings.uuids == (uuids[4], uuids[5])
+    assert settings.active_thread_percentage == 50
+    assert dict(settings.pinned_limits_mib) == {uuids[4]: 10240, uuids[5]: 5120}
+    assert node.gpus.compute_mode(4) is backend.ComputeMode.EXCLUSIVE_PROCESS
+    spec = _spec(node)
+    device = spec["devices"][0]["containerEdits"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in device["env"]
+    assert {m["containerPath"] for m in device["mounts"]} == {"/tmp/nvidia-mps", "/dev/shm"}
+    s.unprepare(ref)
+    assert node.mps.running == {}
+    assert node.mps.calls == [("start", settings.daemon_id), ("stop", settings.daemon_id)]
+    assert node.gpus.compute_mode(4) is backend.ComputeMode.DEFAULT
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        pytest.param(
+            {"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"},
+            "opaque.parameters.apiVersion: must be resource.nvidia.com/v1beta1",
+            id="api-version",
+        ),
+        pytest.param(gpu_config(bogus=1), "opaque.parameters.bogus: unknown field", id="unknown-field"),
+        pytest.param(
+            gpu_config({"strategy": "Spatial"}),
+            "opaque.parameters.sharing.strategy: must be TimeSlicing or MPS",
+            id="strategy",
+        ),
+        pytest.param(
+            gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}}),
+            "sharing.timeSlicingConfig.interval: must be Default, Short, Medium or Long",
+            id="interval",
+        ),
+        pytest.param(
+            gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
+            "sharing.mpsConfig.defaultActiveThreadPercentage: must be an integer from 0 to 100",
+            id="percentage",
+        ),
+        pytest.param(
+            gpu_config({"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"7": "1Gi"}}}),
+            "defaultPerDevicePinnedMemoryLimit: '7' is neither the UUID nor the index",
+            id="per-device-index",
+        ),
+    ],
+)
+def test_bad_opaque_config_is_refused_naming_claim_index_and_field(
+    tmp_path: pathlib.Path, parameters, message: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Guards: a bad opaque config: one message with claim, config index, source and field."""
+    node = make_node(tmp_path)
+    other = config({"anything": True}, driver="net.example.com")
+    ref = node.claims.put(claim("c", UID, [result("gpu-0")], [other, config(parameters)]))
+    s = node.state()
+    with pytest.raises(state.PrepareError) as caught:
+        s.prepare(ref)
+    text = str(caught.value)
+    assert text.startswith("claim default/c: status.allocation.devices.config[1] (FromClaim)")
+    assert message in text
+    assert s.prepared() == {} and node.cdi_files() == []
+
+
+def test_static_mig_device_is_prepared_with_its_caps_nodes(tmp_path: pathlib.Path) -> None:
+    """Guards: static MIG: its UUID in env, parent and nvidia-cap nodes; unprepare keeps the device."""
+    node = make_node(tmp_path, "a100-mig-mixed")
+    existing = next(d for d in node.gpus.mig_devices(0) if d.profile_name == "2g.20gb")
+    device = f"gpu-0-mig-2g20gb-{existing.profile_id}-{existing.placement.start}"
+    gi_dir = node.proc / "driver/nvidia/capabilities/gpu0/mig" / f"gi{existing.gi_id}"
+    (gi_dir / f"ci{existing.ci_id}").mkdir(parents=True)
+    (gi_dir / "access").write_text("DeviceFileMinor: 21\nDeviceFileMode: 292\n")
+    (gi_dir / f"ci{existing.ci_id}" / "access").write_text("DeviceFileMinor: 22\nDeviceFileMode: 292\n")
+    s = node.state()
+    ref = node.claims.put(claim("m", UID, [result(device)]))
+    s.prepare(ref)
+    spec = _spec(node)
+    assert env_of(spec, f"{UID}-{device}")["NVIDIA_VISIBLE_DEVICES"] == existing.uuid
+    nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert nodes == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
+    s.unprepare(ref)
+    assert existing in node.gpus.mig_devices(0)
+
+
+def test_static_mig_device_that_is_gone_is_refused(tmp_path: pathlib.Path) -> None:
+    """Guards: static MIG never creates instances: a MIG device that does not exist is refused."""
+    node = make_node(tmp_path, "a100-mig-mixed")
+    ref = node.claims.put(claim("m", UID, [result("gpu-2-mig-1g10gb-19-0")]))
+    with pytest.raises(state.PrepareError, match="no such MIG device exists on GPU 2"):
+        node.state().prepare(ref)
+
+
+def test_dynamic_mig_creates_instances_at_the_allocated_placement_and_destroys_them(tmp_path: pathlib.Path) -> None:
+    """Guards: dynamic MIG: GI+CI made at the named placement, recorded with ids, destroyed on unprepare."""
+    node = make_node(tmp_path, dynamic_mig=True)
+    s = node.state()
+    ref = node.claims.put(claim("m", UID, [result("gpu-1-mig-3g40gb-9-4"), result("gpu-1-mig-1g10gb-19-2")]))
+    devices = s.prepare(ref)
+    assert [d.device for d in devices] == ["gpu-1-mig-3g40gb-9-4", "gpu-1-mig-1g10gb-19-2"]
+    made = node.gpus.mig_devices(1)
+    assert [(d.profile_id, d.placement) for d in made] == [(19, backend.Placement(2, 1)), (9, backend.Placement(4, 4))]
+    record = s.prepared()[UID]
+    assert record.phase is checkpoint.Phase.COMPLETED
+    assert {(m.gi_id, m.uuid) for m in record.mig} == {(d.gi_id, d.uuid) for d in made}
+    spec = _spec(node)
+    big = next(d for d in made if d.profile_id == 9)
+    assert env_of(spec, f"{UID}-gpu-1-mig-3g40gb-9-4")["CUDA_VISIBLE_DEVICES"].split(",")[0] == big.uuid
+    s.unprepare(ref)
+    assert node.gpus.gpu_instances(1) == ()
+
+
+def test_dynamic_mig_placement_unknown_to_the_gpu_is_refused(tmp_path: pathlib.Path) -> None:
+    """Guards: a MIG placement the GPU's profile does not allow is refused; nothing is created."""
+    node = make_node(tmp_path, dynamic_mig=True)
+    ref = node.claims.put(claim("m", UID, [result("gpu-1-mig-3g40gb-9-2")]))
+    with pytest.raises(state.PrepareError, match="has no placement starting at 2"):
+        node.state().prepare(ref)
+    assert node.gpus.gpu_instances(1) == ()
+
+
+def test_dynamic_mig_failure_rolls_back_the_instances_already_made(tmp_path: pathlib.Path) -> None:
+    """Guards: an NVML failure on the second MIG device destroys the first and leaves no record nor CDI file."""
+    node = make_node(tmp_path, dynamic_mig=True)
+    node.gpus.fail("create_gpu_instance", backend.Return.INSUFFICIENT_RESOURCES, minor=2)
+    s = node.state()
+    ref = node.claims.put(claim("m", UID, [result("gpu-1-mig-1g10gb-19-0"), result("gpu-2-mig-1g10gb-19-0")]))
+    with pytest.raises(state.PrepareError, match="claim default/m: prepare failed: NVML_ERROR_INSUFFICIENT_RESOURCES"):
+        s.prepare(ref)
+    assert node.gpus.gpu_instances(1) == () and node.gpus.gpu_instances(2) == ()
+    assert s.prepared() == {} and node.cdi_files() == []
+    assert [d.device for d in s.prepare(ref)] == ["gpu-1-mig-1g10gb-19-0", "gpu-2-mig-1g10gb-19-0"]
+
+
+def test_nvidia_ctk_common_edits_are_merged_into_the_spec(tmp_path: pathlib.Path) -> None:
+    """Guards: nvidia-ctk's common edits land in the spec-level containerEdits, still valid CDI."""
+    generated = (
+        '{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[],"containerEdits":{'
+        '"env":["NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu"],'
+        '"deviceNodes":[{"path":"/dev/nvidiactl"}],'
+        '"hooks":[{"hookName":"createContainer","path":"/usr/bin/nvidia-cdi-hook",'
+        '"args":["nvidia-cdi-hook","update-ldcache"]}],'
+        '"mounts":[{"hostPath":"/usr/lib/libcuda.so.580","containerPath":"/usr/lib/libcuda.so.580",'
+        '"options":["ro","nosuid","bind"]}]}}'
+    )
+    node = make_node(tmp_path)
+    node.common = cdi.NvidiaCtk(runner=lambda argv: generated, which=lambda name: "/usr/bin/nvidia-ctk")
+    node.state().prepare(node.claims.put(claim("c", UID, [result("gpu-0")])))
+    spec = _spec(node)
+    common = spec["containerEdits"]
+    assert common["env"] == ["NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu"]
+    assert common["hooks"][0]["args"][-1] == "update-ldcache"
+    assert [n["path"] for n in common["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert common["mounts"][0]["containerPath"] == "/usr/lib/libcuda.so.580"

@@ -1,0 +1,71 @@
+"""Node state over the real ClaimSource (`dractl.kube.claims`) against a real kube-apiserver."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import cdi_rules  # noqa: E402
+from state_inputs import API, DRIVER, NODE, make_node  # noqa: E402
+
+from dractl.kube import claims, client  # noqa: E402
+from dractl.node import backend, cdi, state  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _allocated(kube: client.Client, namespace: str, name: str, *, config: list[dict[str, Any]]) -> state.ClaimRef:
+    created = kube.create(client.RESOURCE_CLAIMS, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+    kube.update_status(client.RESOURCE_CLAIMS, {**created, "status": {"allocation": {"devices": {
+        "results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-1"}],
+        "config": config}}}})
+    return state.ClaimRef(namespace=namespace, name=name, uid=created["metadata"]["uid"])
+
+
+def _time_slicing(interval: str) -> list[dict[str, Any]]:
+    parameters = {"apiVersion": API, "kind": "GpuConfig",
+                  "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}
+    return [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}]
+
+
+def test_prepare_reads_the_live_claim_and_sweep_unprepares_it_once_deleted(
+    tmp_path: pathlib.Path, kube_client: client.Client, namespace: str
+) -> None:
+    """Guards: prepare over the API (allocation and opaque config as stored); the sweep after a delete."""
+    node = make_node(tmp_path)
+    node.claims = claims.ApiClaimSource(kube_client)  # type: ignore[assignment]
+    s = node.state()
+    ref = _allocated(kube_client, namespace, "c", config=_time_slicing("Medium"))
+    (device,) = s.prepare(ref)
+    assert device.cdi_device_ids == (f"k8s.gpu.nvidia.com/claim={ref.uid}-gpu-1",)
+    cdi_rules.check_file(cdi.spec_path(node.cdi_root, ref.uid))
+    assert node.gpus.time_slice(1) is backend.TimeSlice.MEDIUM
+    assert s.sweep() == state.SweepResult()
+    kube_client.delete(client.RESOURCE_CLAIMS, "c", namespace=namespace)
+    assert s.sweep().unprepared == (ref.uid,)
+    assert node.cdi_files() == [] and node.gpus.time_slice(1) is backend.TimeSlice.DEFAULT
+
+
+def test_a_recreated_claim_is_refused_for_the_old_uid_and_bad_config_is_named(
+    tmp_path: pathlib.Path, kube_client: client.Client, namespace: str
+) -> None:
+    """Guards: the kubelet's old UID after the claim was recreated is refused; a bad stored config names its field."""
+    node = make_node(tmp_path)
+    node.claims = claims.ApiClaimSource(kube_client)  # type: ignore[assignment]
+    s = node.state()
+    old = _allocated(kube_client, namespace, "c", config=_time_slicing("Sometimes"))
+    with pytest.raises(state.PrepareError, match=r"config\[0\] \(FromClaim\) opaque.parameters.sharing.timeSlicing"):
+        s.prepare(old)
+    kube_client.delete(client.RESOURCE_CLAIMS, "c", namespace=namespace)
+    _allocated(kube_client, namespace, "c", config=[])
+    with pytest.raises(state.PrepareError, match=f"the kubelet asked for {old.uid} \\(the claim was replaced\\)"):
+        s.prepare(old)
+    assert s.prepared() == {} and node.cdi_files() == []
