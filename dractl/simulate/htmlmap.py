@@ -1,0 +1,276 @@
+"""The allocation map: one self-contained HTML page of nodes, GPUs, MIG slices and who holds what.
+
+What it does: renders the GPU inventory of `metrics` (ResourceSlices plus claims with their
+`status.allocation`) as HTML with inline CSS, inline SVG and a small inline script, for
+`dractl simulate --html FILE`: one section per node, one box per GPU with its MIG devices drawn
+to scale by memory slice (an A100 has 8; a 3g.40gb at start 4 covers slices 4..7), a full GPU
+filled, the largest MIG profile still placeable outlined, the NVLink partitions (the driver's
+`partition4`/`partition2` attributes) as bands under the GPUs they join, and, when given, the
+utilisation over time as a step chart. Claim names are hover titles; hovering a claim lights up
+everything it holds.
+
+The page references nothing outside itself (no network, no CDN, no fonts). Elements carry data
+attributes for tests and tools: `data-node`, `data-gpu` (`node/device`) and `data-state` on each
+GPU box, `data-slice-start`/`data-slice-size`/`data-claim`/`data-profile` on each MIG slice drawn,
+`data-claim` on a full GPU's fill, `data-partition` (`<size>:<id>`) on NVLink bands, and
+`data-series-points` on the chart. The script sets `data-ready` on `<html>` once it ran and
+records script errors in `data-errors`.
+
+What it must not do: allocate, read or write files (the CLI writes the returned text), or
+fetch anything. Pure: equal inputs give the same text.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+from dractl import model
+from dractl.simulate import metrics
+
+_GIB = 2**30
+_BAR_WIDTH = 148
+_BAR_HEIGHT = 30
+_CHART_WIDTH = 720
+_CHART_HEIGHT = 180
+_NUMBER = re.compile(r"([0-9]+)")
+
+_CSS = """
+:root { font-family: system-ui, sans-serif; color: #1d232b; background: #f6f7f9; }
+body { margin: 24px; }
+h1 { font-size: 20px; margin: 0 0 4px; }
+.summary { color: #4a5563; margin: 0 0 18px; }
+section.node { background: #fff; border: 1px solid #d5dae1; border-radius: 8px; padding: 12px 14px; width: max-content;
+  margin: 0 0 14px; }
+section.node h2 { font-size: 15px; margin: 0 0 8px; }
+section.node h2 small { font-weight: normal; color: #5b6573; margin-left: 8px; }
+.gpus { display: grid; grid-template-columns: repeat(var(--columns), 160px); gap: 6px 8px; }
+.gpu { border: 1px solid #c4cad3; border-radius: 6px; padding: 4px 5px; background: #fbfcfd; }
+.gpu[data-state=full] { border-color: #6b7686; }
+.gpu .label { font-size: 11px; display: flex; justify-content: space-between; margin-bottom: 3px; }
+.gpu .label span:last-child { color: #5b6573; }
+.partition { font-size: 11px; text-align: center; border-radius: 4px; padding: 1px 0; background: #e7ebf0;
+  color: #3c4654; }
+.partition.held { background: #cfe3d6; color: #1f4d2f; }
+svg rect.slice, svg rect.whole { stroke: #ffffff; stroke-width: 1; }
+svg .hl { stroke: #111 !important; stroke-width: 2.5 !important; }
+.chart { background: #fff; border: 1px solid #d5dae1; border-radius: 8px; padding: 10px 14px; margin: 0 0 18px;
+  display: inline-block; }
+.chart h2 { font-size: 15px; margin: 0 0 6px; }
+.legend { font-size: 12px; color: #5b6573; margin: 0 0 14px; }
+.legend i { display: inline-block; width: 12px; height: 12px; vertical-align: -2px; margin: 0 4px 0 12px;
+  border-radius: 2px; }
+"""
+
+# Hover highlighting and the readiness flag; errors are recorded on <html> for tests to read.
+_SCRIPT = """
+(function () {
+  var root = document.documentElement;
+  var errors = [];
+  window.addEventListener('error', function (e) {
+    errors.push(String(e.message || e.type));
+    root.setAttribute('data-errors', errors.join(' | '));
+  }, true);
+  var held = document.querySelectorAll('[data-claim]');
+  function light(claim, on) {
+    for (var i = 0; i < held.length; i++) {
+      if (held[i].getAttribute('data-claim').split(' ').indexOf(claim) >= 0) {
+        held[i].classList.toggle('hl', on);
+      }
+    }
+  }
+  for (var i = 0; i < held.length; i++) {
+    held[i].addEventListener('mouseenter', function (e) { light(e.target.getAttribute('data-claim'), true); });
+    held[i].addEventListener('mouseleave', function (e) { light(e.target.getAttribute('data-claim'), false); });
+  }
+  root.setAttribute('data-gpu-boxes', String(document.querySelectorAll('[data-gpu]').length));
+  root.setAttribute('data-slices-drawn', String(document.querySelectorAll('[data-slice-start]').length));
+  root.setAttribute('data-ready', '1');
+})();
+"""
+
+
+def _colours(gpus: Iterable[metrics.Gpu]) -> dict[str, str]:
+    """A colour per claim, in order of first appearance: hues a golden angle apart, so claims
+    drawn side by side differ, and the same input always gets the same colours."""
+    names: dict[str, str] = {}
+    for gpu in gpus:
+        for holders in (gpu.holders, *(p.holders for p in gpu.placements)):
+            for name in holders:
+                if name not in names:
+                    hue = (len(names) * 137.508 + 200) % 360
+                    light = (48, 58, 66)[len(names) % 3]
+                    names[name] = f"hsl({hue:.0f}, 60%, {light}%)"
+    return names
+
+
+def _gib(value: int) -> str:
+    return f"{value / _GIB:.1f}Gi"
+
+
+def _natural(text: str) -> tuple[object, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in _NUMBER.split(text))
+
+
+def _order(gpu: metrics.Gpu) -> tuple[object, ...]:
+    module = gpu.attributes.get("gpuModuleID", "")
+    return (0, int(module), "") if module.isdigit() else (1, 0, _natural(gpu.device))
+
+
+def render(
+    slices: Sequence[model.ResourceSlice],
+    claims: Iterable[model.ResourceClaim],
+    *,
+    series: metrics.TimeMetrics | Sequence[tuple[float, float]] | None = None,
+    title: str = "dractl allocation map",
+) -> str:
+    """The whole page for the claims' allocations over the slices, with the utilisation chart
+    when `series` (a `metrics.TimeMetrics` or (seconds, share 0..1) points) has points. Pure."""
+    measured = metrics.measure(slices, claims, label=title)
+    points = series.points if isinstance(series, metrics.TimeMetrics) else tuple(series or ())
+    c = measured.cluster
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>{_CSS}</style>",
+        "</head>",
+        f'<body data-gpus-total="{c.gpus}">',
+        f"<h1>{html.escape(title)}</h1>",
+        (f'<p class="summary">{len(measured.nodes)} nodes, {c.gpus} GPUs: {c.full} full, {c.partitioned} partitioned, '
+         f"{c.free} free; GPU memory allocated {_gib(c.memory_allocated)} of {_gib(c.memory)}.</p>"),
+        ('<p class="legend">Each bar is one GPU\'s memory, divided into its MIG memory slices where it has them.'
+         '<i style="background:#9aa5b4"></i>claim (hover for its name)'
+         '<i style="border:1.5px dashed #2b7a4b"></i>largest MIG profile still placeable</p>'),
+    ]
+    if points:
+        parts.append(_chart(points))
+    by_node: dict[str, list[metrics.Gpu]] = {}
+    for gpu in measured.gpus:
+        by_node.setdefault(gpu.node, []).append(gpu)
+    colours = _colours(measured.gpus)
+    for node in measured.nodes:
+        parts.append(_node(node, sorted(by_node[node.node], key=_order), colours=colours))
+    parts += [f"<script>{_SCRIPT}</script>", "</body>", "</html>", ""]
+    return "\n".join(parts)
+
+
+def _node(node: metrics.NodeMetrics, gpus: Sequence[metrics.Gpu], *, colours: Mapping[str, str]) -> str:
+    products = sorted({g.product for g in gpus if g.product})
+    detail = (f"{', '.join(products)} · {node.gpus} GPUs: {node.full} full, {node.partitioned} partitioned, "
+              f"{node.free} free · {_gib(node.memory_allocated)} / {_gib(node.memory)}")
+    out = [
+        f'<section class="node" data-node="{html.escape(node.node)}">',
+        f"<h2>{html.escape(node.node)}<small>{html.escape(detail)}</small></h2>",
+        f'<div class="gpus" style="--columns:{max(len(gpus), 1)}">',
+    ]
+    out.extend(_gpu(gpu, column=i + 1, colours=colours) for i, gpu in enumerate(gpus))
+    out.extend(_partitions(gpus))
+    out += ["</div>", "</section>"]
+    return "\n".join(out)
+
+
+def _gpu(gpu: metrics.Gpu, *, column: int, colours: Mapping[str, str]) -> str:
+    label = (f'<div class="label"><span>{html.escape(gpu.device)}</span>'
+             f"<span>{_gib(gpu.allocated_memory)} / {_gib(gpu.memory)}</span></div>")
+    bar = [f'<svg width="{_BAR_WIDTH}" height="{_BAR_HEIGHT}" viewBox="0 0 {_BAR_WIDTH} {_BAR_HEIGHT}" role="img">',
+           f'<rect x="0" y="0" width="{_BAR_WIDTH}" height="{_BAR_HEIGHT}" rx="3" fill="#e9edf2"/>']
+    if gpu.slices:
+        step = _BAR_WIDTH / gpu.slices
+        bar.extend(
+            f'<line x1="{i * step:.2f}" y1="0" x2="{i * step:.2f}" y2="{_BAR_HEIGHT}" stroke="#c9d0d9"/>'
+            for i in range(1, gpu.slices)
+        )
+    if gpu.holders:
+        names = " ".join(gpu.holders)
+        tip = f"{', '.join(gpu.holders)} · full GPU · {_gib(gpu.memory)}"
+        bar.append(f'<rect class="whole" x="0" y="0" width="{_BAR_WIDTH}" height="{_BAR_HEIGHT}" rx="3" '
+                   f'fill="{colours[gpu.holders[0]]}" data-claim="{html.escape(names)}">'
+                   f"<title>{html.escape(tip)}</title></rect>")
+    elif gpu.slices:
+        step = _BAR_WIDTH / gpu.slices
+        for p in gpu.placements:
+            if not p.holders:
+                continue
+            last = p.start + p.size - 1
+            tip = f"{', '.join(p.holders)} · {p.profile} · slices {p.start}-{last} · {_gib(p.memory)} · {p.device}"
+            bar.append(
+                f'<rect class="slice" x="{p.start * step:.2f}" y="0" width="{p.size * step:.2f}" '
+                f'height="{_BAR_HEIGHT}" rx="2" fill="{colours[p.holders[0]]}" '
+                f'data-slice-start="{p.start}" data-slice-size="{p.size}" data-profile="{html.escape(p.profile)}" '
+                f'data-claim="{html.escape(" ".join(p.holders))}"><title>{html.escape(tip)}</title></rect>'
+            )
+        if gpu.largest is not None and gpu.state is metrics.State.PARTITIONED:
+            p = gpu.largest
+            tip = f"largest MIG profile still placeable: {p.profile} at slice {p.start}"
+            bar.append(
+                f'<rect class="largest" x="{p.start * step + 1.5:.2f}" y="1.5" width="{p.size * step - 3:.2f}" '
+                f'height="{_BAR_HEIGHT - 3}" fill="none" stroke="#2b7a4b" stroke-width="1.5" stroke-dasharray="4 3" '
+                f'data-largest="{html.escape(p.profile)}"><title>{html.escape(tip)}</title></rect>'
+            )
+    bar.append("</svg>")
+    title = f"{gpu.key} · {gpu.product} · {gpu.state.value}" + (f" · {gpu.uuid}" if gpu.uuid else "")
+    return (f'<div class="gpu" style="grid-column:{column};grid-row:1" data-gpu="{html.escape(gpu.key)}" '
+            f'data-state="{gpu.state.value}" title="{html.escape(title)}">{label}{"".join(bar)}</div>')
+
+
+def _partitions(gpus: Sequence[metrics.Gpu]) -> list[str]:
+    """NVLink partition bands of 4 and 2 GPUs, each spanning its GPUs when they sit side by side."""
+    out: list[str] = []
+    for row, size in enumerate(("4", "2"), start=2):
+        groups: dict[str, list[int]] = {}
+        for column, gpu in enumerate(gpus, start=1):
+            pid = gpu.attributes.get(f"partition{size}")
+            if pid:
+                groups.setdefault(pid, []).append(column)
+        for pid, columns in sorted(groups.items(), key=lambda item: item[1][0]):
+            if columns != list(range(columns[0], columns[-1] + 1)):
+                continue  # Not side by side in module order: a band would claim GPUs it does not join.
+            members = [gpus[c - 1] for c in columns]
+            owners = {g.holders for g in members}
+            held = len(owners) == 1 and members[0].holders != ()
+            tip = f"NVLink partition{size} {pid}: " + ", ".join(g.device for g in members)
+            if held:
+                tip += f" · held whole by {', '.join(members[0].holders)}"
+            out.append(
+                f'<div class="partition{" held" if held else ""}" data-partition="{size}:{html.escape(pid)}" '
+                f'style="grid-column:{columns[0]} / {columns[-1] + 1};grid-row:{row}" title="{html.escape(tip)}">'
+                f"NVLink {size}-GPU partition {html.escape(pid)}</div>"
+            )
+    return out
+
+
+def _chart(points: Sequence[tuple[float, float]]) -> str:
+    """Utilisation over time as an inline SVG step chart, 0-100% on the y axis."""
+    left, bottom, top, right = 44, 24, 10, 12
+    width, height = _CHART_WIDTH - left - right, _CHART_HEIGHT - top - bottom
+    start, end = points[0][0], points[-1][0]
+    span = end - start if end > start else 1.0
+
+    def x(t: float) -> float:
+        return left + (t - start) / span * width
+
+    def y(share: float) -> float:
+        return top + (1 - min(max(share, 0.0), 1.0)) * height
+
+    path = [f"M{x(points[0][0]):.1f},{y(points[0][1]):.1f}"]
+    for (_, previous), (t, share) in itertools.pairwise(points):
+        path.append(f"L{x(t):.1f},{y(previous):.1f}L{x(t):.1f},{y(share):.1f}")
+    axes = [f'<line x1="{left}" y1="{top + height}" x2="{left + width}" y2="{top + height}" stroke="#8a94a3"/>',
+            f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + height}" stroke="#8a94a3"/>']
+    for share in (0.0, 0.5, 1.0):
+        axes.append(f'<text x="{left - 6}" y="{y(share) + 4:.1f}" font-size="11" text-anchor="end" '
+                    f'fill="#4a5563">{share:.0%}</text>')
+    for t in (start, end):
+        axes.append(f'<text x="{x(t):.1f}" y="{_CHART_HEIGHT - 6}" font-size="11" text-anchor="middle" '
+                    f'fill="#4a5563">{t:g}s</text>')
+    return (
+        f'<div class="chart"><h2>GPU memory allocated over time</h2>'
+        f'<svg width="{_CHART_WIDTH}" height="{_CHART_HEIGHT}" viewBox="0 0 {_CHART_WIDTH} {_CHART_HEIGHT}" '
+        f'data-series-points="{len(points)}" role="img"><title>utilisation over time</title>{"".join(axes)}'
+        f'<path d="{"".join(path)}" fill="none" stroke="#2f6fb3" stroke-width="2"/></svg></div>'
+    )

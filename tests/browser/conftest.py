@@ -1,0 +1,79 @@
+"""Browser test set-up: Debian's headless Chromium, installed when missing (as root with apt), else skipped.
+
+`chromium` is the session's browser; `render` opens a local HTML file in it with a fresh
+profile and returns the DOM after the page's scripts ran, plus the browser's log, in which
+Chromium prints every console message as `INFO:CONSOLE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import shutil
+import subprocess
+from collections.abc import Callable
+
+import pytest
+
+SKIP = "needs Debian's chromium for the browser tests: apt-get install -y chromium (as root)"
+# The flags this machine's Chromium needs (see the environment notes): no sandbox as root, no
+# GPU, and none of the background connections a closed network refuses.
+FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--enable-logging=stderr", "--v=0",
+)
+_INSTALL_SECONDS = 900
+_PAGE_SECONDS = 60
+
+
+def _install() -> None:
+    """apt-get install chromium, with one apt-get update retry; failures are left to the skip."""
+    command = ["apt-get", "install", "-y", "-q", "chromium"]
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in ([command], [["apt-get", "update", "-q"], command]):
+        for argv in step:
+            done = subprocess.run(argv, capture_output=True, timeout=_INSTALL_SECONDS, env=environment, check=False)
+            if done.returncode != 0:
+                break
+        if shutil.which("chromium"):
+            return
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of Debian's chromium; installs it when missing and running as root with apt."""
+    found = shutil.which("chromium")
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        _install()
+        found = shutil.which("chromium")
+    if found is None:
+        pytest.skip(SKIP)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """What the browser made of a page: the DOM after its scripts ran, and its log."""
+
+    dom: str
+    log: str
+
+    @property
+    def console(self) -> list[str]:
+        return [line for line in self.log.splitlines() if ":CONSOLE" in line]
+
+
+@pytest.fixture
+def render(chromium: str, tmp_path: pathlib.Path) -> Callable[[pathlib.Path], Page]:
+    """Open a local file in headless Chromium with a fresh profile; bounded by a timeout."""
+
+    def run(page: pathlib.Path) -> Page:
+        profile = tmp_path / f"profile-{page.stem}"
+        argv = [chromium, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.resolve().as_uri()]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=_PAGE_SECONDS, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return Page(dom=done.stdout, log=done.stderr)
+
+    return run

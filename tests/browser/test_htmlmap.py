@@ -1,0 +1,122 @@
+"""The HTML allocation map in a real browser: GPU boxes, MIG slices at their offsets, NVLink bands, no errors."""
+
+from __future__ import annotations
+
+import html.parser
+import pathlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from dractl import model, simulate
+from dractl.model import decode
+from dractl.simulate import htmlmap, metrics
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+
+A100 = "dgx-a100-01"
+H100 = "dgx-h100-01"
+
+
+class _Elements(html.parser.HTMLParser):
+    """Every element of a document with its attributes, in document order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[tuple[str, dict[str, str]]] = []
+        self.root: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = {k: v or "" for k, v in attrs}
+        if tag == "html":
+            self.root = values
+        self.found.append((tag, values))
+
+
+def _parse(dom: str) -> _Elements:
+    parser = _Elements()
+    parser.feed(dom)
+    return parser
+
+
+def _claim(name: str, pool: str, *devices: str) -> model.ResourceClaim:
+    results = tuple(
+        model.DeviceRequestAllocationResult(request=f"r{i}", driver="gpu.nvidia.com", pool=pool, device=d)
+        for i, d in enumerate(devices)
+    )
+    return model.ResourceClaim(meta=model.ObjectMeta(name=name, namespace="default"), spec=model.ResourceClaimSpec(),
+                               allocation=model.AllocationResult(results=results))
+
+
+def _cluster() -> tuple[tuple[model.ResourceSlice, ...], list[model.ResourceClaim]]:
+    """The three example nodes: on the A100 a 1g.10gb at 0 and a 3g.40gb at 4 on gpu-0 and gpu-1 whole;
+    on the H100 four GPUs of NVLink partition4 1 for one claim."""
+    files = [simulate.EXAMPLES / f for f in ("20-dgx-a100-01.yaml", "21-dgx-h100-01.yaml", "22-t4-node-01.yaml")]
+    slices = decode.load_paths(files).resource_slices
+    claims = [
+        _claim("mig-small", A100, "gpu-0-mig-1g10gb-19-0"),
+        _claim("mig-large", A100, "gpu-0-mig-3g40gb-9-4"),
+        _claim("whole", A100, "gpu-1"),
+        _claim("nvlink4", H100, "gpu-0", "gpu-1", "gpu-2", "gpu-3"),
+    ]
+    return slices, claims
+
+
+def test_allocation_map_draws_gpus_slices_and_partitions(
+    render: Callable[[pathlib.Path], Any], tmp_path: pathlib.Path
+) -> None:
+    """18 GPU boxes, two MIG slices at their memory-slice offsets, full GPUs filled, a held NVLink band, no errors."""
+    slices, claims = _cluster()
+    series = metrics.Series()
+    for at, used in ((0.0, 0), (60.0, 40), (120.0, 90), (180.0, 30)):
+        series.sample(at, used=used, total=100)
+    text = htmlmap.render(slices, claims, series=series.result(), title="test map")
+    # Self-contained: nothing is fetched, so nothing may name a URL or an external resource.
+    assert not re.search(r"https?:|\bsrc=|\bhref=|url\(|@import", text)
+    page_file = tmp_path / "map.html"
+    page_file.write_text(text, encoding="utf-8")
+
+    page = render(page_file)
+    assert page.console == []
+    found = _parse(page.dom)
+    assert found.root.get("data-ready") == "1" and "data-errors" not in found.root
+    assert found.root.get("data-gpu-boxes") == "18"
+
+    boxes = {a["data-gpu"]: a for _, a in found.found if "data-gpu" in a}
+    assert len(boxes) == 18
+    assert {k: v["data-state"] for k, v in boxes.items() if v["data-state"] != "free"} == {
+        f"{A100}/gpu-0": "partitioned", f"{A100}/gpu-1": "full", **{f"{H100}/gpu-{i}": "full" for i in range(4)}}
+
+    drawn = [a for _, a in found.found if "data-slice-start" in a]
+    by_claim = {a["data-claim"]: a for a in drawn}
+    assert sorted(by_claim) == ["default/mig-large", "default/mig-small"]
+    width = htmlmap._BAR_WIDTH / 8
+    expected = (("default/mig-large", 4, 4, "3g.40gb"), ("default/mig-small", 0, 1, "1g.10gb"))
+    for claim, start, size, profile in expected:
+        rect = by_claim[claim]
+        assert (int(rect["data-slice-start"]), int(rect["data-slice-size"]), rect["data-profile"]) == (
+            start, size, profile)
+        assert float(rect["x"]) == pytest.approx(start * width, abs=0.01)
+        assert float(rect["width"]) == pytest.approx(size * width, abs=0.01)
+
+    fills = [a["data-claim"] for t, a in found.found if t == "rect" and a.get("class") == "whole"]
+    assert sorted(fills) == ["default/nvlink4"] * 4 + ["default/whole"]
+    largest = [a["data-largest"] for _, a in found.found if "data-largest" in a]
+    assert largest == ["2g.20gb"]
+
+    bands = [(a["data-partition"], a["class"]) for _, a in found.found if "data-partition" in a]
+    assert ("4:1", "partition held") in bands and ("4:2", "partition") in bands
+    charts = [a for _, a in found.found if "data-series-points" in a]
+    assert [c["data-series-points"] for c in charts] == ["4"]
+
+
+def test_console_errors_are_seen(render: Callable[[pathlib.Path], Any], tmp_path: pathlib.Path) -> None:
+    """The console check can fail: a page that logs an error and throws shows both in the browser's log."""
+    page_file = tmp_path / "bad.html"
+    page_file.write_text("<!DOCTYPE html><html><body><script>console.error('boom'); missing();</script></body></html>",
+                         encoding="utf-8")
+    console = render(page_file).console
+    assert any('"boom"' in line for line in console)
+    assert any("missing is not defined" in line for line in console)
