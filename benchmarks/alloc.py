@@ -71,7 +71,15 @@ def manifests(k: int, *, seed: int = 2) -> list[dict[str, Any]]:
             "apiVersion": "resource.k8s.io/v1",
             "kind": "DeviceClass",
             "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'}}]},
+            "spec": {
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+                        }
+                    }
+                ]
+            },
         }
     ]
     for n in range(k):
@@ -100,14 +108,24 @@ def manifests(k: int, *, seed: int = 2) -> list[dict[str, Any]]:
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceSlice",
                 "metadata": {"name": f"{node}-{DRIVER}-gpus"},
-                "spec": {"driver": DRIVER, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "nodeName": node, "devices": devices},
+                "spec": {
+                    "driver": DRIVER,
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                    "nodeName": node,
+                    "devices": devices,
+                },
             }
         )
     for c in range(CLAIMS_PER_NODE * k):
         kind = rng.random()
         if kind < 0.8:
             spec: dict[str, Any] = {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "selectors": [_memory_at_least(rng.choice(THRESHOLDS))]}}]
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {"deviceClassName": DRIVER, "selectors": [_memory_at_least(rng.choice(THRESHOLDS))]},
+                    }
+                ]
             }
         elif kind < 0.9:
             spec = {
@@ -121,12 +139,24 @@ def manifests(k: int, *, seed: int = 2) -> list[dict[str, Any]]:
                         "name": "gpu",
                         "firstAvailable": [
                             {"name": "large", "deviceClassName": DRIVER, "selectors": [_memory_at_least("80Gi")]},
-                            {"name": "two-medium", "deviceClassName": DRIVER, "count": 2, "selectors": [_memory_at_least("40Gi")]},
+                            {
+                                "name": "two-medium",
+                                "deviceClassName": DRIVER,
+                                "count": 2,
+                                "selectors": [_memory_at_least("40Gi")],
+                            },
                         ],
                     }
                 ]
             }
-        documents.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": f"claim-{c:06d}", "namespace": "bench"}, "spec": {"devices": spec}})
+        documents.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": f"claim-{c:06d}", "namespace": "bench"},
+                "spec": {"devices": spec},
+            }
+        )
     return documents
 
 
@@ -167,7 +197,16 @@ def _memory_child(k: int) -> None:
     objects = cluster(k)
     decoded = _peak_rss_mb()
     result = throughput(objects, alloc.Policy.BINPACK)
-    print(json.dumps({"start_mb": before, "decoded_mb": decoded, "peak_mb": _peak_rss_mb(), "claims_per_s": result.claims_per_second}))
+    print(
+        json.dumps(
+            {
+                "start_mb": before,
+                "decoded_mb": decoded,
+                "peak_mb": _peak_rss_mb(),
+                "claims_per_s": result.claims_per_second,
+            }
+        )
+    )
 
 
 def machine() -> str:

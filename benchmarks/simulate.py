@@ -54,9 +54,7 @@ def run_once(path: pathlib.Path, output: str) -> tuple[float, float | None, int]
     command = [sys.executable, "-m", "dractl", "simulate", "-f", str(path), "--timing", "-o", output]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    completed = subprocess.run(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
-    )
+    completed = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     seconds = time.perf_counter() - start
     match = _TIMING.search(completed.stderr)
     return seconds, float(match.group(1)) if match else None, completed.returncode

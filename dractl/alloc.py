@@ -141,7 +141,9 @@ class _Plan:
     config: tuple[model.DeviceClaimConfiguration, ...]
     errors: list[tuple[str | None, str]]
     encoded: array.array[int] | None = None
-    configs: dict[tuple[int, ...], tuple[model.DeviceAllocationConfiguration, ...]] = dataclasses.field(default_factory=dict)
+    configs: dict[tuple[int, ...], tuple[model.DeviceAllocationConfiguration, ...]] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 class Allocator:
@@ -172,7 +174,9 @@ class Allocator:
     Not thread-safe: one allocator per decision loop.
     """
 
-    def __init__(self, snapshot: Snapshot, *, policy: Policy = Policy.BINPACK, search_limit: int = config.DEFAULT_SEARCH_LIMIT) -> None:
+    def __init__(
+        self, snapshot: Snapshot, *, policy: Policy = Policy.BINPACK, search_limit: int = config.DEFAULT_SEARCH_LIMIT
+    ) -> None:
         self._policy = policy
         self._policy_code = _alloc.POLICY_BINPACK if policy is Policy.BINPACK else _alloc.POLICY_FIRST_FIT
         self._limit = search_limit
@@ -234,18 +238,30 @@ class Allocator:
             return Outcome(node=None, allocations=())
         plans = [self._plan(claim.spec) for claim in claims]
         if any(plan.errors for plan in plans):
-            reasons = (Reason(claim.key, request, message) for claim, plan in zip(claims, plans) for request, message in plan.errors)
+            reasons = (
+                Reason(claim.key, request, message)
+                for claim, plan in zip(claims, plans)
+                for request, message in plan.errors
+            )
             return Outcome(node=None, allocations=None, reasons=tuple(reasons))
         encoded = plans[0].encoded if len(plans) == 1 else _encode(plans)
         assert encoded is not None
         node_array = None
         if nodes is not None:
             node_array = array.array("i", sorted({self._node_ids[n] for n in nodes if n in self._node_ids}))
-        status, node, alts, devices, requests, stats = self._core.search(encoded, node_array, policy=self._policy_code, limit=self._limit, commit=True)
+        status, node, alts, devices, requests, stats = self._core.search(
+            encoded, node_array, policy=self._policy_code, limit=self._limit, commit=True
+        )
         if status == _alloc.CEL_ERROR:
-            return Outcome(node=None, allocations=None, reasons=(self._cel_error(claims, plans, alt=alts[0], device=devices[0]),))
+            return Outcome(
+                node=None, allocations=None, reasons=(self._cel_error(claims, plans, alt=alts[0], device=devices[0]),)
+            )
         if status != _alloc.OK:
-            return Outcome(node=None, allocations=None, reasons=self._explain(claims, plans, status=status, stats=stats, node_array=node_array))
+            return Outcome(
+                node=None,
+                allocations=None,
+                reasons=self._explain(claims, plans, status=status, stats=stats, node_array=node_array),
+            )
         return self._success(claims, plans, node=node, alts=alts, devices=devices, requests=requests)
 
     # --- plans -----------------------------------------------------------------------------
@@ -285,14 +301,27 @@ class Allocator:
             minimum += min((0 if alt.all_mode else alt.count) for alt in alts)
             requests.append(alts)
         if minimum > MAX_RESULTS:
-            errors.append((None, f"the claim asks for at least {minimum} devices, which exceeds the claim limit of {MAX_RESULTS} results; split it into several claims"))
+            errors.append(
+                (
+                    None,
+                    f"the claim asks for at least {minimum} devices, which exceeds the claim limit of {MAX_RESULTS} results; split it into several claims",
+                )
+            )
         names = {alts[0].request: r for r, alts in enumerate(requests)}
         constraints: list[tuple[int, int, str, list[tuple[int, int]]]] = []
         for i, constraint in enumerate(spec.constraints):
             if constraint.match_attribute is not None:
-                kind, attribute, text = _alloc.MATCH, constraint.match_attribute, f"matchAttribute {constraint.match_attribute}"
+                kind, attribute, text = (
+                    _alloc.MATCH,
+                    constraint.match_attribute,
+                    f"matchAttribute {constraint.match_attribute}",
+                )
             elif constraint.distinct_attribute is not None:
-                kind, attribute, text = _alloc.DISTINCT, constraint.distinct_attribute, f"distinctAttribute {constraint.distinct_attribute}"
+                kind, attribute, text = (
+                    _alloc.DISTINCT,
+                    constraint.distinct_attribute,
+                    f"distinctAttribute {constraint.distinct_attribute}",
+                )
             else:
                 errors.append((None, f"constraints[{i}] sets neither matchAttribute nor distinctAttribute"))
                 continue
@@ -305,7 +334,9 @@ class Allocator:
                     continue
                 matched = [(r, a) for a, alt in enumerate(requests[r]) if not subrequest or alt.name == ref]
                 if not matched:
-                    errors.append((None, f"constraints[{i}] names the subrequest {ref!r}, which the claim does not have"))
+                    errors.append(
+                        (None, f"constraints[{i}] names the subrequest {ref!r}, which the claim does not have")
+                    )
                 members.extend(m for m in matched if m not in members)
             if constraint.requests:
                 text += f" over {', '.join(constraint.requests)}"
@@ -315,15 +346,38 @@ class Allocator:
             plan.encoded = _encode([plan])
         return plan
 
-    def _alt(self, request: str, name: str, spec: model.ExactDeviceRequest | model.DeviceSubRequest, *, admin: bool) -> _Alt:
+    def _alt(
+        self, request: str, name: str, spec: model.ExactDeviceRequest | model.DeviceSubRequest, *, admin: bool
+    ) -> _Alt:
         """One alternative of a request; its shape is shared by every equal request."""
         capacity = spec.capacity_requests
-        key = (spec.device_class_name, spec.selectors, spec.tolerations, tuple(sorted((k, v.value) for k, v in capacity.items())), admin)
+        key = (
+            spec.device_class_name,
+            spec.selectors,
+            spec.tolerations,
+            tuple(sorted((k, v.value) for k, v in capacity.items())),
+            admin,
+        )
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = self._shape(spec.device_class_name, selectors=spec.selectors, tolerations=spec.tolerations, capacity=capacity, admin=admin)
+            shape = self._shapes[key] = self._shape(
+                spec.device_class_name,
+                selectors=spec.selectors,
+                tolerations=spec.tolerations,
+                capacity=capacity,
+                admin=admin,
+            )
         all_mode = spec.allocation_mode is model.AllocationMode.ALL
-        return _Alt(request, name, spec.device_class_name, shape, all_mode, 0 if all_mode else spec.count, admin, spec.tolerations)
+        return _Alt(
+            request,
+            name,
+            spec.device_class_name,
+            shape,
+            all_mode,
+            0 if all_mode else spec.count,
+            admin,
+            spec.tolerations,
+        )
 
     def _input(self, index: int) -> cel.DeviceInput:
         found = self._inputs[index]
@@ -374,7 +428,9 @@ class Allocator:
             found = self._groups[footprint] = [footprint.key(ref.driver, ref.device) for ref in self._index.devices]
         return found
 
-    def _selectors(self, selectors: Sequence[str], mask: bytearray, *, where: str) -> tuple[bytearray, dict[int, str], str | None]:
+    def _selectors(
+        self, selectors: Sequence[str], mask: bytearray, *, where: str
+    ) -> tuple[bytearray, dict[int, str], str | None]:
         """Evaluate selectors in order, each where the previous ones held (upstream
         short-circuits the same way). Returns the mask, a message per device whose
         evaluation failed (naming `where`, the selector and the device), and the compile
@@ -387,13 +443,19 @@ class Allocator:
             except cel.CompileError as bad:
                 return mask, failed, f"{where}selectors[{k}]: {bad}"
             for i, message in errors.items():
-                failed[i] = f"{where}selectors[{k}]: CEL expression {cel.quote(expression)} failed on device {devices[i].path}: {message}"
+                failed[i] = (
+                    f"{where}selectors[{k}]: CEL expression {cel.quote(expression)} failed on device {devices[i].path}: {message}"
+                )
         return mask, failed, None
 
     def _class_mask(self, class_name: str) -> _ClassMask:
         found = self._class_masks.get(class_name)
         if found is None:
-            mask, failed, error = self._selectors(self._classes[class_name].selectors, bytearray(b"\x01" * len(self._inputs)), where=f"device class {class_name}: ")
+            mask, failed, error = self._selectors(
+                self._classes[class_name].selectors,
+                bytearray(b"\x01" * len(self._inputs)),
+                where=f"device class {class_name}: ",
+            )
             found = self._class_masks[class_name] = _ClassMask(mask, failed, error, sum(mask))
         return found
 
@@ -440,7 +502,9 @@ class Allocator:
             if device.allow_multiple_allocations:
                 shape.consumed[i] = consumed
                 if not admin:
-                    cap_entries[i] = [(self._index.slot_of[(i, name)], amount.as_int()) for name, amount in consumed.items()]
+                    cap_entries[i] = [
+                        (self._index.slot_of[(i, name)], amount.as_int()) for name, amount in consumed.items()
+                    ]
         shape.fitting = sum(mask)
         # Mode All takes every selectable device with the capacity, tainted or not (then
         # fails on the taint); the candidates of every other request exclude tainted ones.
@@ -466,7 +530,9 @@ class Allocator:
             shape.shape_id = self._core.add_shape(bytes(mask), selectable, err=err)
         return shape
 
-    def _cel_error(self, claims: Sequence[model.ResourceClaim], plans: Sequence[_Plan], *, alt: int, device: int) -> Reason:
+    def _cel_error(
+        self, claims: Sequence[model.ResourceClaim], plans: Sequence[_Plan], *, alt: int, device: int
+    ) -> Reason:
         """The reason for a search that met a device whose selector failed: the claim and
         (sub)request of core alternative `alt`, quoting the expression and the device."""
         for claim, plan in zip(claims, plans, strict=True):
@@ -476,7 +542,9 @@ class Allocator:
                 alt -= len(options)
         raise AssertionError("the core named an alternative outside the plan")
 
-    def _consumption(self, index: int, device: model.Device, *, requested: Mapping[str, model.quantity.Quantity]) -> dict[str, model.quantity.Quantity] | None:
+    def _consumption(
+        self, index: int, device: model.Device, *, requested: Mapping[str, model.quantity.Quantity]
+    ) -> dict[str, model.quantity.Quantity] | None:
         """What one allocation would consume of each capacity, or None when the device
         lacks a requested capacity, its policy refuses the amount, or (for a dedicated
         device) it cannot hold the amount."""
@@ -557,12 +625,20 @@ class Allocator:
             selector = _node_selector(claim_refs, node_name)
             if selector is not None:
                 usable_everywhere = False
-            allocations.append(model.AllocationResult(results=tuple(results), config=self._config(plan, chosen=tuple(chosen), flat=flat), node_selector=selector))
+            allocations.append(
+                model.AllocationResult(
+                    results=tuple(results),
+                    config=self._config(plan, chosen=tuple(chosen), flat=flat),
+                    node_selector=selector,
+                )
+            )
             alt_base = offset
             req_base += n_req
         return Outcome(node=None if usable_everywhere else node_name, allocations=tuple(allocations))
 
-    def _result(self, claim: model.ResourceClaim, alt: _Alt, *, ref: _allocindex.DeviceRef, position: int) -> model.DeviceRequestAllocationResult:
+    def _result(
+        self, claim: model.ResourceClaim, alt: _Alt, *, ref: _allocindex.DeviceRef, position: int
+    ) -> model.DeviceRequestAllocationResult:
         device = ref.device
         shared = device.allow_multiple_allocations
         return model.DeviceRequestAllocationResult(
@@ -574,11 +650,15 @@ class Allocator:
             tolerations=alt.tolerations,
             binding_conditions=device.binding_conditions,
             binding_failure_conditions=device.binding_failure_conditions,
-            share_id=str(uuid.uuid5(_SHARE_NAMESPACE, f"{claim.key}\x00{alt.name}\x00{ref.path}\x00{position}")) if shared else None,
+            share_id=str(uuid.uuid5(_SHARE_NAMESPACE, f"{claim.key}\x00{alt.name}\x00{ref.path}\x00{position}"))
+            if shared
+            else None,
             consumed_capacity=dict(alt.shape.consumed.get(ref.index, {})) if shared else {},
         )
 
-    def _config(self, plan: _Plan, *, chosen: tuple[int, ...], flat: Sequence[_Alt]) -> tuple[model.DeviceAllocationConfiguration, ...]:
+    def _config(
+        self, plan: _Plan, *, chosen: tuple[int, ...], flat: Sequence[_Alt]
+    ) -> tuple[model.DeviceAllocationConfiguration, ...]:
         """Class configs (each class once, listing its requests), then claim configs that
         name something allocated; `requests` is cleared when it covers every request."""
         found = plan.configs.get(chosen)
@@ -592,23 +672,49 @@ class Allocator:
             by_class.setdefault(alt.class_name, []).append(alt.name)
         for class_name, names in by_class.items():
             for opaque in self._classes[class_name].config:
-                entries.append(model.DeviceAllocationConfiguration(source="FromClass", requests=_scope(names, top=top, selected=selected), opaque=opaque))
+                entries.append(
+                    model.DeviceAllocationConfiguration(
+                        source="FromClass", requests=_scope(names, top=top, selected=selected), opaque=opaque
+                    )
+                )
         for claim_config in plan.config:
             if claim_config.requests and not any(ref in top or ref in selected for ref in claim_config.requests):
                 continue
-            entries.append(model.DeviceAllocationConfiguration(source="FromClaim", requests=_scope(list(claim_config.requests), top=top, selected=selected), opaque=claim_config.opaque))
+            entries.append(
+                model.DeviceAllocationConfiguration(
+                    source="FromClaim",
+                    requests=_scope(list(claim_config.requests), top=top, selected=selected),
+                    opaque=claim_config.opaque,
+                )
+            )
         result = plan.configs[chosen] = tuple(entries)
         return result
 
     # --- reasons ---------------------------------------------------------------------------
 
-    def _explain(self, claims: Sequence[model.ResourceClaim], plans: Sequence[_Plan], *, status: int, stats: Sequence[Sequence[int]], node_array: array.array[int] | None) -> tuple[Reason, ...]:
+    def _explain(
+        self,
+        claims: Sequence[model.ResourceClaim],
+        plans: Sequence[_Plan],
+        *,
+        status: int,
+        stats: Sequence[Sequence[int]],
+        node_array: array.array[int] | None,
+    ) -> tuple[Reason, ...]:
         reasons: list[Reason] = []
         first = claims[0].key
         if node_array is not None and not node_array:
-            reasons.append(Reason(first, None, "none of the candidate nodes is known (no Node object or ResourceSlice names them)"))
+            reasons.append(
+                Reason(first, None, "none of the candidate nodes is known (no Node object or ResourceSlice names them)")
+            )
         if status == _alloc.SEARCH_LIMIT:
-            reasons.append(Reason(first, None, f"search limit reached after {self._limit} steps without finding an allocation; the claims' constraints are too hard to satisfy together (raise the search limit or simplify the constraints)"))
+            reasons.append(
+                Reason(
+                    first,
+                    None,
+                    f"search limit reached after {self._limit} steps without finding an allocation; the claims' constraints are too hard to satisfy together (raise the search limit or simplify the constraints)",
+                )
+            )
         nodes = node_array if node_array is not None else self._all_nodes
         # Requests are explained when something is known to stop them (too few free
         # devices, a counter, capacity or constraint refusal, the claim limit); when none
@@ -620,22 +726,37 @@ class Allocator:
         constraint_base = 0
         for claim, plan in zip(claims, plans):
             for options in plan.requests:
-                rows = [self._alt_message(alt, row=stats[alt_index + i], plan=plan, constraint_base=constraint_base, nodes=nodes) for i, alt in enumerate(options)]
+                rows = [
+                    self._alt_message(
+                        alt, row=stats[alt_index + i], plan=plan, constraint_base=constraint_base, nodes=nodes
+                    )
+                    for i, alt in enumerate(options)
+                ]
                 alt_index += len(options)
                 blamed = any(b for b, _ in rows)
-                explained.extend((blamed, Reason(claim.key, alt.name, message)) for alt, (_, message) in zip(options, rows))
+                explained.extend(
+                    (blamed, Reason(claim.key, alt.name, message)) for alt, (_, message) in zip(options, rows)
+                )
             constraint_base += len(plan.constraints)
         if any(blamed for blamed, _ in explained):
             reasons.extend(reason for blamed, reason in explained if blamed)
         else:
             reasons.extend(reason for _, reason in explained)
             if status != _alloc.SEARCH_LIMIT and nodes:
-                reasons.append(Reason(first, None, f"every request has devices on its own, but none of the {len(nodes)} candidate node{_s(len(nodes))} has devices for all requests together"))
+                reasons.append(
+                    Reason(
+                        first,
+                        None,
+                        f"every request has devices on its own, but none of the {len(nodes)} candidate node{_s(len(nodes))} has devices for all requests together",
+                    )
+                )
         for problem in self._index.problems(node_array):
             reasons.append(Reason(first, None, problem.message()))
         return tuple(reasons)
 
-    def _alt_message(self, alt: _Alt, *, row: Sequence[int], plan: _Plan, constraint_base: int, nodes: array.array[int]) -> tuple[bool, str]:
+    def _alt_message(
+        self, alt: _Alt, *, row: Sequence[int], plan: _Plan, constraint_base: int, nodes: array.array[int]
+    ) -> tuple[bool, str]:
         """The reason text for one alternative, and whether it is known to stop the claim."""
         shape = alt.shape
         free = self._core.count_free(shape.shape_id, admin=alt.admin, nodes=nodes)
@@ -654,14 +775,29 @@ class Allocator:
             d, name = self._index.slot_names[row[_alloc.STAT_LAST_SLOT]]
             parts.append(f"capacity {name} of device {self._index.devices[d].path} ran out")
         if row[_alloc.STAT_CONSTRAINT]:
-            parts.append(f"constraint {plan.constraints[row[_alloc.STAT_LAST_CONSTRAINT] - constraint_base][2]} could not be met")
+            parts.append(
+                f"constraint {plan.constraints[row[_alloc.STAT_LAST_CONSTRAINT] - constraint_base][2]} could not be met"
+            )
         if row[_alloc.STAT_ALL_BLOCKED]:
-            parts.append("allocationMode All needs every matching device, but some are already allocated or have a taint the request does not tolerate")
+            parts.append(
+                "allocationMode All needs every matching device, but some are already allocated or have a taint the request does not tolerate"
+            )
         if row[_alloc.STAT_BAD_POOL]:
             parts.append("allocationMode All cannot be used on nodes with an invalid or incomplete pool")
         if row[_alloc.STAT_SIZE]:
             parts.append(f"taking them all exceeds the claim limit of {MAX_RESULTS} results")
-        refused = any(row[k] for k in (_alloc.STAT_SHORT, _alloc.STAT_COUNTER, _alloc.STAT_CAPACITY, _alloc.STAT_CONSTRAINT, _alloc.STAT_ALL_BLOCKED, _alloc.STAT_BAD_POOL, _alloc.STAT_SIZE))
+        refused = any(
+            row[k]
+            for k in (
+                _alloc.STAT_SHORT,
+                _alloc.STAT_COUNTER,
+                _alloc.STAT_CAPACITY,
+                _alloc.STAT_CONSTRAINT,
+                _alloc.STAT_ALL_BLOCKED,
+                _alloc.STAT_BAD_POOL,
+                _alloc.STAT_SIZE,
+            )
+        )
         return refused or free < max(alt.count, 1), "; ".join(parts)
 
 
@@ -700,7 +836,20 @@ def _encode(plans: Sequence[_Plan]) -> array.array[int]:
             req_alt_off.append(len(alt_shape))
         claim_req_off.append(base_req + len(plan.requests))
     header = [len(plans), len(req_alt_off) - 1, len(alt_shape), len(cons_kind), len(mem_cons)]
-    return array.array("i", header + claim_req_off + req_alt_off + alt_shape + alt_mode + alt_count + alt_admin + alt_mem_off + mem_cons + cons_kind + cons_attr)
+    return array.array(
+        "i",
+        header
+        + claim_req_off
+        + req_alt_off
+        + alt_shape
+        + alt_mode
+        + alt_count
+        + alt_admin
+        + alt_mem_off
+        + mem_cons
+        + cons_kind
+        + cons_attr,
+    )
 
 
 def _scope(names: list[str], *, top: list[str], selected: set[str]) -> tuple[str, ...]:
@@ -727,7 +876,9 @@ def _tolerates(toleration: model.DeviceToleration, taint: model.DeviceTaint) -> 
     return False
 
 
-def _capacity_amount(entry: model.DeviceCapacity, requested: model.quantity.Quantity | None) -> model.quantity.Quantity | None:
+def _capacity_amount(
+    entry: model.DeviceCapacity, requested: model.quantity.Quantity | None
+) -> model.quantity.Quantity | None:
     """The amount one allocation consumes under the capacity's request policy, or None
     when the policy refuses it. Integer arithmetic, like `Quantity.Value()`."""
     policy = entry.request_policy
@@ -747,7 +898,11 @@ def _capacity_amount(entry: model.DeviceCapacity, requested: model.quantity.Quan
             step = policy.valid_range.step.as_int()
             if step > 0 and (amount - low) % step:
                 result = model.quantity.from_int(low + -(-(amount - low) // step) * step)
-        if policy.valid_range.max is not None and result.as_int() > policy.valid_range.max.as_int() and result != policy.default:
+        if (
+            policy.valid_range.max is not None
+            and result.as_int() > policy.valid_range.max.as_int()
+            and result != policy.default
+        ):
             return None
     elif policy.valid_values:
         bigger = [v for v in policy.valid_values if v.as_int() >= amount]
@@ -785,7 +940,9 @@ def _node_selector(refs: Sequence[_allocindex.DeviceRef], node: str | None) -> m
         for requirement in s.terms[0].match_fields:
             if not any(_same_requirement(requirement, r) for r in fields):
                 fields.append(requirement)
-    return model.NodeSelector(terms=(model.NodeSelectorTerm(match_expressions=tuple(expressions), match_fields=tuple(fields)),))
+    return model.NodeSelector(
+        terms=(model.NodeSelectorTerm(match_expressions=tuple(expressions), match_fields=tuple(fields)),)
+    )
 
 
 def _same_requirement(a: model.NodeSelectorRequirement, b: model.NodeSelectorRequirement) -> bool:
@@ -794,7 +951,13 @@ def _same_requirement(a: model.NodeSelectorRequirement, b: model.NodeSelectorReq
 
 @functools.lru_cache(maxsize=65536)
 def _name_selector(node: str) -> model.NodeSelector:
-    return model.NodeSelector(terms=(model.NodeSelectorTerm(match_fields=(model.NodeSelectorRequirement(key=_allocindex.NAME_FIELD, operator="In", values=(node,)),)),))
+    return model.NodeSelector(
+        terms=(
+            model.NodeSelectorTerm(
+                match_fields=(model.NodeSelectorRequirement(key=_allocindex.NAME_FIELD, operator="In", values=(node,)),)
+            ),
+        )
+    )
 
 
 def _s(n: int) -> str:

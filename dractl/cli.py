@@ -73,7 +73,9 @@ def main() -> None:
     show_envvar=True,
     help=f"Search steps per allocation before giving up with a reason (default: {config.DEFAULT_SEARCH_LIMIT}).",
 )
-def simulate_command(files: tuple[pathlib.Path, ...], policy: str, output: str, timing: bool, search_limit: int) -> None:
+def simulate_command(
+    files: tuple[pathlib.Path, ...], policy: str, output: str, timing: bool, search_limit: int
+) -> None:
     """Allocate claims offline over manifests and show who gets which device, or why not.
 
     Exits 0 even when some claims cannot be allocated: their reasons are the output.

@@ -45,11 +45,20 @@ _PINNED_SHA256 = {
     "etcd": "c395ce223b4cc8a85642fcf3b4935903966a52826ca1a0f317d5978dfb8951ca",
 }
 
-FEATURE_GATES = ",".join(f"{gate}=true" for gate in (
-    "DRAAdminAccess", "DRAConsumableCapacity", "DRADeviceBindingConditions", "DRADeviceTaints",
-    "DRADeviceTaintRules", "DRAExtendedResource", "DRAPartitionableDevices", "DRAPrioritizedList",
-    "DRAResourceClaimDeviceStatus",
-))
+FEATURE_GATES = ",".join(
+    f"{gate}=true"
+    for gate in (
+        "DRAAdminAccess",
+        "DRAConsumableCapacity",
+        "DRADeviceBindingConditions",
+        "DRADeviceTaints",
+        "DRADeviceTaintRules",
+        "DRAExtendedResource",
+        "DRAPartitionableDevices",
+        "DRAPrioritizedList",
+        "DRAResourceClaimDeviceStatus",
+    )
+)
 RUNTIME_CONFIG = "resource.k8s.io/v1=true,resource.k8s.io/v1beta2=true"
 HOW_TO_GET = (
     "needs kube-apiserver and etcd: set KUBEBUILDER_ASSETS to a directory holding them, "
@@ -106,8 +115,9 @@ def _unpack(archive: pathlib.Path, target: pathlib.Path, sha256: str | None) -> 
                 digest.update(chunk)
                 sink.write(chunk)
         if sha256 is not None and digest.hexdigest() != sha256:
-            raise Unavailable(f"{archive}: sha256 {digest.hexdigest()} does not match the pinned {sha256}; "
-                              "fetch the archive again")
+            raise Unavailable(
+                f"{archive}: sha256 {digest.hexdigest()} does not match the pinned {sha256}; fetch the archive again"
+            )
         temp.chmod(0o755)
         os.replace(temp, target)
     finally:
@@ -172,30 +182,72 @@ class CertificateAuthority:
 
     @classmethod
     def create(cls, directory: pathlib.Path) -> CertificateAuthority:
-        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=dractl-test-ca",
-                 cwd=directory)
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=dractl-test-ca",
+            cwd=directory,
+        )
         return cls(directory)
 
     def issue(self, name: str, *, subject: str, server: bool = False) -> tuple[pathlib.Path, pathlib.Path]:
         """A key and certificate `<name>.crt`/`.key` signed by this CA; `server` adds 127.0.0.1/localhost SANs."""
         extensions = ["-addext", "basicConstraints=critical,CA:FALSE"]
         if server:
-            extensions += ["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                           "-addext", "extendedKeyUsage=serverAuth"]
+            extensions += [
+                "-addext",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                "-addext",
+                "extendedKeyUsage=serverAuth",
+            ]
         else:
             extensions += ["-addext", "extendedKeyUsage=clientAuth"]
-        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-CA", "ca.crt", "-CAkey", "ca.key", "-keyout", f"{name}.key", "-out", f"{name}.crt",
-                 "-days", "2", "-subj", subject, *extensions, cwd=self.directory)
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "2",
+            "-subj",
+            subject,
+            *extensions,
+            cwd=self.directory,
+        )
         return self.directory / f"{name}.crt", self.directory / f"{name}.key"
 
 
-def write_kubeconfig(path: pathlib.Path, *, server: str, ca: pathlib.Path, cert: pathlib.Path,
-                     key: pathlib.Path) -> pathlib.Path:
+def write_kubeconfig(
+    path: pathlib.Path, *, server: str, ca: pathlib.Path, cert: pathlib.Path, key: pathlib.Path
+) -> pathlib.Path:
     """A kubeconfig with one cluster, user and context (`test`), certificates by path. JSON is valid YAML."""
     config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "test",
         "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
         "users": [{"name": "test", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
         "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
@@ -236,13 +288,11 @@ class Process:
 def _start(name: str, args: list[str], *, directory: pathlib.Path) -> Process:
     log = directory / f"{name}.log"
     with open(log, "wb") as sink:
-        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                                 cwd=directory)
+        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, cwd=directory)
     return Process(name, popen, log)
 
 
-def _wait_healthy(process: Process, *, port: int, path: str, context: ssl.SSLContext | None,
-                  deadline: float) -> None:
+def _wait_healthy(process: Process, *, port: int, path: str, context: ssl.SSLContext | None, deadline: float) -> None:
     """Poll `path` until it answers 200, the process exits, or `deadline` (monotonic) passes."""
     last = ""
     while time.monotonic() < deadline:
@@ -301,42 +351,99 @@ class ControlPlane:
             ca = CertificateAuthority.create(directory)
             serving_cert, serving_key = ca.issue("apiserver", subject="/CN=kube-apiserver", server=True)
             admin_cert, admin_key = ca.issue("admin", subject="/O=system:masters/CN=dractl-test-admin")
-            _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key",
-                     cwd=directory)
+            _openssl(
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-out",
+                "sa.key",
+                cwd=directory,
+            )
             _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
             port = free_port()
-            plane = cls(directory=directory, binaries=binaries, ca=ca, port=port,
-                        kubeconfig=write_kubeconfig(directory / "admin.kubeconfig", server=f"https://127.0.0.1:{port}",
-                                                    ca=ca.cert, cert=admin_cert, key=admin_key))
+            plane = cls(
+                directory=directory,
+                binaries=binaries,
+                ca=ca,
+                port=port,
+                kubeconfig=write_kubeconfig(
+                    directory / "admin.kubeconfig",
+                    server=f"https://127.0.0.1:{port}",
+                    ca=ca.cert,
+                    cert=admin_cert,
+                    key=admin_key,
+                ),
+            )
             etcd_client, etcd_peer = free_port(), free_port()
-            etcd = _start("etcd", [
-                str(binaries / "etcd"), "--data-dir", str(directory / "etcd"), "--name", "default",
-                "--listen-client-urls", f"http://127.0.0.1:{etcd_client}",
-                "--advertise-client-urls", f"http://127.0.0.1:{etcd_client}",
-                "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-                "--initial-cluster", f"default=http://127.0.0.1:{etcd_peer}",
-                "--unsafe-no-fsync", "--log-level", "warn",
-            ], directory=directory)
+            etcd = _start(
+                "etcd",
+                [
+                    str(binaries / "etcd"),
+                    "--data-dir",
+                    str(directory / "etcd"),
+                    "--name",
+                    "default",
+                    "--listen-client-urls",
+                    f"http://127.0.0.1:{etcd_client}",
+                    "--advertise-client-urls",
+                    f"http://127.0.0.1:{etcd_client}",
+                    "--listen-peer-urls",
+                    f"http://127.0.0.1:{etcd_peer}",
+                    "--initial-advertise-peer-urls",
+                    f"http://127.0.0.1:{etcd_peer}",
+                    "--initial-cluster",
+                    f"default=http://127.0.0.1:{etcd_peer}",
+                    "--unsafe-no-fsync",
+                    "--log-level",
+                    "warn",
+                ],
+                directory=directory,
+            )
             plane.processes.append(etcd)
             deadline = time.monotonic() + READY_DEADLINE
             _wait_healthy(etcd, port=etcd_client, path="/health", context=None, deadline=deadline)
-            apiserver = _start("kube-apiserver", [
-                str(binaries / "kube-apiserver"),
-                "--etcd-servers", f"http://127.0.0.1:{etcd_client}",
-                "--bind-address", "127.0.0.1", "--secure-port", str(port), "--cert-dir", str(directory),
-                "--tls-cert-file", str(serving_cert), "--tls-private-key-file", str(serving_key),
-                "--client-ca-file", str(ca.cert),
-                "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-                "--service-account-key-file", str(directory / "sa.pub"),
-                "--service-account-signing-key-file", str(directory / "sa.key"),
-                "--service-cluster-ip-range", "10.0.0.0/24",
-                "--authorization-mode", authorization,
-                "--endpoint-reconciler-type", "none",
-                "--runtime-config", RUNTIME_CONFIG, "--feature-gates", FEATURE_GATES,
-                "--disable-admission-plugins", "TaintNodesByCondition",
-                *apiserver_args,
-            ], directory=directory)
+            apiserver = _start(
+                "kube-apiserver",
+                [
+                    str(binaries / "kube-apiserver"),
+                    "--etcd-servers",
+                    f"http://127.0.0.1:{etcd_client}",
+                    "--bind-address",
+                    "127.0.0.1",
+                    "--secure-port",
+                    str(port),
+                    "--cert-dir",
+                    str(directory),
+                    "--tls-cert-file",
+                    str(serving_cert),
+                    "--tls-private-key-file",
+                    str(serving_key),
+                    "--client-ca-file",
+                    str(ca.cert),
+                    "--service-account-issuer",
+                    "https://kubernetes.default.svc.cluster.local",
+                    "--service-account-key-file",
+                    str(directory / "sa.pub"),
+                    "--service-account-signing-key-file",
+                    str(directory / "sa.key"),
+                    "--service-cluster-ip-range",
+                    "10.0.0.0/24",
+                    "--authorization-mode",
+                    authorization,
+                    "--endpoint-reconciler-type",
+                    "none",
+                    "--runtime-config",
+                    RUNTIME_CONFIG,
+                    "--feature-gates",
+                    FEATURE_GATES,
+                    "--disable-admission-plugins",
+                    "TaintNodesByCondition",
+                    *apiserver_args,
+                ],
+                directory=directory,
+            )
             plane.processes.append(apiserver)
             _wait_healthy(apiserver, port=port, path="/readyz", context=plane.ssl_context(), deadline=deadline)
             plane.startup_seconds = time.monotonic() - began
@@ -373,30 +480,71 @@ class ControlPlane:
         try:
             deadline = time.monotonic() + READY_DEADLINE
             kcm_cert, kcm_key = self.ca.issue("kcm", subject="/CN=system:kube-controller-manager")
-            kcm_config = write_kubeconfig(self.directory / "kcm.kubeconfig", server=self.url, ca=self.ca.cert,
-                                          cert=kcm_cert, key=kcm_key)
+            kcm_config = write_kubeconfig(
+                self.directory / "kcm.kubeconfig", server=self.url, ca=self.ca.cert, cert=kcm_cert, key=kcm_key
+            )
             kcm_port = free_port()
-            kcm = _start("kube-controller-manager", [
-                str(binaries / "kube-controller-manager"), "--kubeconfig", str(kcm_config),
-                "--authentication-kubeconfig", str(kcm_config), "--authorization-kubeconfig", str(kcm_config),
-                "--bind-address", "127.0.0.1", "--secure-port", str(kcm_port), "--leader-elect=false",
-                "--controllers", "*,-node-lifecycle-controller", "--use-service-account-credentials",
-                "--service-account-private-key-file", str(self.directory / "sa.key"),
-                "--root-ca-file", str(self.ca.cert), "--feature-gates", FEATURE_GATES,
-                "--cert-dir", str(self.directory / "kcm-certs"),
-            ], directory=self.directory)
+            kcm = _start(
+                "kube-controller-manager",
+                [
+                    str(binaries / "kube-controller-manager"),
+                    "--kubeconfig",
+                    str(kcm_config),
+                    "--authentication-kubeconfig",
+                    str(kcm_config),
+                    "--authorization-kubeconfig",
+                    str(kcm_config),
+                    "--bind-address",
+                    "127.0.0.1",
+                    "--secure-port",
+                    str(kcm_port),
+                    "--leader-elect=false",
+                    "--controllers",
+                    "*,-node-lifecycle-controller",
+                    "--use-service-account-credentials",
+                    "--service-account-private-key-file",
+                    str(self.directory / "sa.key"),
+                    "--root-ca-file",
+                    str(self.ca.cert),
+                    "--feature-gates",
+                    FEATURE_GATES,
+                    "--cert-dir",
+                    str(self.directory / "kcm-certs"),
+                ],
+                directory=self.directory,
+            )
             components.processes.append(kcm)
             scheduler_cert, scheduler_key = self.ca.issue("scheduler", subject="/CN=system:kube-scheduler")
-            scheduler_config = write_kubeconfig(self.directory / "scheduler.kubeconfig", server=self.url,
-                                                ca=self.ca.cert, cert=scheduler_cert, key=scheduler_key)
+            scheduler_config = write_kubeconfig(
+                self.directory / "scheduler.kubeconfig",
+                server=self.url,
+                ca=self.ca.cert,
+                cert=scheduler_cert,
+                key=scheduler_key,
+            )
             scheduler_port = free_port()
-            scheduler = _start("kube-scheduler", [
-                str(binaries / "kube-scheduler"), "--kubeconfig", str(scheduler_config),
-                "--authentication-kubeconfig", str(scheduler_config),
-                "--authorization-kubeconfig", str(scheduler_config),
-                "--bind-address", "127.0.0.1", "--secure-port", str(scheduler_port), "--leader-elect=false",
-                "--feature-gates", FEATURE_GATES, "--cert-dir", str(self.directory / "scheduler-certs"),
-            ], directory=self.directory)
+            scheduler = _start(
+                "kube-scheduler",
+                [
+                    str(binaries / "kube-scheduler"),
+                    "--kubeconfig",
+                    str(scheduler_config),
+                    "--authentication-kubeconfig",
+                    str(scheduler_config),
+                    "--authorization-kubeconfig",
+                    str(scheduler_config),
+                    "--bind-address",
+                    "127.0.0.1",
+                    "--secure-port",
+                    str(scheduler_port),
+                    "--leader-elect=false",
+                    "--feature-gates",
+                    FEATURE_GATES,
+                    "--cert-dir",
+                    str(self.directory / "scheduler-certs"),
+                ],
+                directory=self.directory,
+            )
             components.processes.append(scheduler)
             insecure = ssl.create_default_context()
             insecure.check_hostname = False

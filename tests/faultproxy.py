@@ -28,8 +28,17 @@ from typing import Any
 
 import controlplane
 
-_REASONS = {400: "BadRequest", 404: "NotFound", 409: "Conflict", 410: "Gone", 422: "Invalid",
-            429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
+_REASONS = {
+    400: "BadRequest",
+    404: "NotFound",
+    409: "Conflict",
+    410: "Gone",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
 
 
@@ -67,14 +76,16 @@ def respond(status: int, *, method: str = "", path: str = "", count: int | None 
 
 def watch_gone(*, path: str = "", count: int | None = 1) -> Rule:
     """Answer matching watches with 200 and one ERROR event of code 410 (what a too-old resourceVersion gets)."""
-    return Rule(method="GET", path=path + r".*[?&]watch=true" if path else r"[?&]watch=true", count=count,
-                watch_gone=True)
+    return Rule(
+        method="GET", path=path + r".*[?&]watch=true" if path else r"[?&]watch=true", count=count, watch_gone=True
+    )
 
 
 def drop_watch(*, path: str = "", after: int = 0, count: int | None = 1) -> Rule:
     """Forward matching watches but close the connection abruptly after `after` events."""
-    return Rule(method="GET", path=path + r".*[?&]watch=true" if path else r"[?&]watch=true", count=count,
-                drop_after=after)
+    return Rule(
+        method="GET", path=path + r".*[?&]watch=true" if path else r"[?&]watch=true", count=count, drop_after=after
+    )
 
 
 def latency(seconds: float, *, method: str = "", path: str = "", count: int | None = 1) -> Rule:
@@ -157,8 +168,12 @@ class FaultProxy:
         server.server_activate()
         port = server.server_address[1]
         kubeconfig = controlplane.write_kubeconfig(
-            plane.directory / f"proxy-{port}.kubeconfig", server=f"https://127.0.0.1:{port}", ca=plane.ca.cert,
-            cert=plane.directory / "admin.crt", key=plane.directory / "admin.key")
+            plane.directory / f"proxy-{port}.kubeconfig",
+            server=f"https://127.0.0.1:{port}",
+            ca=plane.ca.cert,
+            cert=plane.directory / "admin.crt",
+            key=plane.directory / "admin.key",
+        )
         proxy = cls(plane, server, kubeconfig)
         server.proxy = proxy
         proxy._thread.start()
@@ -218,9 +233,18 @@ class FaultProxy:
             reason = rule.reason or _REASONS.get(rule.status, "Error")
             # Recorded before answering, so a client that got its answer always finds it in the log.
             self._record(handler, rule.status, f"status {rule.status}")
-            _send_json(handler, rule.status, {
-                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": rule.status, "reason": reason,
-                "message": f"injected by the fault proxy: {rule.status} {reason}"})
+            _send_json(
+                handler,
+                rule.status,
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "code": rule.status,
+                    "reason": reason,
+                    "message": f"injected by the fault proxy: {rule.status} {reason}",
+                },
+            )
             return
         if rule is not None and rule.watch_gone:
             self._record(handler, 200, "watch gone")
@@ -228,25 +252,36 @@ class FaultProxy:
             handler.send_header("Content-Type", "application/json")
             handler.send_header("Transfer-Encoding", "chunked")
             handler.end_headers()
-            event = {"type": "ERROR", "object": {
-                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired",
-                "message": "injected by the fault proxy: too old resource version"}}
+            event = {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "code": 410,
+                    "reason": "Expired",
+                    "message": "injected by the fault proxy: too old resource version",
+                },
+            }
             _send_chunk(handler, json.dumps(event).encode() + b"\n")
             _send_chunk(handler, b"")
             return
         self._forward(handler, body, rule)
 
     def _forward(self, handler: _Handler, body: bytes | None, rule: Rule | None) -> None:
-        upstream = http.client.HTTPSConnection("127.0.0.1", self.plane.port, context=self._upstream_context,
-                                               timeout=600)
+        upstream = http.client.HTTPSConnection(
+            "127.0.0.1", self.plane.port, context=self._upstream_context, timeout=600
+        )
         with self._lock:
             self._upstreams.add(upstream)
         try:
             headers = {key: value for key, value in handler.headers.items() if key.lower() not in _HOP_BY_HOP}
             upstream.request(handler.command, handler.path, body=body, headers=headers)
             response = upstream.getresponse()
-            is_stream = response.getheader("Transfer-Encoding", "").lower() == "chunked" and re.search(
-                r"[?&]watch=true", handler.path) is not None
+            is_stream = (
+                response.getheader("Transfer-Encoding", "").lower() == "chunked"
+                and re.search(r"[?&]watch=true", handler.path) is not None
+            )
             handler.send_response(response.status)
             for key, value in response.getheaders():
                 if key.lower() not in _HOP_BY_HOP:
@@ -258,8 +293,13 @@ class FaultProxy:
                 handler.end_headers()
                 handler.wfile.write(data)
                 return
-            self._record(handler, response.status, "drop watch" if rule is not None and rule.drop_after is not None
-                         else ("delay" if rule is not None else ""))
+            self._record(
+                handler,
+                response.status,
+                "drop watch"
+                if rule is not None and rule.drop_after is not None
+                else ("delay" if rule is not None else ""),
+            )
             handler.send_header("Transfer-Encoding", "chunked")
             handler.end_headers()
             events = 0

@@ -197,7 +197,11 @@ def toleration_matches(tol: model.DeviceToleration, taint: model.DeviceTaint) ->
 
 def untolerated_taints(spec: Spec, device: model.Device) -> list[model.DeviceTaint]:
     """NoSchedule/NoExecute taints that no toleration of the (sub)request tolerates."""
-    return [t for t in device.taints if t.effect in _BLOCKING_EFFECTS and not any(toleration_matches(tol, t) for tol in spec.tolerations)]
+    return [
+        t
+        for t in device.taints
+        if t.effect in _BLOCKING_EFFECTS and not any(toleration_matches(tol, t) for tol in spec.tolerations)
+    ]
 
 
 def attribute_values(entry: Entry, name: str) -> frozenset[tuple[str, object]] | None:
@@ -273,7 +277,9 @@ def _quantity(amount: Fraction) -> model.quantity.Quantity:
     return model.quantity.Quantity(value=amount, text=str(float(amount)))
 
 
-def _selector_key(selector: model.NodeSelector) -> tuple[frozenset[tuple[str, str, frozenset[str]]], frozenset[tuple[str, str, frozenset[str]]]] | str:
+def _selector_key(
+    selector: model.NodeSelector,
+) -> tuple[frozenset[tuple[str, str, frozenset[str]]], frozenset[tuple[str, str, frozenset[str]]]] | str:
     if len(selector.terms) != 1:
         return f"{len(selector.terms)} terms"
     term = selector.terms[0]
@@ -353,7 +359,9 @@ class Oracle:
                     continue
             self.pools[key] = self._build_pool(key, members, kept)
 
-    def _build_pool(self, key: tuple[str, str], members: list[model.ResourceSlice], kept: list[model.ResourceSlice]) -> _Pool:
+    def _build_pool(
+        self, key: tuple[str, str], members: list[model.ResourceSlice], kept: list[model.ResourceSlice]
+    ) -> _Pool:
         pool = _Pool(driver=key[0], name=key[1], complete=True)
         problems: list[str] = []
         targeting_names: set[str] = set()
@@ -466,7 +474,9 @@ class Oracle:
             return error
         return None
 
-    def held(self, spec: Spec, ref: Ref, claim: int, results: Sequence[Sequence[model.DeviceRequestAllocationResult]]) -> bool:
+    def held(
+        self, spec: Spec, ref: Ref, claim: int, results: Sequence[Sequence[model.DeviceRequestAllocationResult]]
+    ) -> bool:
         """Upstream's in-use check before selectors are evaluated: admin access only refuses a
         dedicated device its own claim already took; otherwise a device another claim holds
         dedicated, or a dedicated device taken earlier in this allocation, is in use."""
@@ -527,7 +537,11 @@ class Oracle:
         """The devices an All-mode (sub)request takes: every visible device it selects whose
         capacity fits next to existing allocations (in-use and taints are not filters)."""
         if spec not in self._all_cache:
-            self._all_cache[spec] = [ref for ref in self.order if self.selected(spec, self.visible[ref]) and not self.share_amounts(spec, self.visible[ref])[1]]
+            self._all_cache[spec] = [
+                ref
+                for ref in self.order
+                if self.selected(spec, self.visible[ref]) and not self.share_amounts(spec, self.visible[ref])[1]
+            ]
         return self._all_cache[spec]
 
     def make_result(self, spec: Spec, ref: Ref, share_id: str) -> model.DeviceRequestAllocationResult:
@@ -570,7 +584,11 @@ class Oracle:
             return model.NodeSelector(terms=(model.NodeSelectorTerm(match_fields=(req,)),))
         if not exprs and not fields:
             return None
-        return model.NodeSelector(terms=(model.NodeSelectorTerm(match_expressions=tuple(exprs.values()), match_fields=tuple(fields.values())),))
+        return model.NodeSelector(
+            terms=(
+                model.NodeSelectorTerm(match_expressions=tuple(exprs.values()), match_fields=tuple(fields.values())),
+            )
+        )
 
     def why_invisible(self, ref: Ref) -> str:
         pool = self.pools.get((ref.driver, ref.pool))
@@ -584,7 +602,13 @@ class Oracle:
 
     # The rules over a whole joint allocation.
 
-    def check(self, claims: Sequence[model.ResourceClaim], allocations: Sequence[model.AllocationResult], *, complete: bool = True) -> list[str]:
+    def check(
+        self,
+        claims: Sequence[model.ResourceClaim],
+        allocations: Sequence[model.AllocationResult],
+        *,
+        complete: bool = True,
+    ) -> list[str]:
         """Every rule the allocation breaks; [] when it is valid.
 
         With `complete=False` the allocation may be missing results (a search prefix): the
@@ -640,7 +664,9 @@ class Oracle:
             if complete:
                 expected = self.expected_node_selector([e for _, e in chosen])
                 got = allocation.node_selector
-                if (None if expected is None else _selector_key(expected)) != (None if got is None else _selector_key(got)):
+                if (None if expected is None else _selector_key(expected)) != (
+                    None if got is None else _selector_key(got)
+                ):
                     out.append(f"{claim.key}: nodeSelector {_show_selector(got)}, expected {_show_selector(expected)}")
                 if got is not None and not selector_matches(got, self.node, self.labels):
                     out.append(f"{claim.key}: nodeSelector {_show_selector(got)} does not select node {self.node}")
@@ -650,7 +676,9 @@ class Oracle:
             for k, amount in used.items():
                 have = _q(entry.device.capacity[k].value) - self.aggregated.get(ref, {}).get(k, Fraction(0))
                 if amount > have:
-                    out.append(f"{ref}: shares in this allocation consume {amount} of capacity {k}, only {have} is free")
+                    out.append(
+                        f"{ref}: shares in this allocation consume {amount} of capacity {k}, only {have} is free"
+                    )
         return out
 
     def _shape_violations(self, spec: Spec, entry: Entry, r: model.DeviceRequestAllocationResult) -> list[str]:
@@ -659,7 +687,10 @@ class Oracle:
             out.append(f"adminAccess is {r.admin_access}, request has adminAccess={spec.admin}")
         if tuple(r.tolerations) != spec.tolerations:
             out.append("tolerations are not a copy of the request's")
-        if tuple(r.binding_conditions) != entry.device.binding_conditions or tuple(r.binding_failure_conditions) != entry.device.binding_failure_conditions:
+        if (
+            tuple(r.binding_conditions) != entry.device.binding_conditions
+            or tuple(r.binding_failure_conditions) != entry.device.binding_failure_conditions
+        ):
             out.append("binding conditions are not a copy of the device's")
         if entry.device.allow_multiple_allocations:
             if not r.share_id:
@@ -675,7 +706,9 @@ class Oracle:
                 out.append("a dedicated device has consumedCapacity")
         return out
 
-    def _count_violations(self, claim: model.ResourceClaim, per_request: Mapping[str, list[tuple[Spec, Ref]]], *, complete: bool) -> list[str]:
+    def _count_violations(
+        self, claim: model.ResourceClaim, per_request: Mapping[str, list[tuple[Spec, Ref]]], *, complete: bool
+    ) -> list[str]:
         out: list[str] = []
         for request in claim.spec.requests:
             got = per_request.get(request.name, [])
@@ -695,11 +728,15 @@ class Oracle:
             if spec.all_mode:
                 want = self.all_set(spec)
                 if self.broken:
-                    out.append(f"{where}: All mode cannot be satisfied on a node with unusable pools: {', '.join(self.broken)}")
+                    out.append(
+                        f"{where}: All mode cannot be satisfied on a node with unusable pools: {', '.join(self.broken)}"
+                    )
                 elif not want:
                     out.append(f"{where}: All mode but no device matches")
                 elif complete and set(refs) != set(want):
-                    out.append(f"{where}: All mode took {_show_refs(refs)}, expected every matching device {_show_refs(want)}")
+                    out.append(
+                        f"{where}: All mode took {_show_refs(refs)}, expected every matching device {_show_refs(want)}"
+                    )
                 elif not set(refs) <= set(want):
                     out.append(f"{where}: All mode took {_show_refs(set(refs) - set(want))} which do not match")
             elif len(refs) > spec.count or (complete and len(refs) != spec.count):
@@ -763,7 +800,12 @@ class Oracle:
             if not final:
                 return tuple(model.AllocationResult(results=tuple(rs)) for rs in results)
             return tuple(
-                model.AllocationResult(results=tuple(rs), node_selector=self.expected_node_selector([self.visible[Ref(r.driver, r.pool, r.device)] for r in rs]))
+                model.AllocationResult(
+                    results=tuple(rs),
+                    node_selector=self.expected_node_selector(
+                        [self.visible[Ref(r.driver, r.pool, r.device)] for r in rs]
+                    ),
+                )
                 for rs in results
             )
 
@@ -808,11 +850,20 @@ class Oracle:
                 candidates = [
                     ref
                     for ref in self.order
-                    if (ref in failing and (spec.admin or ref not in self.dedicated)) or not self.static_violations(spec, self.visible[ref])
+                    if (ref in failing and (spec.admin or ref not in self.dedicated))
+                    or not self.static_violations(spec, self.visible[ref])
                 ]
                 yield from choose(slot, i, spec, candidates, failing, 0, spec.count)
 
-        def choose(slot: int, i: int, spec: Spec, candidates: list[Ref], failing: Mapping[Ref, CelError], start: int, remaining: int) -> Iterator[tuple[model.AllocationResult, ...]]:
+        def choose(
+            slot: int,
+            i: int,
+            spec: Spec,
+            candidates: list[Ref],
+            failing: Mapping[Ref, CelError],
+            start: int,
+            remaining: int,
+        ) -> Iterator[tuple[model.AllocationResult, ...]]:
             if remaining == 0:
                 yield from search(slot + 1)
                 return
@@ -877,18 +928,27 @@ def _show_selector(selector: model.NodeSelector | None) -> str:
 # --- Module-level API -------------------------------------------------------------------------
 
 
-def check(snapshot: alloc.Snapshot, claims: Sequence[model.ResourceClaim], node: str, allocation_results: Sequence[model.AllocationResult]) -> list[str]:
+def check(
+    snapshot: alloc.Snapshot,
+    claims: Sequence[model.ResourceClaim],
+    node: str,
+    allocation_results: Sequence[model.AllocationResult],
+) -> list[str]:
     """Every rule a joint allocation of `claims` on `node` breaks ([] when valid). Pure."""
     return Oracle(snapshot, node).check(claims, allocation_results)
 
 
-def find_allocation(snapshot: alloc.Snapshot, claims: Sequence[model.ResourceClaim], node: str) -> tuple[model.AllocationResult, ...] | None:
+def find_allocation(
+    snapshot: alloc.Snapshot, claims: Sequence[model.ResourceClaim], node: str
+) -> tuple[model.AllocationResult, ...] | None:
     """Upstream's first-fit answer on `node`: an allocation, None when none exists, or
     `CelError` when the search meets a failing selector first. Pure."""
     return Oracle(snapshot, node).find(claims)
 
 
-def decide(snapshot: alloc.Snapshot, claims: Sequence[model.ResourceClaim], node: str) -> tuple[model.AllocationResult, ...] | CelError | None:
+def decide(
+    snapshot: alloc.Snapshot, claims: Sequence[model.ResourceClaim], node: str
+) -> tuple[model.AllocationResult, ...] | CelError | None:
     """`find_allocation` with the CEL error returned instead of raised. Pure."""
     try:
         return find_allocation(snapshot, claims, node)
@@ -968,7 +1028,12 @@ def ledger_violations(snapshot: alloc.Snapshot, new_claims: Sequence[model.Resou
         for use in device.consumes_counters if device is not None else ():
             for k, v in use.counters.items():
                 totals[(ref.driver, ref.pool, use.counter_set)][k] += _q(v)
-    touched_sets = {(ref.driver, ref.pool, use.counter_set) for ref in new_refs - old_refs if ref in devices for use in devices[ref].consumes_counters}
+    touched_sets = {
+        (ref.driver, ref.pool, use.counter_set)
+        for ref in new_refs - old_refs
+        if ref in devices
+        for use in devices[ref].consumes_counters
+    }
     for key3 in sorted(touched_sets):
         for k, value in sorted(counter_sets.get(key3, {}).items()):
             if totals[key3][k] > value:

@@ -51,6 +51,7 @@ def quote(expression: str) -> str:
 
 # --- Quantity and Semver values ------------------------------------------------------------
 
+
 def _message_classes() -> tuple[type[typing.Any], type[typing.Any]]:
     """Build the two one-field message types in a private descriptor pool."""
     proto = descriptor_pb2.FileDescriptorProto(name="dractl/cel.proto", package="kubernetes", syntax="proto3")
@@ -190,7 +191,9 @@ def _includes(container: typing.Any, item: typing.Any) -> bool:
     """`includes()` of the DRA list-type attributes: membership for lists, equality for scalars."""
     if isinstance(container, list):
         if len(container) > LIST_INCLUDES_LIMIT:
-            raise ValueError(f"includes() supports lists of at most {LIST_INCLUDES_LIMIT} entries, this one has {len(container)}")
+            raise ValueError(
+                f"includes() supports lists of at most {LIST_INCLUDES_LIMIT} entries, this one has {len(container)}"
+            )
         return any(_equal(element, item) for element in container)
     return _equal(container, item)
 
@@ -200,7 +203,9 @@ def _includes(container: typing.Any, item: typing.Any) -> bool:
 _T = cel.Type
 
 
-def _member(name: str, result: typing.Any, params: Sequence[typing.Any], impl: Callable[..., typing.Any] | None = None) -> typing.Any:
+def _member(
+    name: str, result: typing.Any, params: Sequence[typing.Any], impl: Callable[..., typing.Any] | None = None
+) -> typing.Any:
     overload_id = "_".join([name, *(str(p.name()).replace(".", "_").lower() for p in params)])
     if impl is None:
         return cel.Overload(overload_id, result, list(params), is_member=True)
@@ -239,7 +244,9 @@ def _functions() -> list[typing.Any]:
         cel.FunctionDecl("sign", [_member("sign", _T.INT, [Q], _sign)]),
         cel.FunctionDecl("isInteger", [_member("isInteger", _T.BOOL, [Q], _is_integer)]),
         cel.FunctionDecl("asInteger", [_member("asInteger", _T.INT, [Q], _as_integer)]),
-        cel.FunctionDecl("asApproximateFloat", [_member("asApproximateFloat", _T.DOUBLE, [Q], lambda m: float(_fraction(m.s)))]),
+        cel.FunctionDecl(
+            "asApproximateFloat", [_member("asApproximateFloat", _T.DOUBLE, [Q], lambda m: float(_fraction(m.s)))]
+        ),
         cel.FunctionDecl("add", [_member("add", Q, [Q, Q], _add), _member("add", Q, [Q, _T.INT], _add)]),
         cel.FunctionDecl("sub", [_member("sub", Q, [Q, Q], _sub), _member("sub", Q, [Q, _T.INT], _sub)]),
         cel.FunctionDecl(
@@ -248,7 +255,10 @@ def _functions() -> list[typing.Any]:
         ),
         cel.FunctionDecl(
             "isSemver",
-            [_global("isSemver", _T.BOOL, [_T.STRING], is_semver), _global("isSemver", _T.BOOL, [_T.STRING, _T.BOOL], is_semver)],
+            [
+                _global("isSemver", _T.BOOL, [_T.STRING], is_semver),
+                _global("isSemver", _T.BOOL, [_T.STRING, _T.BOOL], is_semver),
+            ],
         ),
         cel.FunctionDecl("major", [_member("major", _T.INT, [S], lambda m: _version(m.s).major)]),
         cel.FunctionDecl("minor", [_member("minor", _T.INT, [S], lambda m: _version(m.s).minor)]),
@@ -283,8 +293,6 @@ def _attribute_value(attribute: model.DeviceAttribute) -> typing.Any:
 def _split(name: str, driver: str) -> tuple[str, str]:
     domain, slash, identifier = name.partition("/")
     return (domain, identifier) if slash else (driver, name)
-
-
 
 
 BOOL = _T.BOOL

@@ -23,7 +23,9 @@ _HINT_DOMAIN = "gpu.nvidia.com"
 
 _MAX_FIXES = 16
 _ERROR_LINE = re.compile(r"ERROR: <input>:(?P<line>\d+):(?P<column>\d+): (?P<what>[^\n]*)")
-_NO_OVERLOAD = re.compile(r"found no matching overload for '_(?P<op>[^_]+)_' applied to '\((?P<left>[^,]+), (?P<right>[^)]+)\)'")
+_NO_OVERLOAD = re.compile(
+    r"found no matching overload for '_(?P<op>[^_]+)_' applied to '\((?P<left>[^,]+), (?P<right>[^)]+)\)'"
+)
 _UNDECLARED = re.compile(r"undeclared reference to '(?P<name>[^']+)'")
 _COMPARISONS = frozenset({"<", "<=", ">", ">=", "==", "!="})
 _ARITHMETIC = {"+": "add", "-": "sub"}
@@ -97,7 +99,9 @@ def _fix_driver_name(text: str) -> tuple[str, str | None]:
     wrong = [
         tokens[index + 4]
         for index in range(len(tokens) - 4)
-        if lexer.is_field(tokens, index, "driver") and tokens[index + 3].text in ("==", "!=") and _literal(tokens[index + 4]) == "nvidia.com/gpu"
+        if lexer.is_field(tokens, index, "driver")
+        and tokens[index + 3].text in ("==", "!=")
+        and _literal(tokens[index + 4]) == "nvidia.com/gpu"
     ]
     for token in reversed(wrong):
         text = _replace(text, token.start, token.end, f'"{_HINT_DOMAIN}"')
@@ -107,7 +111,12 @@ def _fix_driver_name(text: str) -> tuple[str, str | None]:
 
 def _literal(token: lexer.Token) -> str | None:
     """The value of a plain (unprefixed, escape-free) string literal token."""
-    if token.kind == "string" and token.text[:1] in "\"'" and "\\" not in token.text and not token.text.startswith(('"""', "'''")):
+    if (
+        token.kind == "string"
+        and token.text[:1] in "\"'"
+        and "\\" not in token.text
+        and not token.text.startswith(('"""', "'''"))
+    ):
         return token.text[1:-1]
     return None
 
@@ -140,7 +149,14 @@ def _article_lookup(tokens: Sequence[lexer.Token], index: int) -> tuple[int, str
     if not lexer.is_field(tokens, index, "attributes"):
         return None
     shape = [token.text for token in tokens[index + 3 : index + 10]]
-    if len(shape) < 7 or shape[0] != "[" or shape[2] != "]" or shape[3] != "." or shape[4] not in _ACCESSORS or shape[5:7] != ["(", ")"]:
+    if (
+        len(shape) < 7
+        or shape[0] != "["
+        or shape[2] != "]"
+        or shape[3] != "."
+        or shape[4] not in _ACCESSORS
+        or shape[5:7] != ["(", ")"]
+    ):
         return None
     key = _literal(tokens[index + 4])
     if key is None or "." in key or "/" in key:
@@ -169,7 +185,7 @@ def _article_lookup(tokens: Sequence[lexer.Token], index: int) -> tuple[int, str
             normalized = environment.semver_message(model.semver.parse(version, normalize=True)).s
             return end + 2, f'{base}.compareTo(semver("{normalized}")) {operator} 0', note
         return end, base, note
-    return end, base, f'attributes are keyed by domain, then name: {base}'
+    return end, base, f"attributes are keyed by domain, then name: {base}"
 
 
 def _driver_domain(tokens: Sequence[lexer.Token]) -> str:
@@ -226,7 +242,9 @@ def _offset(text: str, line: int, column: int) -> int:
     return sum(len(previous) + 1 for previous in lines[: line - 1]) + column - 1
 
 
-def _fix_operator(text: str, tokens: Sequence[lexer.Token], at: int, match: re.Match[str]) -> tuple[str | None, str | None] | None:
+def _fix_operator(
+    text: str, tokens: Sequence[lexer.Token], at: int, match: re.Match[str]
+) -> tuple[str | None, str | None] | None:
     operator, left_type, right_type = match.group("op"), match.group("left"), match.group("right")
     opaque = _OPAQUE.get(left_type) or _OPAQUE.get(right_type)
     if opaque is None or (operator not in _COMPARISONS and operator not in _ARITHMETIC):
@@ -271,14 +289,18 @@ def _operand_start(tokens: Sequence[lexer.Token], index: int) -> int | None:
                 return None
             index = opener
             before = tokens[index - 1] if index > 0 else None
-            if token.text == "]" and before is not None and (before.kind in ("ident", "string", "number") or before.text in lexer.OPENING):
+            if (
+                token.text == "]"
+                and before is not None
+                and (before.kind in ("ident", "string", "number") or before.text in lexer.OPENING)
+            ):
                 index -= 1  # an index: the chain continues with what is indexed
                 continue
             if token.text == ")" and before is not None and before.kind == "ident":
                 index -= 1  # a call: the function name belongs to the operand
         elif token.kind not in ("ident", "string", "number"):
             return None
-        if index >= 2 and tokens[index - 1].text == "." :
+        if index >= 2 and tokens[index - 1].text == ".":
             index -= 2
         elif index >= 3 and tokens[index - 1].text == "?" and tokens[index - 2].text == ".":
             index -= 3
@@ -316,7 +338,9 @@ def _operand_end(tokens: Sequence[lexer.Token], index: int) -> int | None:
     return end
 
 
-def _fix_undeclared(text: str, tokens: Sequence[lexer.Token], at: int | None, name: str) -> tuple[str | None, str | None]:
+def _fix_undeclared(
+    text: str, tokens: Sequence[lexer.Token], at: int | None, name: str
+) -> tuple[str | None, str | None]:
     fields = ", ".join(f"device.{field}" for field in _DEVICE_FIELDS)
     if name == "device":
         return None, f"`device` is used through its fields: {fields}"
@@ -327,7 +351,9 @@ def _fix_undeclared(text: str, tokens: Sequence[lexer.Token], at: int | None, na
         close = difflib.get_close_matches(field, _DEVICE_FIELDS, n=1)
         if close and lookup is not None:
             token = tokens[lookup]
-            return _replace(text, token.start, token.end, close[0]), f"`device` has no field {field!r}; did you mean device.{close[0]}?"
+            return _replace(
+                text, token.start, token.end, close[0]
+            ), f"`device` has no field {field!r}; did you mean device.{close[0]}?"
         return None, f"`device` has no field {field!r}; its fields are {fields}"
     # The checker points at the call's opening parenthesis.
     if at is None or at < 2 or tokens[at - 2].text != ".":
@@ -341,5 +367,3 @@ def _fix_undeclared(text: str, tokens: Sequence[lexer.Token], at: int | None, na
     if name in _ACCESSORS or name == "value":
         return None, f"attribute values are already typed: compare them directly, without .{name}()"
     return None, None
-
-

@@ -109,4 +109,3 @@ def optional_domains(expression: str) -> str:
     for position, insert in sorted(inserts, reverse=True):
         text = text[:position] + insert + text[position:]
     return text
-

@@ -73,8 +73,9 @@ class Resource:
 RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False)
 RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True)
 DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False)
-RESOURCE_CLAIM_TEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate",
-                                    namespaced=True)
+RESOURCE_CLAIM_TEMPLATES = Resource(
+    "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", namespaced=True
+)
 PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
@@ -154,8 +155,13 @@ def error_from_status(status: int, body: bytes | str) -> ApiError:
 # --- Construction --------------------------------------------------------------------------
 
 
-def connect(kubeconfig: str | os.PathLike[str] | None = None, *, context: str | None = None,
-            field_manager: str = FIELD_MANAGER, attempts: int = DEFAULT_ATTEMPTS) -> Client:
+def connect(
+    kubeconfig: str | os.PathLike[str] | None = None,
+    *,
+    context: str | None = None,
+    field_manager: str = FIELD_MANAGER,
+    attempts: int = DEFAULT_ATTEMPTS,
+) -> Client:
     """A client from `kubeconfig`, else in-cluster when running in a pod, else `$KUBECONFIG`/`~/.kube/config`.
 
     Reads the kubeconfig (and certificates it names); no request is sent.
@@ -165,8 +171,11 @@ def connect(kubeconfig: str | os.PathLike[str] | None = None, *, context: str | 
         kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=None if kubeconfig is None else os.fspath(kubeconfig), context=context,
-            client_configuration=configuration, persist_config=False)
+            config_file=None if kubeconfig is None else os.fspath(kubeconfig),
+            context=context,
+            client_configuration=configuration,
+            persist_config=False,
+        )
     return Client(kubernetes.client.ApiClient(configuration), field_manager=field_manager, attempts=attempts)
 
 
@@ -192,8 +201,13 @@ class PatchType(enum.Enum):
     APPLY = "application/apply-patch+yaml"
 
 
-_TRANSIENT_ERRORS = (Transient, urllib3.exceptions.ProtocolError, urllib3.exceptions.MaxRetryError,
-                     urllib3.exceptions.TimeoutError, ConnectionError)
+_TRANSIENT_ERRORS = (
+    Transient,
+    urllib3.exceptions.ProtocolError,
+    urllib3.exceptions.MaxRetryError,
+    urllib3.exceptions.TimeoutError,
+    ConnectionError,
+)
 
 
 class WatchStream:
@@ -267,8 +281,14 @@ class Client:
     that as "someone (maybe we) created it" and read it.
     """
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, *, field_manager: str = FIELD_MANAGER,
-                 attempts: int = DEFAULT_ATTEMPTS, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient,
+        *,
+        field_manager: str = FIELD_MANAGER,
+        attempts: int = DEFAULT_ATTEMPTS,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
         self.api_client = api_client
         self.field_manager = field_manager
         self.attempts = attempts
@@ -285,19 +305,32 @@ class Client:
 
     # --- Transport -----------------------------------------------------------------------
 
-    def _send(self, method: str, path: str, *, query: Sequence[tuple[str, str]] = (), body: Any = None,
-              content_type: str = "application/json",
-              timeout: float | tuple[float, float] | None = None) -> urllib3.BaseHTTPResponse:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | tuple[float, float] | None = None,
+    ) -> urllib3.BaseHTTPResponse:
         """One request, no retry. Returns the open response (2xx) or raises the mapped `ApiError`."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
         _, url, headers, body, _ = self.api_client.param_serialize(
-            method=method, resource_path=path, query_params=list(query) or None, header_params=headers, body=body,
-            auth_settings=["BearerToken"])
+            method=method,
+            resource_path=path,
+            query_params=list(query) or None,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         try:
             response: urllib3.BaseHTTPResponse = self.api_client.call_api(
-                method, url, header_params=headers, body=body, _request_timeout=timeout or self.timeout).response
+                method, url, header_params=headers, body=body, _request_timeout=timeout or self.timeout
+            ).response
         except kubernetes.client.ApiException as error:
             raise Transient(error.status or 0, "TransportError", str(error.reason)) from error
         if not 200 <= response.status < 300:
@@ -308,8 +341,15 @@ class Client:
             raise error_from_status(response.status, data)
         return response
 
-    def _request(self, method: str, path: str, *, query: Sequence[tuple[str, str]] = (), body: Any = None,
-                 content_type: str = "application/json") -> dict[str, Any]:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
         """One request with bounded retries on transient failures; the decoded JSON answer."""
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.attempts),
@@ -345,8 +385,9 @@ class Client:
         """The object as raw JSON. Raises `NotFound`. Read-only."""
         return self._request("GET", resource.path(namespace=namespace, name=name))
 
-    def list(self, resource: Resource, *, namespace: str = "", label_selector: str = "",
-             field_selector: str = "") -> ListResult:
+    def list(
+        self, resource: Resource, *, namespace: str = "", label_selector: str = "", field_selector: str = ""
+    ) -> ListResult:
         """Every matching object (pages of 500 followed to the end) and the list's resourceVersion. Read-only."""
         items: list[dict[str, Any]] = []
         token = ""
@@ -369,8 +410,17 @@ class Client:
             if not token:
                 return ListResult(tuple(items), str(metadata.get("resourceVersion") or ""))
 
-    def watch(self, resource: Resource, *, resource_version: str, namespace: str = "", label_selector: str = "",
-              field_selector: str = "", timeout_seconds: int = 300, bookmarks: bool = True) -> WatchStream:
+    def watch(
+        self,
+        resource: Resource,
+        *,
+        resource_version: str,
+        namespace: str = "",
+        label_selector: str = "",
+        field_selector: str = "",
+        timeout_seconds: int = 300,
+        bookmarks: bool = True,
+    ) -> WatchStream:
         """Open a watch from `resource_version`; the server ends it after `timeout_seconds`.
 
         Raises `Gone` at once if the server refuses the version with a 410 answer. Not retried:
@@ -386,20 +436,23 @@ class Client:
         if field_selector:
             query.append(("fieldSelector", field_selector))
         try:
-            response = self._send("GET", resource.path(namespace=namespace), query=query,
-                                  timeout=(self.timeout, timeout_seconds + 30.0))
+            response = self._send(
+                "GET", resource.path(namespace=namespace), query=query, timeout=(self.timeout, timeout_seconds + 30.0)
+            )
         except (urllib3.exceptions.HTTPError, ConnectionError) as error:
             raise Transient(0, "ConnectionFailed", f"watch {resource.plural}: {error}") from error
         return WatchStream(response)
 
     # --- Writes --------------------------------------------------------------------------
 
-    def create(self, resource: Resource, body: Mapping[str, Any], *, namespace: str = "",
-               dry_run: bool = False) -> dict[str, Any]:
+    def create(
+        self, resource: Resource, body: Mapping[str, Any], *, namespace: str = "", dry_run: bool = False
+    ) -> dict[str, Any]:
         """Create; returns the stored object. Raises `AlreadyExists`, `Invalid`. Not idempotent."""
         namespace = namespace or str((body.get("metadata") or {}).get("namespace") or "")
-        return self._request("POST", resource.path(namespace=namespace), body=dict(body),
-                             query=self._write_query(dry_run=dry_run))
+        return self._request(
+            "POST", resource.path(namespace=namespace), body=dict(body), query=self._write_query(dry_run=dry_run)
+        )
 
     def update(self, resource: Resource, body: Mapping[str, Any], *, subresource: str = "") -> dict[str, Any]:
         """Replace (PUT) the object named in `body`; `metadata.resourceVersion` in it is the precondition.
@@ -409,19 +462,32 @@ class Client:
         """
         metadata = body.get("metadata") or {}
         if not metadata.get("resourceVersion"):
-            raise ValueError(f"update of {resource.kind} {metadata.get('name')}: "
-                             "metadata.resourceVersion is required as precondition")
-        path = resource.path(namespace=str(metadata.get("namespace") or ""), name=str(metadata.get("name") or ""),
-                             subresource=subresource)
+            raise ValueError(
+                f"update of {resource.kind} {metadata.get('name')}: "
+                "metadata.resourceVersion is required as precondition"
+            )
+        path = resource.path(
+            namespace=str(metadata.get("namespace") or ""),
+            name=str(metadata.get("name") or ""),
+            subresource=subresource,
+        )
         return self._request("PUT", path, body=dict(body), query=self._write_query())
 
     def update_status(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
         """`update` of the status subresource (only `status` is written), with the same precondition."""
         return self.update(resource, body, subresource="status")
 
-    def patch(self, resource: Resource, name: str, patch: Mapping[str, Any] | Sequence[Mapping[str, Any]], *,
-              namespace: str = "", type: PatchType = PatchType.MERGE, subresource: str = "",
-              force: bool = False) -> dict[str, Any]:
+    def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        namespace: str = "",
+        type: PatchType = PatchType.MERGE,
+        subresource: str = "",
+        force: bool = False,
+    ) -> dict[str, Any]:
         """Patch; returns the stored object.
 
         A merge patch carrying `metadata.resourceVersion` (and a JSON patch with a `test` op on it)
@@ -430,11 +496,17 @@ class Client:
         """
         body: Any = list(patch) if type is PatchType.JSON else dict(patch)  # type: ignore[arg-type]
         path = resource.path(namespace=namespace, name=name, subresource=subresource)
-        return self._request("PATCH", path, body=body, content_type=type.value,
-                             query=self._write_query(force=force and type is PatchType.APPLY))
+        return self._request(
+            "PATCH",
+            path,
+            body=body,
+            content_type=type.value,
+            query=self._write_query(force=force and type is PatchType.APPLY),
+        )
 
-    def delete(self, resource: Resource, name: str, *, namespace: str = "", resource_version: str = "",
-               uid: str = "") -> None:
+    def delete(
+        self, resource: Resource, name: str, *, namespace: str = "", resource_version: str = "", uid: str = ""
+    ) -> None:
         """Delete, with optional preconditions (`Conflict` if they fail). Raises `NotFound` if already gone."""
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         preconditions = {key: value for key, value in (("resourceVersion", resource_version), ("uid", uid)) if value}
@@ -453,8 +525,9 @@ class Client:
         assert isinstance(claim, model.ResourceClaim)
         return claim
 
-    def list_resource_slices(self, *, label_selector: str = "", field_selector: str = "") -> tuple[
-            tuple[model.ResourceSlice, ...], str]:
+    def list_resource_slices(
+        self, *, label_selector: str = "", field_selector: str = ""
+    ) -> tuple[tuple[model.ResourceSlice, ...], str]:
         """Matching slices as model values (undecodable ones logged and skipped) and the list's resourceVersion."""
         result = self.list(RESOURCE_SLICES, label_selector=label_selector, field_selector=field_selector)
         slices = tuple(value for value in map(decode, result.items) if isinstance(value, model.ResourceSlice))
@@ -468,8 +541,9 @@ class BadObject(ValueError):
     """An object from the API server that the model refuses; str() names it and the fields."""
 
 
-Decoded = (model.ResourceSlice | model.ResourceClaim | model.DeviceClass | model.ResourceClaimTemplate
-           | model.Pod | model.Node)
+Decoded = (
+    model.ResourceSlice | model.ResourceClaim | model.DeviceClass | model.ResourceClaimTemplate | model.Pod | model.Node
+)
 _MODEL_KINDS = frozenset({"ResourceSlice", "ResourceClaim", "DeviceClass", "ResourceClaimTemplate", "Pod", "Node"})
 
 

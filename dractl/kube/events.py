@@ -48,8 +48,13 @@ class ObjectRef:
         return cls(api_version=api_version, kind=kind, name=meta.name, namespace=meta.namespace, uid=meta.uid)
 
     def as_dict(self) -> dict[str, str]:
-        fields = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name,
-                  "namespace": self.namespace, "uid": self.uid}
+        fields = {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "namespace": self.namespace,
+            "uid": self.uid,
+        }
         return {key: value for key, value in fields.items() if value}
 
 
@@ -64,8 +69,14 @@ def _timestamp(moment: datetime.datetime) -> str:
 class Recorder:
     """Sends Events for one component (and host). Thread-safe; remembers the last 4096 distinct events."""
 
-    def __init__(self, client: kube_client.Client, *, component: str = COMPONENT, host: str = "",
-                 clock: Callable[[], datetime.datetime] = _now) -> None:
+    def __init__(
+        self,
+        client: kube_client.Client,
+        *,
+        component: str = COMPONENT,
+        host: str = "",
+        clock: Callable[[], datetime.datetime] = _now,
+    ) -> None:
         self._client = client
         self._component = component
         self._host = host
@@ -73,7 +84,8 @@ class Recorder:
         self._lock = threading.Lock()
         # (ref, type, reason, message) -> (event namespace, event name, count), oldest first.
         self._seen: collections.OrderedDict[tuple[ObjectRef, str, str, str], tuple[str, str, int]] = (
-            collections.OrderedDict())
+            collections.OrderedDict()
+        )
 
     def event(self, ref: ObjectRef, *, type: str, reason: str, message: str) -> None:
         """Record one occurrence. API failures are logged, never raised; a `type` other than Normal or
@@ -88,24 +100,36 @@ class Recorder:
             if seen is not None:
                 namespace, name, count = seen
                 try:
-                    self._client.patch(kube_client.EVENTS, name, namespace=namespace,
-                                       patch={"count": count + 1, "lastTimestamp": now})
+                    self._client.patch(
+                        kube_client.EVENTS, name, namespace=namespace, patch={"count": count + 1, "lastTimestamp": now}
+                    )
                     self._remember(identity, (namespace, name, count + 1))
                     return
                 except kube_client.NotFound:
                     pass  # The Event expired (the API server's TTL): start a new one.
             namespace = ref.namespace or "default"
             name = f"{ref.name}.{uuid.uuid4().hex[:16]}"
-            self._client.create(kube_client.EVENTS, {
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": name, "namespace": namespace},
-                "involvedObject": ref.as_dict(),
-                "reason": reason, "message": message, "type": type, "count": 1,
-                "firstTimestamp": now, "lastTimestamp": now,
-                "source": {key: value for key, value in (("component", self._component), ("host", self._host))
-                           if value},
-                "reportingComponent": self._component, "reportingInstance": self._host or self._component,
-            }, namespace=namespace)
+            self._client.create(
+                kube_client.EVENTS,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "involvedObject": ref.as_dict(),
+                    "reason": reason,
+                    "message": message,
+                    "type": type,
+                    "count": 1,
+                    "firstTimestamp": now,
+                    "lastTimestamp": now,
+                    "source": {
+                        key: value for key, value in (("component", self._component), ("host", self._host)) if value
+                    },
+                    "reportingComponent": self._component,
+                    "reportingInstance": self._host or self._component,
+                },
+                namespace=namespace,
+            )
             self._remember(identity, (namespace, name, 1))
         except kube_client.ApiError as error:
             log.warning("could not record event %s %s on %s %s: %s", type, reason, ref.kind, ref.name, error)

@@ -101,10 +101,19 @@ class Informer(Generic[T]):
     joins it. `run()` is the loop itself, for callers with their own thread.
     """
 
-    def __init__(self, client: kube_client.Client, resource: kube_client.Resource, *,
-                 decode: Callable[[dict[str, Any]], T | None], handlers: Handlers[T] | None = None,
-                 namespace: str = "", label_selector: str = "", field_selector: str = "",
-                 watch_timeout: int = 300, max_backoff: float = 30.0) -> None:
+    def __init__(
+        self,
+        client: kube_client.Client,
+        resource: kube_client.Resource,
+        *,
+        decode: Callable[[dict[str, Any]], T | None],
+        handlers: Handlers[T] | None = None,
+        namespace: str = "",
+        label_selector: str = "",
+        field_selector: str = "",
+        watch_timeout: int = 300,
+        max_backoff: float = 30.0,
+    ) -> None:
         self.client = client
         self.resource = resource
         self.store: Store[T] = Store()
@@ -164,14 +173,21 @@ class Informer(Generic[T]):
                 failures += 1
                 need_list = True
                 # The first 410 relists at once (client-go's behaviour); anything repeated backs off.
-                delay = 0.0 if failures == 1 and isinstance(error, kube_client.Gone) else min(
-                    self._max_backoff, 0.1 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
+                delay = (
+                    0.0
+                    if failures == 1 and isinstance(error, kube_client.Gone)
+                    else min(self._max_backoff, 0.1 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
+                )
                 log.warning("%s: %s; relisting in %.1fs", self.resource.plural, error, delay)
                 self._stopped.wait(delay)
 
     def _list(self) -> None:
-        result = self.client.list(self.resource, namespace=self._namespace, label_selector=self._label_selector,
-                                  field_selector=self._field_selector)
+        result = self.client.list(
+            self.resource,
+            namespace=self._namespace,
+            label_selector=self._label_selector,
+            field_selector=self._field_selector,
+        )
         self.lists += 1
         seen: set[str] = set()
         previous = self.store._snapshot()
@@ -189,9 +205,14 @@ class Informer(Generic[T]):
         self._synced.set()
 
     def _watch(self) -> None:
-        stream = self.client.watch(self.resource, resource_version=self.resource_version, namespace=self._namespace,
-                                   label_selector=self._label_selector, field_selector=self._field_selector,
-                                   timeout_seconds=self._watch_timeout)
+        stream = self.client.watch(
+            self.resource,
+            resource_version=self.resource_version,
+            namespace=self._namespace,
+            label_selector=self._label_selector,
+            field_selector=self._field_selector,
+            timeout_seconds=self._watch_timeout,
+        )
         self._watch_events = 0
         with self._lock:
             self._stream = stream

@@ -102,11 +102,15 @@ class Elector:
         except kube_client.NotFound:
             now_text = _micro_time(self._clock.wall())
             try:
-                self._client.create(kube_client.LEASES, {
-                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.config.name, "namespace": self.config.namespace},
-                    "spec": self._spec(acquire_time=now_text, transitions=0),
-                })
+                self._client.create(
+                    kube_client.LEASES,
+                    {
+                        "apiVersion": "coordination.k8s.io/v1",
+                        "kind": "Lease",
+                        "metadata": {"name": self.config.name, "namespace": self.config.namespace},
+                        "spec": self._spec(acquire_time=now_text, transitions=0),
+                    },
+                )
             except kube_client.AlreadyExists:
                 return False  # Another candidate created it first.
             self._observed, self._observed_at = (self.config.identity, now_text), now
@@ -147,14 +151,17 @@ class Elector:
             if spec.get("holderIdentity") != self.config.identity:
                 return
             updated = dict(lease)
-            updated["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1,
-                               "renewTime": _micro_time(self._clock.wall())}
+            updated["spec"] = {
+                **spec,
+                "holderIdentity": "",
+                "leaseDurationSeconds": 1,
+                "renewTime": _micro_time(self._clock.wall()),
+            }
             self._client.update(kube_client.LEASES, updated)
         except kube_client.ApiError as error:
             log.warning("lease %s/%s: release failed: %s", self.config.namespace, self.config.name, error)
 
-    def run(self, stop: threading.Event, *, on_started: Callable[[], None],
-            on_stopped: Callable[[], None]) -> None:
+    def run(self, stop: threading.Event, *, on_started: Callable[[], None], on_stopped: Callable[[], None]) -> None:
         """Campaign until `stop` is set; lead while renewals succeed within `renew_deadline`; release on stop."""
         try:
             while not stop.is_set():

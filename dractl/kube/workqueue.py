@@ -47,7 +47,7 @@ class ExponentialBackoff:
         """The delay for this failure of `key`, and count it. The n-th call waits base * 2**(n-1)."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
-        return float(min(self.base * 2 ** failures, self.cap))
+        return float(min(self.base * 2**failures, self.cap))
 
     def failures(self, key: str) -> int:
         return self._failures.get(key, 0)

@@ -54,23 +54,27 @@ def _omit_empty(fields: Mapping[str, Any]) -> dict[str, Any]:
     False and 0 are kept: a `*bool` set to false is written by the API server too. Callers map
     the int zero values the API omits (`count` in All mode, `generation`) to None.
     """
-    return {key: value for key, value in fields.items() if value is not None and value != "" and value != [] and value != {}}
+    return {
+        key: value for key, value in fields.items() if value is not None and value != "" and value != [] and value != {}
+    }
 
 
 def _meta(meta: types.ObjectMeta) -> dict[str, Any]:
-    return _omit_empty({
-        "name": meta.name,
-        "generateName": meta.generate_name,
-        "namespace": meta.namespace,
-        "uid": meta.uid,
-        "resourceVersion": meta.resource_version,
-        "generation": meta.generation or None,
-        "deletionTimestamp": meta.deletion_timestamp,
-        "labels": dict(meta.labels),
-        "annotations": dict(meta.annotations),
-        "ownerReferences": [dict(owner) for owner in meta.owner_references],
-        "finalizers": list(meta.finalizers),
-    })
+    return _omit_empty(
+        {
+            "name": meta.name,
+            "generateName": meta.generate_name,
+            "namespace": meta.namespace,
+            "uid": meta.uid,
+            "resourceVersion": meta.resource_version,
+            "generation": meta.generation or None,
+            "deletionTimestamp": meta.deletion_timestamp,
+            "labels": dict(meta.labels),
+            "annotations": dict(meta.annotations),
+            "ownerReferences": [dict(owner) for owner in meta.owner_references],
+            "finalizers": list(meta.finalizers),
+        }
+    )
 
 
 def _quantities(values: Mapping[str, quantity.Quantity]) -> dict[str, str]:
@@ -78,37 +82,47 @@ def _quantities(values: Mapping[str, quantity.Quantity]) -> dict[str, str]:
 
 
 def _claim_spec(spec: types.ResourceClaimSpec) -> dict[str, Any]:
-    return {"devices": _omit_empty({
-        "requests": [_request(r) for r in spec.requests],
-        "constraints": [_constraint(c) for c in spec.constraints],
-        "config": [_omit_empty({"requests": list(c.requests), "opaque": _opaque(c.opaque)}) for c in spec.config],
-    })}
+    return {
+        "devices": _omit_empty(
+            {
+                "requests": [_request(r) for r in spec.requests],
+                "constraints": [_constraint(c) for c in spec.constraints],
+                "config": [
+                    _omit_empty({"requests": list(c.requests), "opaque": _opaque(c.opaque)}) for c in spec.config
+                ],
+            }
+        )
+    }
 
 
 def _request(request: types.DeviceRequest) -> dict[str, Any]:
     out: dict[str, Any] = {"name": request.name}
     if request.exactly is not None:
         e = request.exactly
-        out["exactly"] = _omit_empty({
-            "deviceClassName": e.device_class_name,
-            "selectors": _selectors(e.selectors),
-            "allocationMode": e.allocation_mode.value,
-            "count": e.count or None,
-            "adminAccess": e.admin_access,
-            "tolerations": [_toleration(t) for t in e.tolerations],
-            "capacity": {"requests": _quantities(e.capacity_requests)} if e.capacity_requests else None,
-        })
+        out["exactly"] = _omit_empty(
+            {
+                "deviceClassName": e.device_class_name,
+                "selectors": _selectors(e.selectors),
+                "allocationMode": e.allocation_mode.value,
+                "count": e.count or None,
+                "adminAccess": e.admin_access,
+                "tolerations": [_toleration(t) for t in e.tolerations],
+                "capacity": {"requests": _quantities(e.capacity_requests)} if e.capacity_requests else None,
+            }
+        )
     if request.first_available:
         out["firstAvailable"] = [
-            _omit_empty({
-                "name": s.name,
-                "deviceClassName": s.device_class_name,
-                "selectors": _selectors(s.selectors),
-                "allocationMode": s.allocation_mode.value,
-                "count": s.count or None,
-                "tolerations": [_toleration(t) for t in s.tolerations],
-                "capacity": {"requests": _quantities(s.capacity_requests)} if s.capacity_requests else None,
-            })
+            _omit_empty(
+                {
+                    "name": s.name,
+                    "deviceClassName": s.device_class_name,
+                    "selectors": _selectors(s.selectors),
+                    "allocationMode": s.allocation_mode.value,
+                    "count": s.count or None,
+                    "tolerations": [_toleration(t) for t in s.tolerations],
+                    "capacity": {"requests": _quantities(s.capacity_requests)} if s.capacity_requests else None,
+                }
+            )
             for s in request.first_available
         ]
     return out
@@ -119,21 +133,25 @@ def _selectors(expressions: tuple[str, ...]) -> list[dict[str, Any]]:
 
 
 def _toleration(t: types.DeviceToleration) -> dict[str, Any]:
-    return _omit_empty({
-        "key": t.key,
-        "operator": t.operator,
-        "value": t.value,
-        "effect": t.effect,
-        "tolerationSeconds": t.toleration_seconds,
-    })
+    return _omit_empty(
+        {
+            "key": t.key,
+            "operator": t.operator,
+            "value": t.value,
+            "effect": t.effect,
+            "tolerationSeconds": t.toleration_seconds,
+        }
+    )
 
 
 def _constraint(c: types.DeviceConstraint) -> dict[str, Any]:
-    return _omit_empty({
-        "requests": list(c.requests),
-        "matchAttribute": c.match_attribute,
-        "distinctAttribute": c.distinct_attribute,
-    })
+    return _omit_empty(
+        {
+            "requests": list(c.requests),
+            "matchAttribute": c.match_attribute,
+            "distinctAttribute": c.distinct_attribute,
+        }
+    )
 
 
 def _opaque(opaque: types.OpaqueDeviceConfiguration) -> dict[str, Any]:
@@ -141,18 +159,20 @@ def _opaque(opaque: types.OpaqueDeviceConfiguration) -> dict[str, Any]:
 
 
 def _result(r: types.DeviceRequestAllocationResult) -> dict[str, Any]:
-    return _omit_empty({
-        "request": r.request,
-        "driver": r.driver,
-        "pool": r.pool,
-        "device": r.device,
-        "adminAccess": True if r.admin_access else None,
-        "tolerations": [_toleration(t) for t in r.tolerations],
-        "bindingConditions": list(r.binding_conditions),
-        "bindingFailureConditions": list(r.binding_failure_conditions),
-        "shareID": r.share_id,
-        "consumedCapacity": _quantities(r.consumed_capacity),
-    })
+    return _omit_empty(
+        {
+            "request": r.request,
+            "driver": r.driver,
+            "pool": r.pool,
+            "device": r.device,
+            "adminAccess": True if r.admin_access else None,
+            "tolerations": [_toleration(t) for t in r.tolerations],
+            "bindingConditions": list(r.binding_conditions),
+            "bindingFailureConditions": list(r.binding_failure_conditions),
+            "shareID": r.share_id,
+            "consumedCapacity": _quantities(r.consumed_capacity),
+        }
+    )
 
 
 def _allocation_config(c: types.DeviceAllocationConfiguration) -> dict[str, Any]:
@@ -160,13 +180,17 @@ def _allocation_config(c: types.DeviceAllocationConfiguration) -> dict[str, Any]
 
 
 def _node_selector(selector: types.NodeSelector) -> dict[str, Any]:
-    return {"nodeSelectorTerms": [
-        _omit_empty({
-            "matchExpressions": [_requirement(r) for r in term.match_expressions],
-            "matchFields": [_requirement(r) for r in term.match_fields],
-        })
-        for term in selector.terms
-    ]}
+    return {
+        "nodeSelectorTerms": [
+            _omit_empty(
+                {
+                    "matchExpressions": [_requirement(r) for r in term.match_expressions],
+                    "matchFields": [_requirement(r) for r in term.match_fields],
+                }
+            )
+            for term in selector.terms
+        ]
+    }
 
 
 def _requirement(r: types.NodeSelectorRequirement) -> dict[str, Any]:
@@ -195,14 +219,18 @@ def resource_slice(s: types.ResourceSlice) -> dict[str, Any]:
             "resourceSliceCount": s.pool.resource_slice_count,
         },
     }
-    spec.update(_omit_empty({
-        "nodeName": s.node_name,
-        "nodeSelector": _node_selector(s.node_selector) if s.node_selector is not None else None,
-        "allNodes": True if s.all_nodes else None,
-        "perDeviceNodeSelection": True if s.per_device_node_selection else None,
-        "devices": [_device(d) for d in s.devices],
-        "sharedCounters": [{"name": c.name, "counters": _counters(c.counters)} for c in s.shared_counters],
-    }))
+    spec.update(
+        _omit_empty(
+            {
+                "nodeName": s.node_name,
+                "nodeSelector": _node_selector(s.node_selector) if s.node_selector is not None else None,
+                "allNodes": True if s.all_nodes else None,
+                "perDeviceNodeSelection": True if s.per_device_node_selection else None,
+                "devices": [_device(d) for d in s.devices],
+                "sharedCounters": [{"name": c.name, "counters": _counters(c.counters)} for c in s.shared_counters],
+            }
+        )
+    )
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": _meta(s.meta), "spec": spec}
 
 
@@ -216,37 +244,45 @@ def device_attribute(a: types.DeviceAttribute) -> dict[str, Any]:
 
 
 def _device(d: types.Device) -> dict[str, Any]:
-    return _omit_empty({
-        "name": d.name,
-        "attributes": {name: device_attribute(a) for name, a in d.attributes.items()},
-        "capacity": {name: _capacity(c) for name, c in d.capacity.items()},
-        "consumesCounters": [
-            {"counterSet": c.counter_set, "counters": _counters(c.counters)} for c in d.consumes_counters
-        ],
-        "nodeName": d.node_name,
-        "nodeSelector": _node_selector(d.node_selector) if d.node_selector is not None else None,
-        "allNodes": True if d.all_nodes else None,
-        "taints": [_taint(t) for t in d.taints],
-        "bindsToNode": True if d.binds_to_node else None,
-        "bindingConditions": list(d.binding_conditions),
-        "bindingFailureConditions": list(d.binding_failure_conditions),
-        "allowMultipleAllocations": True if d.allow_multiple_allocations else None,
-    })
+    return _omit_empty(
+        {
+            "name": d.name,
+            "attributes": {name: device_attribute(a) for name, a in d.attributes.items()},
+            "capacity": {name: _capacity(c) for name, c in d.capacity.items()},
+            "consumesCounters": [
+                {"counterSet": c.counter_set, "counters": _counters(c.counters)} for c in d.consumes_counters
+            ],
+            "nodeName": d.node_name,
+            "nodeSelector": _node_selector(d.node_selector) if d.node_selector is not None else None,
+            "allNodes": True if d.all_nodes else None,
+            "taints": [_taint(t) for t in d.taints],
+            "bindsToNode": True if d.binds_to_node else None,
+            "bindingConditions": list(d.binding_conditions),
+            "bindingFailureConditions": list(d.binding_failure_conditions),
+            "allowMultipleAllocations": True if d.allow_multiple_allocations else None,
+        }
+    )
 
 
 def _capacity(c: types.DeviceCapacity) -> dict[str, Any]:
     out: dict[str, Any] = {"value": str(c.value)}
     p = c.request_policy
     if p is not None:
-        out["requestPolicy"] = _omit_empty({
-            "default": str(p.default) if p.default is not None else None,
-            "validValues": [str(v) for v in p.valid_values],
-            "validRange": _omit_empty({
-                "min": str(p.valid_range.min),
-                "max": str(p.valid_range.max) if p.valid_range.max is not None else None,
-                "step": str(p.valid_range.step) if p.valid_range.step is not None else None,
-            }) if p.valid_range is not None else None,
-        })
+        out["requestPolicy"] = _omit_empty(
+            {
+                "default": str(p.default) if p.default is not None else None,
+                "validValues": [str(v) for v in p.valid_values],
+                "validRange": _omit_empty(
+                    {
+                        "min": str(p.valid_range.min),
+                        "max": str(p.valid_range.max) if p.valid_range.max is not None else None,
+                        "step": str(p.valid_range.step) if p.valid_range.step is not None else None,
+                    }
+                )
+                if p.valid_range is not None
+                else None,
+            }
+        )
     return out
 
 

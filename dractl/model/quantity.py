@@ -111,18 +111,13 @@ def parse(raw: object) -> Quantity:
         exponent = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}[suffix]
     magnitude = lead + exponent + len(str(binary)) - 1
     if magnitude >= _MAX_MAGNITUDE:
-        raise QuantityError(
-            f"{_shown(text)} is too large: quantities of 10^{_MAX_MAGNITUDE} or more are not supported"
-        )
+        raise QuantityError(f"{_shown(text)} is too large: quantities of 10^{_MAX_MAGNITUDE} or more are not supported")
     if magnitude < -11:
         nano = 1  # non-zero but far below 1n: the API rounds it up to 1n
     else:
         kept = significant[:_SIGNIFICANT]
         exact = (
-            fractions.Fraction(int(kept))
-            * fractions.Fraction(10) ** (lead - len(kept) + 1 + exponent)
-            * binary
-            * _NANO
+            fractions.Fraction(int(kept)) * fractions.Fraction(10) ** (lead - len(kept) + 1 + exponent) * binary * _NANO
         )
         nano = math.ceil(exact)
         if nano == exact and len(significant) > _SIGNIFICANT and significant[_SIGNIFICANT:].strip("0"):

@@ -65,6 +65,6 @@ def parse(text: str, *, normalize: bool = False) -> Semver:
         text = f"{int(major)}.{int(minor or 0)}.{int(patch or 0)}{rest}"
     match = _STRICT.match(text)
     if match is None:
-        raise SemverError(f"{text!r} is not a semantic version (expected MAJOR.MINOR.PATCH such as \"8.0.0\")")
+        raise SemverError(f'{text!r} is not a semantic version (expected MAJOR.MINOR.PATCH such as "8.0.0")')
     major, minor, patch, pre, build = match.groups()
     return Semver(int(major), int(minor), int(patch), tuple(pre.split(".")) if pre else (), build or "")

@@ -57,7 +57,6 @@ __all__ = [
 ]
 
 
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Source:
     """Where an object came from, for messages: `claims.yaml` and the document index."""

@@ -352,9 +352,7 @@ class Agent:
         self.plugin.start()
         sockets = self.plugin.sockets
         if s.health_port >= 0:
-            endpoint = HttpEndpoint(
-                port=s.health_port, routes={"/healthz": lambda: liveness(sockets)}, name="liveness"
-            )
+            endpoint = HttpEndpoint(port=s.health_port, routes={"/healthz": lambda: liveness(sockets)}, name="liveness")
             self._endpoints.append(endpoint)
             self.health_port = endpoint.port
         if s.metrics_port >= 0:

@@ -258,8 +258,7 @@ class Monitor:
             candidates = {
                 minor: state.lost
                 for minor, state in self._gpus.items()
-                if state.lost
-                or ((state.xid is not None or state.mig_xids) and now - state.xid_at >= self._xid_quiet_s)
+                if state.lost or ((state.xid is not None or state.mig_xids) and now - state.xid_at >= self._xid_quiet_s)
             }
         if not candidates:
             return

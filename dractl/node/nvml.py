@@ -53,9 +53,7 @@ def _text(value: object) -> str:
 
 def _enum_names(prefix: str) -> dict[int, str]:
     return {
-        int(getattr(pynvml, n)): n[len(prefix) :]
-        for n in dir(pynvml)
-        if n.startswith(prefix) and n != f"{prefix}COUNT"
+        int(getattr(pynvml, n)): n[len(prefix) :] for n in dir(pynvml) if n.startswith(prefix) and n != f"{prefix}COUNT"
     }
 
 
@@ -413,9 +411,7 @@ class NvmlBackend:
         for device in self.mig_devices(minor):
             if device.gi_id == gi_id and device.ci_id == ci_id:
                 return device
-        raise backend.NvmlError(
-            backend.Return.NOT_FOUND, f"GPU {minor}: MIG device of GI {gi_id} CI {ci_id} not found"
-        )
+        raise backend.NvmlError(backend.Return.NOT_FOUND, f"GPU {minor}: MIG device of GI {gi_id} CI {ci_id} not found")
 
     def destroy_compute_instance(self, minor: int, *, gi_id: int, ci_id: int) -> None:
         gi = self._gi(minor, gi_id)

@@ -444,9 +444,7 @@ def _bind(method: Callable[[Any, Any, ModuleType, str], Any], pb2: ModuleType, a
     return lambda request, context: method(request, context, pb2, api)
 
 
-def _bind_stream(
-    method: Callable[[Any, Any, ModuleType], Iterator[Any]], pb2: ModuleType
-) -> Callable[[Any, Any], Any]:
+def _bind_stream(method: Callable[[Any, Any, ModuleType], Iterator[Any]], pb2: ModuleType) -> Callable[[Any, Any], Any]:
     return lambda request, context: method(request, context, pb2)
 
 

@@ -64,7 +64,8 @@ def _content(body: Mapping[str, Any]) -> Any:
     if spec.get("devices"):
         spec["devices"] = [
             {**device, "taints": [{k: v for k, v in taint.items() if k != "timeAdded"} for taint in device["taints"]]}
-            if device.get("taints") else device
+            if device.get("taints")
+            else device
             for device in spec["devices"]
         ]
     metadata = body.get("metadata") or {}
@@ -88,8 +89,10 @@ class Publisher:
         try:
             node = self._client.get(kube_client.NODES, self.node_name)
         except kube_client.NotFound:
-            raise PublishError(f"cannot publish ResourceSlices for node {self.node_name}: "
-                               "the Node object does not exist (is --node-name right?)") from None
+            raise PublishError(
+                f"cannot publish ResourceSlices for node {self.node_name}: "
+                "the Node object does not exist (is --node-name right?)"
+            ) from None
         uid = str((node.get("metadata") or {}).get("uid") or "")
         return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid, "controller": True}
 
@@ -100,8 +103,9 @@ class Publisher:
         equal content compares equal whatever defaults the server spells out. A slice that does
         not decode keeps its raw form, compares unequal and is rewritten.
         """
-        result = self._client.list(kube_client.RESOURCE_SLICES,
-                                   field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}")
+        result = self._client.list(
+            kube_client.RESOURCE_SLICES, field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}"
+        )
         existing = []
         for raw in result.items:
             value = kube_client.decode(raw)
@@ -115,12 +119,17 @@ class Publisher:
         bodies = []
         for value in desired:
             if value.driver != self.driver or value.node_name != self.node_name:
-                raise PublishError(f"slice {value.meta.name or value.pool.name}: spec.driver {value.driver!r} and "
-                                   f"spec.nodeName {value.node_name!r} must be {self.driver!r} and "
-                                   f"{self.node_name!r} for this publisher")
+                raise PublishError(
+                    f"slice {value.meta.name or value.pool.name}: spec.driver {value.driver!r} and "
+                    f"spec.nodeName {value.node_name!r} must be {self.driver!r} and "
+                    f"{self.node_name!r} for this publisher"
+                )
             body = encode.resource_slice(value)
-            metadata = {key: item for key, item in body["metadata"].items()
-                        if key in ("name", "generateName", "labels", "annotations")}
+            metadata = {
+                key: item
+                for key, item in body["metadata"].items()
+                if key in ("name", "generateName", "labels", "annotations")
+            }
             metadata["ownerReferences"] = [owner]
             body["metadata"] = metadata
             bodies.append(body)
@@ -139,8 +148,10 @@ class Publisher:
                 # Someone (or an earlier attempt of ours) wrote meanwhile: look again and redo the difference.
                 log.info("node %s: slices changed while publishing (%s); listing again", self.node_name, conflict)
                 if attempt == _ATTEMPTS - 1:
-                    raise PublishError(f"cannot publish ResourceSlices for node {self.node_name}: they kept "
-                                       f"changing underneath ({conflict})") from conflict
+                    raise PublishError(
+                        f"cannot publish ResourceSlices for node {self.node_name}: they kept "
+                        f"changing underneath ({conflict})"
+                    ) from conflict
         raise AssertionError("unreachable")
 
     def _publish(self, bodies: list[dict[str, Any]]) -> Result:
@@ -169,15 +180,20 @@ class Publisher:
         for body in still:
             pairs.append((body, leftover.pop(0) if leftover and not body["metadata"].get("name") else None))
         count = len(bodies)
-        unchanged = (not leftover and all(
-            raw is not None and _content(raw) == _content(body)
+        unchanged = not leftover and all(
+            raw is not None
+            and _content(raw) == _content(body)
             and int(raw["spec"]["pool"].get("resourceSliceCount") or 0) == count
             and len(set(generations)) == 1
-            for body, raw in pairs))
+            for body, raw in pairs
+        )
         if unchanged:
             return Result(generation=current)
-        generation = current + 1 if existing else max(
-            [int(body["spec"]["pool"].get("generation") or 0) for body in bodies], default=0)
+        generation = (
+            current + 1
+            if existing
+            else max([int(body["spec"]["pool"].get("generation") or 0) for body in bodies], default=0)
+        )
         created = updated = deleted = 0
         for body, raw in pairs:
             body["spec"]["pool"]["generation"] = generation
@@ -196,11 +212,21 @@ class Publisher:
                 updated += 1
         for raw in leftover:
             try:
-                self._client.delete(kube_client.RESOURCE_SLICES, raw["metadata"]["name"],
-                                    resource_version=raw["metadata"]["resourceVersion"])
+                self._client.delete(
+                    kube_client.RESOURCE_SLICES,
+                    raw["metadata"]["name"],
+                    resource_version=raw["metadata"]["resourceVersion"],
+                )
             except kube_client.NotFound:
                 pass  # Already gone: what we wanted.
             deleted += 1
-        log.info("node %s: published %d slices at pool generation %d (%d created, %d updated, %d deleted)",
-                 self.node_name, count, generation, created, updated, deleted)
+        log.info(
+            "node %s: published %d slices at pool generation %d (%d created, %d updated, %d deleted)",
+            self.node_name,
+            count,
+            generation,
+            created,
+            updated,
+            deleted,
+        )
         return Result(generation=generation, created=created, updated=updated, deleted=deleted)

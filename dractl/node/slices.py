@@ -252,9 +252,7 @@ def _count(value: int) -> quantity.Quantity:
     return quantity.from_int(value)
 
 
-def _engine_capacity(
-    multiprocessors: int, *, engines: backend.Engines, memory: int
-) -> dict[str, types.DeviceCapacity]:
+def _engine_capacity(multiprocessors: int, *, engines: backend.Engines, memory: int) -> dict[str, types.DeviceCapacity]:
     capacity = {"multiprocessors": types.DeviceCapacity(value=_count(multiprocessors))}
     for name, _, field in _ENGINES:
         capacity[name] = types.DeviceCapacity(value=_count(getattr(engines, field)))

@@ -192,9 +192,7 @@ class State:
             self._check_conflicts(claim, items)
             previous = self._cp.claims.get(claim.uid)
             if previous is not None:
-                _log.info(
-                    "rolling back an interrupted prepare", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid
-                )
+                _log.info("rolling back an interrupted prepare", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid)
                 self._undo_or_raise(previous, what="roll back the interrupted prepare of")
                 self._store(None, uid=claim.uid)
             return self._apply(claim, items)
@@ -396,9 +394,7 @@ class State:
                     mig=mig_record,
                     dynamic=dynamic,
                     selected=chosen,
-                    memory_mib=None
-                    if memory is None or result.share_id is None
-                    else max(1, int(memory.value // _MIB)),
+                    memory_mib=None if memory is None or result.share_id is None else max(1, int(memory.value // _MIB)),
                 )
             )
         self._check_sharing(name, resource, items)
@@ -691,9 +687,7 @@ class State:
         )
         common = self._common.common_edits().merged(common)
         if specs:
-            cdi.write_spec(
-                self._cdi_root, claim.uid, cdi.build_spec(claim_uid=claim.uid, devices=specs, common=common)
-            )
+            cdi.write_spec(self._cdi_root, claim.uid, cdi.build_spec(claim_uid=claim.uid, devices=specs, common=common))
         return tuple(prepared.values())
 
     def _undo_or_raise(self, record: checkpoint.ClaimRecord, *, what: str) -> None:

@@ -136,7 +136,14 @@ class _Ledger:
     def note(self, key: str, reason: str) -> None:
         self._reasons[key].append(reason)
 
-    def allocate(self, allocator: alloc.Allocator, pending: Sequence[model.ResourceClaim], *, nodes: tuple[str, ...] | None, context: str) -> bool:
+    def allocate(
+        self,
+        allocator: alloc.Allocator,
+        pending: Sequence[model.ResourceClaim],
+        *,
+        nodes: tuple[str, ...] | None,
+        context: str,
+    ) -> bool:
         """Allocate `pending` jointly; record the allocations or every claim's reasons."""
         self.attempted += len(pending)
         outcome = allocator.allocate(pending, nodes=nodes)
@@ -209,7 +216,10 @@ def _place_pod(work: claims.PodWork, *, allocator: alloc.Allocator, ledger: _Led
         if len(claim.reserved_for) >= _MAX_RESERVED_FOR and all(ref.uid != work.uid for ref in claim.reserved_for)
     ]
     if full:
-        ledger.fail([claim.key for claim in pending], f"not allocated: {', '.join(full)} already has {_MAX_RESERVED_FOR} consumers in status.reservedFor, the most the API allows")
+        ledger.fail(
+            [claim.key for claim in pending],
+            f"not allocated: {', '.join(full)} already has {_MAX_RESERVED_FOR} consumers in status.reservedFor, the most the API allows",
+        )
         return
     allocated = {key: c.allocation for key, c in existing.items() if c.allocation is not None and ledger.holds(key)}
     where = placement.candidates(work.pod, allocated=allocated, cluster=ledger.cluster)

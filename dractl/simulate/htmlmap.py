@@ -141,11 +141,15 @@ def render(
         "</head>",
         f'<body data-gpus-total="{c.gpus}">',
         f"<h1>{html.escape(title)}</h1>",
-        (f'<p class="summary">{len(measured.nodes)} nodes, {c.gpus} GPUs: {c.full} full, {c.partitioned} partitioned, '
-         f"{c.free} free; GPU memory allocated {_gib(c.memory_allocated)} of {_gib(c.memory)}.</p>"),
-        ('<p class="legend">Each bar is one GPU\'s memory, divided into its MIG memory slices where it has them.'
-         '<i style="background:#9aa5b4"></i>claim (hover for its name)'
-         '<i style="border:1.5px dashed #2b7a4b"></i>largest MIG profile still placeable</p>'),
+        (
+            f'<p class="summary">{len(measured.nodes)} nodes, {c.gpus} GPUs: {c.full} full, {c.partitioned} partitioned, '
+            f"{c.free} free; GPU memory allocated {_gib(c.memory_allocated)} of {_gib(c.memory)}.</p>"
+        ),
+        (
+            '<p class="legend">Each bar is one GPU\'s memory, divided into its MIG memory slices where it has them.'
+            '<i style="background:#9aa5b4"></i>claim (hover for its name)'
+            '<i style="border:1.5px dashed #2b7a4b"></i>largest MIG profile still placeable</p>'
+        ),
     ]
     if points:
         parts.append(_chart(points))
@@ -161,8 +165,10 @@ def render(
 
 def _node(node: metrics.NodeMetrics, gpus: Sequence[metrics.Gpu], *, colours: Mapping[str, str]) -> str:
     products = sorted({g.product for g in gpus if g.product})
-    detail = (f"{', '.join(products)} · {node.gpus} GPUs: {node.full} full, {node.partitioned} partitioned, "
-              f"{node.free} free · {_gib(node.memory_allocated)} / {_gib(node.memory)}")
+    detail = (
+        f"{', '.join(products)} · {node.gpus} GPUs: {node.full} full, {node.partitioned} partitioned, "
+        f"{node.free} free · {_gib(node.memory_allocated)} / {_gib(node.memory)}"
+    )
     out = [
         f'<section class="node" data-node="{html.escape(node.node)}">',
         f"<h2>{html.escape(node.node)}<small>{html.escape(detail)}</small></h2>",
@@ -175,10 +181,14 @@ def _node(node: metrics.NodeMetrics, gpus: Sequence[metrics.Gpu], *, colours: Ma
 
 
 def _gpu(gpu: metrics.Gpu, *, column: int, colours: Mapping[str, str]) -> str:
-    label = (f'<div class="label"><span>{html.escape(gpu.device)}</span>'
-             f"<span>{_gib(gpu.allocated_memory)} / {_gib(gpu.memory)}</span></div>")
-    bar = [f'<svg width="{_BAR_WIDTH}" height="{_BAR_HEIGHT}" viewBox="0 0 {_BAR_WIDTH} {_BAR_HEIGHT}" role="img">',
-           f'<rect x="0" y="0" width="{_BAR_WIDTH}" height="{_BAR_HEIGHT}" rx="3" fill="#e9edf2"/>']
+    label = (
+        f'<div class="label"><span>{html.escape(gpu.device)}</span>'
+        f"<span>{_gib(gpu.allocated_memory)} / {_gib(gpu.memory)}</span></div>"
+    )
+    bar = [
+        f'<svg width="{_BAR_WIDTH}" height="{_BAR_HEIGHT}" viewBox="0 0 {_BAR_WIDTH} {_BAR_HEIGHT}" role="img">',
+        f'<rect x="0" y="0" width="{_BAR_WIDTH}" height="{_BAR_HEIGHT}" rx="3" fill="#e9edf2"/>',
+    ]
     if gpu.slices:
         step = _BAR_WIDTH / gpu.slices
         bar.extend(
@@ -188,9 +198,11 @@ def _gpu(gpu: metrics.Gpu, *, column: int, colours: Mapping[str, str]) -> str:
     if gpu.holders:
         names = " ".join(gpu.holders)
         tip = f"{', '.join(gpu.holders)} · full GPU · {_gib(gpu.memory)}"
-        bar.append(f'<rect class="whole" x="0" y="0" width="{_BAR_WIDTH}" height="{_BAR_HEIGHT}" rx="3" '
-                   f'fill="{colours[gpu.holders[0]]}" data-claim="{html.escape(names)}">'
-                   f"<title>{html.escape(tip)}</title></rect>")
+        bar.append(
+            f'<rect class="whole" x="0" y="0" width="{_BAR_WIDTH}" height="{_BAR_HEIGHT}" rx="3" '
+            f'fill="{colours[gpu.holders[0]]}" data-claim="{html.escape(names)}">'
+            f"<title>{html.escape(tip)}</title></rect>"
+        )
     elif gpu.slices:
         step = _BAR_WIDTH / gpu.slices
         for p in gpu.placements:
@@ -214,8 +226,10 @@ def _gpu(gpu: metrics.Gpu, *, column: int, colours: Mapping[str, str]) -> str:
             )
     bar.append("</svg>")
     title = f"{gpu.key} · {gpu.product} · {gpu.state.value}" + (f" · {gpu.uuid}" if gpu.uuid else "")
-    return (f'<div class="gpu" style="grid-column:{column};grid-row:1" data-gpu="{html.escape(gpu.key)}" '
-            f'data-state="{gpu.state.value}" title="{html.escape(title)}">{label}{"".join(bar)}</div>')
+    return (
+        f'<div class="gpu" style="grid-column:{column};grid-row:1" data-gpu="{html.escape(gpu.key)}" '
+        f'data-state="{gpu.state.value}" title="{html.escape(title)}">{label}{"".join(bar)}</div>'
+    )
 
 
 def _partitions(gpus: Sequence[metrics.Gpu]) -> list[str]:
@@ -260,14 +274,20 @@ def _chart(points: Sequence[tuple[float, float]]) -> str:
     path = [f"M{x(points[0][0]):.1f},{y(points[0][1]):.1f}"]
     for (_, previous), (t, share) in itertools.pairwise(points):
         path.append(f"L{x(t):.1f},{y(previous):.1f}L{x(t):.1f},{y(share):.1f}")
-    axes = [f'<line x1="{left}" y1="{top + height}" x2="{left + width}" y2="{top + height}" stroke="#8a94a3"/>',
-            f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + height}" stroke="#8a94a3"/>']
+    axes = [
+        f'<line x1="{left}" y1="{top + height}" x2="{left + width}" y2="{top + height}" stroke="#8a94a3"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + height}" stroke="#8a94a3"/>',
+    ]
     for share in (0.0, 0.5, 1.0):
-        axes.append(f'<text x="{left - 6}" y="{y(share) + 4:.1f}" font-size="11" text-anchor="end" '
-                    f'fill="#4a5563">{share:.0%}</text>')
+        axes.append(
+            f'<text x="{left - 6}" y="{y(share) + 4:.1f}" font-size="11" text-anchor="end" '
+            f'fill="#4a5563">{share:.0%}</text>'
+        )
     for t in (start, end):
-        axes.append(f'<text x="{x(t):.1f}" y="{_CHART_HEIGHT - 6}" font-size="11" text-anchor="middle" '
-                    f'fill="#4a5563">{t:g}s</text>')
+        axes.append(
+            f'<text x="{x(t):.1f}" y="{_CHART_HEIGHT - 6}" font-size="11" text-anchor="middle" '
+            f'fill="#4a5563">{t:g}s</text>'
+        )
     return (
         f'<div class="chart"><h2>GPU memory allocated over time</h2>'
         f'<svg width="{_CHART_WIDTH}" height="{_CHART_HEIGHT}" viewBox="0 0 {_CHART_WIDTH} {_CHART_HEIGHT}" '

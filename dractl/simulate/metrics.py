@@ -270,15 +270,24 @@ def _pool_gpus(
         if device.consumes_counters:
             own = device.consumes_counters[0].counter_set
             slice_count = sum(1 for name, counter in totals if name == own and _MEMORY_SLICE.match(counter))
-        out.append(_gpu(
-            s, device, pool=pool, full=device, migs=migs.get(device.name, []), slices=slice_count, held=held,
-            placeable=placeable,
-        ))
+        out.append(
+            _gpu(
+                s,
+                device,
+                pool=pool,
+                full=device,
+                migs=migs.get(device.name, []),
+                slices=slice_count,
+                held=held,
+                placeable=placeable,
+            )
+        )
     for s, group in orphans.values():
         placements = [_placement(m, driver=driver, holders=(), placeable=False) for m in group]
         slice_count = max((p.start + p.size for p in placements), default=0)
-        out.append(_gpu(s, group[0], pool=pool, full=None, migs=group, slices=slice_count, held=held,
-                        placeable=placeable))
+        out.append(
+            _gpu(s, group[0], pool=pool, full=None, migs=group, slices=slice_count, held=held, placeable=placeable)
+        )
     return out
 
 
@@ -387,8 +396,9 @@ def stranded_memory(gpu: Gpu, shapes: Iterable[RequestShape]) -> int:
     wanted = [s for s in shapes if s.kind == "mig"]
 
     def matches(p: Placement) -> bool:
-        return p.placeable and any((s.profile is None or s.profile == p.profile) and p.memory >= s.min_memory
-                                   for s in wanted)
+        return p.placeable and any(
+            (s.profile is None or s.profile == p.profile) and p.memory >= s.min_memory for s in wanted
+        )
 
     usable_devices = [p for p in gpu.placements if matches(p)]
     if gpu.slices == 0:
@@ -572,8 +582,9 @@ def as_dict(metrics: Metrics) -> dict[str, Any]:
                 "allocated": g.allocated_memory,
                 "stranded": g.stranded,
                 "holders": list(g.holders) + [h for p in g.placements for h in p.holders],
-                "largestPlaceable": None if g.largest is None else {"profile": g.largest.profile,
-                                                                     "start": g.largest.start},
+                "largestPlaceable": None
+                if g.largest is None
+                else {"profile": g.largest.profile, "start": g.largest.start},
             }
             for g in metrics.gpus
         ],
@@ -605,8 +616,14 @@ def node_table(metrics: Metrics) -> rich.table.Table:
         table.add_column(header, justify="left" if header in ("NODE", "LARGEST MIG FREE") else "right")
     for n in (*metrics.nodes, metrics.cluster):
         table.add_row(
-            n.node, str(n.gpus), str(n.full), str(n.partitioned), str(n.free),
-            f"{_gib(n.memory_allocated)} / {_gib(n.memory)}", _gib(n.memory_stranded), _largest_text(n.largest),
+            n.node,
+            str(n.gpus),
+            str(n.full),
+            str(n.partitioned),
+            str(n.free),
+            f"{_gib(n.memory_allocated)} / {_gib(n.memory)}",
+            _gib(n.memory_stranded),
+            _largest_text(n.largest),
             end_section=n.node != CLUSTER and n is metrics.nodes[-1],
         )
     return table

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dractl import model
 from dractl.model import nodes as model_nodes
 
-
 Cluster = model_nodes.Cluster
 """The nodes the input knows and their labels (see `model.nodes.discover`)."""
 

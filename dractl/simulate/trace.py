@@ -261,10 +261,12 @@ def _cluster(raw: object, *, file: str, problems: list[str]) -> model.Objects:
 
 
 def _merge(*parts: model.Objects) -> model.Objects:
-    return model.Objects(**{
-        field.name: tuple(value for part in parts for value in getattr(part, field.name))
-        for field in dataclasses.fields(model.Objects)
-    })
+    return model.Objects(
+        **{
+            field.name: tuple(value for part in parts for value in getattr(part, field.name))
+            for field in dataclasses.fields(model.Objects)
+        }
+    )
 
 
 def example_cluster(nodes: Sequence[ExampleNode]) -> model.Objects:
@@ -303,12 +305,13 @@ def _plan(file: str) -> _Plan:
     old = next(s.node_name for s in slices if s.node_name)
 
     def holds_uuid(value: model.DeviceAttribute) -> bool:
-        return value.kind is model.AttributeKind.STRING and not value.is_list and bool(
-            _GPU_UUID.fullmatch(str(value.scalar)))
+        return (
+            value.kind is model.AttributeKind.STRING
+            and not value.is_list
+            and bool(_GPU_UUID.fullmatch(str(value.scalar)))
+        )
 
-    keys = tuple(
-        tuple(tuple(k for k, v in d.attributes.items() if holds_uuid(v)) for d in s.devices) for s in slices
-    )
+    keys = tuple(tuple(tuple(k for k, v in d.attributes.items() if holds_uuid(v)) for d in s.devices) for s in slices)
     template = next(n for n in _decoded(_NODE_FILE).nodes if n.meta.name == old)
     return _Plan(node=old, slices=slices, uuid_keys=keys, template=template)
 
@@ -442,8 +445,16 @@ def _arrival(
                 f"{path}.metadata.annotations[{DEPARTS_AFTER}]: must be a number of seconds > 0, got {_shown(after)}"
             )
         else:
-            out.append(Departure(at=at + seconds, kind=arrival.kind, namespace=value.meta.namespace,
-                                 name=value.meta.name, index=index, implied=True))
+            out.append(
+                Departure(
+                    at=at + seconds,
+                    kind=arrival.kind,
+                    namespace=value.meta.namespace,
+                    name=value.meta.name,
+                    index=index,
+                    implied=True,
+                )
+            )
     return out
 
 
@@ -647,8 +658,14 @@ def generate(
     if isinstance(spec, str):
         spec = parse_spec(spec)
     elif spec is None:
-        spec = Spec(mix=mix, seed=seed, claims=claims, nodes=dict(nodes or Spec(mix=mix).nodes), round=claims_per_round,
-                    departures=departures)
+        spec = Spec(
+            mix=mix,
+            seed=seed,
+            claims=claims,
+            nodes=dict(nodes or Spec(mix=mix).nodes),
+            round=claims_per_round,
+            departures=departures,
+        )
     _check(spec)
     rng = random.Random(spec.seed)
     shares = MIXES[spec.mix]
@@ -730,8 +747,12 @@ def _claim(kind: str, *, name: str, rng: random.Random) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default", "labels": {"dractl.io/mix": kind},
-                     "annotations": {SHAPES: ",".join(shapes)}},
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"dractl.io/mix": kind},
+            "annotations": {SHAPES: ",".join(shapes)},
+        },
         "spec": {"devices": devices},
     }
 

@@ -20,9 +20,16 @@ SKIP = "needs Debian's chromium for the browser tests: apt-get install -y chromi
 # The flags this machine's Chromium needs (see the environment notes): no sandbox as root, no
 # GPU, and none of the background connections a closed network refuses.
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--enable-logging=stderr", "--v=0",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
 )
 _INSTALL_SECONDS = 900
 _PAGE_SECONDS = 60

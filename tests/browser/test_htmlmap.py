@@ -46,8 +46,11 @@ def _claim(name: str, pool: str, *devices: str) -> model.ResourceClaim:
         model.DeviceRequestAllocationResult(request=f"r{i}", driver="gpu.nvidia.com", pool=pool, device=d)
         for i, d in enumerate(devices)
     )
-    return model.ResourceClaim(meta=model.ObjectMeta(name=name, namespace="default"), spec=model.ResourceClaimSpec(),
-                               allocation=model.AllocationResult(results=results))
+    return model.ResourceClaim(
+        meta=model.ObjectMeta(name=name, namespace="default"),
+        spec=model.ResourceClaimSpec(),
+        allocation=model.AllocationResult(results=results),
+    )
 
 
 def _cluster() -> tuple[tuple[model.ResourceSlice, ...], list[model.ResourceClaim]]:
@@ -87,7 +90,10 @@ def test_allocation_map_draws_gpus_slices_and_partitions(
     boxes = {a["data-gpu"]: a for _, a in found.found if "data-gpu" in a}
     assert len(boxes) == 18
     assert {k: v["data-state"] for k, v in boxes.items() if v["data-state"] != "free"} == {
-        f"{A100}/gpu-0": "partitioned", f"{A100}/gpu-1": "full", **{f"{H100}/gpu-{i}": "full" for i in range(4)}}
+        f"{A100}/gpu-0": "partitioned",
+        f"{A100}/gpu-1": "full",
+        **{f"{H100}/gpu-{i}": "full" for i in range(4)},
+    }
 
     drawn = [a for _, a in found.found if "data-slice-start" in a]
     by_claim = {a["data-claim"]: a for a in drawn}
@@ -97,7 +103,10 @@ def test_allocation_map_draws_gpus_slices_and_partitions(
     for claim, start, size, profile in expected:
         rect = by_claim[claim]
         assert (int(rect["data-slice-start"]), int(rect["data-slice-size"]), rect["data-profile"]) == (
-            start, size, profile)
+            start,
+            size,
+            profile,
+        )
         assert float(rect["x"]) == pytest.approx(start * width, abs=0.01)
         assert float(rect["width"]) == pytest.approx(size * width, abs=0.01)
 
@@ -115,8 +124,9 @@ def test_allocation_map_draws_gpus_slices_and_partitions(
 def test_console_errors_are_seen(render: Callable[[pathlib.Path], Any], tmp_path: pathlib.Path) -> None:
     """The console check can fail: a page that logs an error and throws shows both in the browser's log."""
     page_file = tmp_path / "bad.html"
-    page_file.write_text("<!DOCTYPE html><html><body><script>console.error('boom'); missing();</script></body></html>",
-                         encoding="utf-8")
+    page_file.write_text(
+        "<!DOCTYPE html><html><body><script>console.error('boom'); missing();</script></body></html>", encoding="utf-8"
+    )
     console = render(page_file).console
     assert any('"boom"' in line for line in console)
     assert any("missing is not defined" in line for line in console)

@@ -13,11 +13,28 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_get_claim_returns_the_allocated_claim_as_a_model_value(kube_client: client.Client, namespace: str) -> None:
     """Guards: get_claim reads the live claim, status.allocation included, and decodes it into model.ResourceClaim."""
-    created = kube_client.create(client.RESOURCE_CLAIMS, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c", "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
-    kube_client.update_status(client.RESOURCE_CLAIMS, {**created, "status": {"allocation": {"devices": {"results": [
-        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-1"}]}}}})
+    created = kube_client.create(
+        client.RESOURCE_CLAIMS,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        },
+    )
+    kube_client.update_status(
+        client.RESOURCE_CLAIMS,
+        {
+            **created,
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-1"}]
+                    }
+                }
+            },
+        },
+    )
     claim = claims.ApiClaimSource(kube_client).get_claim(namespace, "c")
     assert isinstance(claim, model.ResourceClaim)
     assert claim.meta.uid == created["metadata"]["uid"]
@@ -30,9 +47,9 @@ def test_get_claim_of_a_deleted_claim_is_none(kube_client: client.Client, namesp
     assert claims.ApiClaimSource(kube_client).get_claim(namespace, "never-created") is None
 
 
-def test_a_server_failure_is_raised_not_mistaken_for_a_deleted_claim(proxied_client: client.Client,
-                                                                     fault_proxy: faultproxy.FaultProxy,
-                                                                     namespace: str) -> None:
+def test_a_server_failure_is_raised_not_mistaken_for_a_deleted_claim(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
     """Guards: when the API keeps failing, get_claim raises (naming the status) instead of returning None."""
     fault_proxy.add(faultproxy.respond(503, path="/resourceclaims/c", count=None))
     with pytest.raises(client.Transient, match="503"):

@@ -141,8 +141,9 @@ def test_a_failed_start_shows_the_process_output(isolated_tmp: pathlib.Path) -> 
     assert set(isolated_tmp.iterdir()) == before
 
 
-def test_the_controller_manager_and_scheduler_run_beside_the_api_server(control_plane: controlplane.ControlPlane,
-                                                                        kube_client: client.Client) -> None:
+def test_the_controller_manager_and_scheduler_run_beside_the_api_server(
+    control_plane: controlplane.ControlPlane, kube_client: client.Client
+) -> None:
     """Guards: start_components runs kube-controller-manager (makes ServiceAccounts) and kube-scheduler (binds)."""
     components = control_plane.start_components()
     processes = list(components.processes)
@@ -159,19 +160,34 @@ def test_the_controller_manager_and_scheduler_run_beside_the_api_server(control_
                 return False
             return True
 
-        controlplane.wait_until(has_default_service_account,
-                                what="the controller manager created ServiceAccount default")
+        controlplane.wait_until(
+            has_default_service_account, what="the controller manager created ServiceAccount default"
+        )
         node = f"node-{uuid.uuid4().hex[:8]}"
         created = kube_client.create(client.NODES, {"metadata": {"name": node}})
-        kube_client.update_status(client.NODES, {**created, "status": {
-            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True", "reason": "Test", "message": "no kubelet"}]}})
-        kube_client.create(client.PODS, {"metadata": {"name": "p", "namespace": namespace},
-                                         "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+        kube_client.update_status(
+            client.NODES,
+            {
+                **created,
+                "status": {
+                    "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                    "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "Test", "message": "no kubelet"}],
+                },
+            },
+        )
+        kube_client.create(
+            client.PODS,
+            {
+                "metadata": {"name": "p", "namespace": namespace},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            },
+        )
         controlplane.wait_until(
             lambda: kube_client.get(client.PODS, "p", namespace=namespace)["spec"].get("nodeName") == node,
-            what="the scheduler bound the pod to the node", timeout=60)
+            what="the scheduler bound the pod to the node",
+            timeout=60,
+        )
     finally:
         components.stop()
     assert all(p.popen.poll() is not None for p in processes)

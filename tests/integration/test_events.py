@@ -25,19 +25,29 @@ def _events(api: client.Client, namespace: str) -> list[dict[str, object]]:
 def test_an_event_names_the_object_reason_message_and_component(kube_client: client.Client, namespace: str) -> None:
     """Guards: an Event carries involvedObject, reason, message, type, count 1 and the reporting component dractl."""
     recorder = events.Recorder(kube_client, host="node-a")
-    recorder.event(_claim_ref(namespace), type=events.WARNING, reason="InvalidConfig",
-                   message="spec.devices.config[0].opaque.parameters.sharing: unknown strategy 'Bogus'")
+    recorder.event(
+        _claim_ref(namespace),
+        type=events.WARNING,
+        reason="InvalidConfig",
+        message="spec.devices.config[0].opaque.parameters.sharing: unknown strategy 'Bogus'",
+    )
     [event] = _events(kube_client, namespace)
-    assert event["involvedObject"] == {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": "c",
-                                       "namespace": namespace, "uid": "1234"}
+    assert event["involvedObject"] == {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "name": "c",
+        "namespace": namespace,
+        "uid": "1234",
+    }
     assert (event["type"], event["reason"], event["count"]) == ("Warning", "InvalidConfig", 1)
     assert "unknown strategy" in str(event["message"])
     assert event["reportingComponent"] == "dractl"
     assert event["source"] == {"component": "dractl", "host": "node-a"}
 
 
-def test_a_repeated_event_bumps_the_count_instead_of_creating_another(kube_client: client.Client,
-                                                                      namespace: str) -> None:
+def test_a_repeated_event_bumps_the_count_instead_of_creating_another(
+    kube_client: client.Client, namespace: str
+) -> None:
     """Guards: the same object, type, reason and message again patch count and lastTimestamp of one Event."""
     moments = iter(datetime.datetime(2026, 1, 1, 0, 0, i, tzinfo=datetime.UTC) for i in range(10))
     recorder = events.Recorder(kube_client, clock=lambda: next(moments))
@@ -67,13 +77,17 @@ def test_cluster_scoped_objects_get_their_events_in_default(kube_client: client.
     recorder = events.Recorder(kube_client)
     ref = events.ObjectRef(api_version="v1", kind="Node", name="event-node-x", uid="9")
     recorder.event(ref, type=events.WARNING, reason="GpuLost", message="gpu-3 fell off the bus")
-    found = [e for e in kube_client.list(client.EVENTS, namespace="default").items
-             if e["involvedObject"].get("name") == "event-node-x"]
+    found = [
+        e
+        for e in kube_client.list(client.EVENTS, namespace="default").items
+        if e["involvedObject"].get("name") == "event-node-x"
+    ]
     assert [e["reason"] for e in found] == ["GpuLost"]
 
 
-def test_an_api_failure_is_logged_not_raised(proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy,
-                                             namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_api_failure_is_logged_not_raised(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Guards: Events are best effort: a refused create is logged and the caller carries on."""
     fault_proxy.add(faultproxy.respond(403, method="POST", path="/events", count=None, reason="Forbidden"))
     recorder = events.Recorder(proxied_client)

@@ -16,21 +16,26 @@ def _namespace_body(name: str) -> dict[str, object]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
 
-def test_requests_without_rules_pass_through_and_are_recorded(proxied_client: client.Client,
-                                                              fault_proxy: faultproxy.FaultProxy,
-                                                              namespace: str) -> None:
+def test_requests_without_rules_pass_through_and_are_recorded(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
     """Guards: with no rule the proxy is transparent (reads and writes), and logs method, target and status."""
-    proxied_client.create(client.RESOURCE_CLAIM_TEMPLATES, {
-        "metadata": {"name": "t", "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "c"}}]}}}})
+    proxied_client.create(
+        client.RESOURCE_CLAIM_TEMPLATES,
+        {
+            "metadata": {"name": "t", "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "c"}}]}}},
+        },
+    )
     assert proxied_client.get(client.RESOURCE_CLAIM_TEMPLATES, "t", namespace=namespace)["metadata"]["name"] == "t"
     seen = [(r.method, r.status, r.fault) for r in fault_proxy.requests]
     assert seen == [("POST", 201, ""), ("GET", 200, "")]
     assert [r.method for r in fault_proxy.writes()] == ["POST"]
 
 
-def test_an_injected_conflict_reaches_the_caller_once(proxied_client: client.Client,
-                                                      fault_proxy: faultproxy.FaultProxy, namespace: str) -> None:
+def test_an_injected_conflict_reaches_the_caller_once(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
     """Guards: a 409 rule with count 1 answers one matching request with Conflict and then lets requests through."""
     fault_proxy.add(faultproxy.respond(409, method="PATCH", path=f"/namespaces/{namespace}"))
     with pytest.raises(client.Conflict, match="injected"):
@@ -39,9 +44,9 @@ def test_an_injected_conflict_reaches_the_caller_once(proxied_client: client.Cli
     assert patched["metadata"]["labels"]["a"] == "b"
 
 
-def test_server_errors_are_retried_a_bounded_number_of_times(proxied_client: client.Client,
-                                                             fault_proxy: faultproxy.FaultProxy,
-                                                             namespace: str) -> None:
+def test_server_errors_are_retried_a_bounded_number_of_times(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
     """Guards: 5xx answers are retried (and then succeed); a persistent 5xx gives Transient after `attempts` tries."""
     fault_proxy.add(faultproxy.respond(503, method="GET", path=f"/namespaces/{namespace}$", count=2))
     assert proxied_client.get(client.NAMESPACES, namespace)["metadata"]["name"] == namespace
@@ -54,8 +59,9 @@ def test_server_errors_are_retried_a_bounded_number_of_times(proxied_client: cli
     assert len(fault_proxy.requests) == proxied_client.attempts
 
 
-def test_conflicts_are_not_retried(proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy,
-                                   namespace: str) -> None:
+def test_conflicts_are_not_retried(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
     """Guards: a 409 is not transient: exactly one request is sent."""
     fault_proxy.add(faultproxy.respond(409, path=f"/namespaces/{namespace}$", count=None))
     with pytest.raises(client.Conflict):
@@ -63,8 +69,9 @@ def test_conflicts_are_not_retried(proxied_client: client.Client, fault_proxy: f
     assert len(fault_proxy.requests) == 1
 
 
-def test_watch_gone_gives_the_caller_a_gone_error(proxied_client: client.Client,
-                                                  fault_proxy: faultproxy.FaultProxy) -> None:
+def test_watch_gone_gives_the_caller_a_gone_error(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy
+) -> None:
     """Guards: the 410 rule answers a watch with an ERROR event of code 410, which the stream raises as Gone."""
     version = proxied_client.list(client.NAMESPACES).resource_version
     fault_proxy.add(faultproxy.watch_gone(path="/namespaces"))
@@ -73,19 +80,27 @@ def test_watch_gone_gives_the_caller_a_gone_error(proxied_client: client.Client,
         list(stream)
 
 
-def test_a_dropped_watch_breaks_the_stream_after_the_given_events(proxied_client: client.Client,
-                                                                  kube_client: client.Client,
-                                                                  fault_proxy: faultproxy.FaultProxy,
-                                                                  namespace: str) -> None:
+def test_a_dropped_watch_breaks_the_stream_after_the_given_events(
+    proxied_client: client.Client, kube_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
     """Guards: drop_watch forwards N events and then cuts the connection, which the stream reports as Transient."""
     version = kube_client.list(client.RESOURCE_CLAIM_TEMPLATES, namespace=namespace).resource_version
     for i in range(3):
-        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, {
-            "metadata": {"name": f"t{i}", "namespace": namespace},
-            "spec": {"spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "c"}}]}}}})
+        kube_client.create(
+            client.RESOURCE_CLAIM_TEMPLATES,
+            {
+                "metadata": {"name": f"t{i}", "namespace": namespace},
+                "spec": {"spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "c"}}]}}},
+            },
+        )
     fault_proxy.add(faultproxy.drop_watch(path="/resourceclaimtemplates", after=2))
-    stream = proxied_client.watch(client.RESOURCE_CLAIM_TEMPLATES, namespace=namespace, resource_version=version,
-                                  timeout_seconds=30, bookmarks=False)
+    stream = proxied_client.watch(
+        client.RESOURCE_CLAIM_TEMPLATES,
+        namespace=namespace,
+        resource_version=version,
+        timeout_seconds=30,
+        bookmarks=False,
+    )
     names = []
     with pytest.raises(client.Transient):
         for event in stream:
@@ -93,8 +108,9 @@ def test_a_dropped_watch_breaks_the_stream_after_the_given_events(proxied_client
     assert names == ["t0", "t1"]
 
 
-def test_latency_delays_the_matching_request(proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy,
-                                             namespace: str) -> None:
+def test_latency_delays_the_matching_request(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
     """Guards: a latency rule holds the request for its delay and then forwards it unchanged."""
     fault_proxy.add(faultproxy.latency(0.3, method="GET", path=f"/namespaces/{namespace}$"))
     began = time.monotonic()
@@ -105,8 +121,9 @@ def test_latency_delays_the_matching_request(proxied_client: client.Client, faul
     assert fault_proxy.requests[0].status == 200
 
 
-def test_rules_match_by_method(proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy,
-                               namespace: str) -> None:
+def test_rules_match_by_method(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
     """Guards: a rule for DELETE leaves GETs of the same path alone."""
     fault_proxy.add(faultproxy.respond(500, method="DELETE", path=f"/namespaces/{namespace}$", count=None))
     assert proxied_client.get(client.NAMESPACES, namespace)["metadata"]["name"] == namespace

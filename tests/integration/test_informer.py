@@ -23,9 +23,14 @@ def _template(name: str, namespace: str, *, label: str = "") -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if label:
         metadata["labels"] = {"v": label}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": metadata,
-            "spec": {"spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": metadata,
+        "spec": {
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
+        },
+    }
 
 
 class Recorder:
@@ -70,19 +75,26 @@ def started() -> Iterator[list[informer.Informer[Any]]]:
         one.stop()
 
 
-def _start(api: client.Client, namespace: str, recorder: Recorder,
-           started: list[informer.Informer[Any]]) -> informer.Informer[client.Decoded]:
+def _start(
+    api: client.Client, namespace: str, recorder: Recorder, started: list[informer.Informer[Any]]
+) -> informer.Informer[client.Decoded]:
     one: informer.Informer[client.Decoded] = informer.Informer(
-        api, client.RESOURCE_CLAIM_TEMPLATES, decode=client.decode, handlers=recorder.handlers(),
-        namespace=namespace, watch_timeout=60)
+        api,
+        client.RESOURCE_CLAIM_TEMPLATES,
+        decode=client.decode,
+        handlers=recorder.handlers(),
+        namespace=namespace,
+        watch_timeout=60,
+    )
     started.append(one)
     one.start()
     assert one.wait_synced(30)
     return one
 
 
-def test_sync_fills_the_store_and_reports_each_object_once(kube_client: client.Client, namespace: str,
-                                                           started: list[informer.Informer[Any]]) -> None:
+def test_sync_fills_the_store_and_reports_each_object_once(
+    kube_client: client.Client, namespace: str, started: list[informer.Informer[Any]]
+) -> None:
     """Guards: after the first list has_synced() is true, the store holds every object, one add each."""
     for name in ("a", "b", "c"):
         kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(name, namespace))
@@ -95,8 +107,9 @@ def test_sync_fills_the_store_and_reports_each_object_once(kube_client: client.C
     assert sorted(recorder.snapshot()) == [("add", "a", ""), ("add", "b", ""), ("add", "c", "")]
 
 
-def test_live_adds_updates_and_deletes_arrive_in_order(kube_client: client.Client, namespace: str,
-                                                       started: list[informer.Informer[Any]]) -> None:
+def test_live_adds_updates_and_deletes_arrive_in_order(
+    kube_client: client.Client, namespace: str, started: list[informer.Informer[Any]]
+) -> None:
     """Guards: watch events after the sync become add, update and delete callbacks in the order they happened."""
     recorder = Recorder()
     one = _start(kube_client, namespace, recorder, started)
@@ -110,8 +123,12 @@ def test_live_adds_updates_and_deletes_arrive_in_order(kube_client: client.Clien
 
 
 def test_a_dropped_watch_relists_without_losing_or_repeating_events(
-        proxied_client: client.Client, kube_client: client.Client, fault_proxy: faultproxy.FaultProxy,
-        namespace: str, started: list[informer.Informer[Any]]) -> None:
+    proxied_client: client.Client,
+    kube_client: client.Client,
+    fault_proxy: faultproxy.FaultProxy,
+    namespace: str,
+    started: list[informer.Informer[Any]],
+) -> None:
     """Guards: a watch cut mid-stream leads to a relist; changes made meanwhile arrive exactly once, none repeat."""
     for name in ("keep", "change", "remove"):
         kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(name, namespace))
@@ -120,26 +137,35 @@ def test_a_dropped_watch_relists_without_losing_or_repeating_events(
     one = _start(proxied_client, namespace, recorder, started)
     # The first watch event (this create) is forwarded, then the connection is cut.
     kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("first", namespace))
-    kube_client.patch(client.RESOURCE_CLAIM_TEMPLATES, "change", {"metadata": {"labels": {"v": "2"}}},
-                      namespace=namespace)
+    kube_client.patch(
+        client.RESOURCE_CLAIM_TEMPLATES, "change", {"metadata": {"labels": {"v": "2"}}}, namespace=namespace
+    )
     kube_client.delete(client.RESOURCE_CLAIM_TEMPLATES, "remove", namespace=namespace)
     kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("new", namespace))
-    controlplane.wait_until(lambda: one.store.keys() == sorted(f"{namespace}/{n}" for n in ("keep", "change",
-                                                                                            "first", "new"))
-                            and recorder.snapshot().count(("update", "change", "2")) == 1,
-                            what="the informer caught up after the dropped watch")
+    controlplane.wait_until(
+        lambda: (
+            one.store.keys() == sorted(f"{namespace}/{n}" for n in ("keep", "change", "first", "new"))
+            and recorder.snapshot().count(("update", "change", "2")) == 1
+        ),
+        what="the informer caught up after the dropped watch",
+    )
     events = recorder.snapshot()
     assert sorted(events[:3]) == [("add", "change", ""), ("add", "keep", ""), ("add", "remove", "")]
-    assert sorted(events[3:]) == sorted([("add", "first", ""), ("update", "change", "2"), ("delete", "remove", ""),
-                                         ("add", "new", "")])
+    assert sorted(events[3:]) == sorted(
+        [("add", "first", ""), ("update", "change", "2"), ("delete", "remove", ""), ("add", "new", "")]
+    )
     assert len(events) == len(set(events))
     assert one.lists >= 2
     assert any(r.fault == "drop watch" for r in fault_proxy.requests)
 
 
 def test_a_410_relists_and_diffs_against_the_store(
-        proxied_client: client.Client, kube_client: client.Client, fault_proxy: faultproxy.FaultProxy,
-        namespace: str, started: list[informer.Informer[Any]]) -> None:
+    proxied_client: client.Client,
+    kube_client: client.Client,
+    fault_proxy: faultproxy.FaultProxy,
+    namespace: str,
+    started: list[informer.Informer[Any]],
+) -> None:
     """Guards: on 410 Gone the informer relists; changes made while it could not watch give one event each."""
     for name in ("keep", "change", "remove"):
         kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(name, namespace))
@@ -147,12 +173,14 @@ def test_a_410_relists_and_diffs_against_the_store(
     # Every watch is refused with 410 until the rule is removed.
     fault_proxy.add(faultproxy.watch_gone(path="/resourceclaimtemplates", count=None))
     one = _start(proxied_client, namespace, recorder, started)
-    kube_client.patch(client.RESOURCE_CLAIM_TEMPLATES, "change", {"metadata": {"labels": {"v": "2"}}},
-                      namespace=namespace)
+    kube_client.patch(
+        client.RESOURCE_CLAIM_TEMPLATES, "change", {"metadata": {"labels": {"v": "2"}}}, namespace=namespace
+    )
     kube_client.delete(client.RESOURCE_CLAIM_TEMPLATES, "remove", namespace=namespace)
     kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("new", namespace))
-    controlplane.wait_until(lambda: any(r.fault == "watch gone" for r in fault_proxy.requests),
-                            what="a watch was refused with 410")
+    controlplane.wait_until(
+        lambda: any(r.fault == "watch gone" for r in fault_proxy.requests), what="a watch was refused with 410"
+    )
     fault_proxy.clear()
     controlplane.wait_until(lambda: len(recorder.snapshot()) >= 6, what="the relist's events arrived")
     events = recorder.snapshot()
@@ -167,7 +195,8 @@ def test_a_410_relists_and_diffs_against_the_store(
 def test_stop_ends_the_thread_while_a_watch_is_open(kube_client: client.Client, namespace: str) -> None:
     """Guards: stop() closes an open watch and joins the informer's thread promptly."""
     one: informer.Informer[client.Decoded] = informer.Informer(
-        kube_client, client.RESOURCE_CLAIM_TEMPLATES, decode=client.decode, namespace=namespace, watch_timeout=300)
+        kube_client, client.RESOURCE_CLAIM_TEMPLATES, decode=client.decode, namespace=namespace, watch_timeout=300
+    )
     one.start()
     assert one.wait_synced(30)
     one.stop(timeout=20)
@@ -175,8 +204,9 @@ def test_stop_ends_the_thread_while_a_watch_is_open(kube_client: client.Client, 
     assert not one._thread.is_alive()
 
 
-def test_the_informer_feeds_a_work_queue_that_converges(kube_client: client.Client, namespace: str,
-                                                        started: list[informer.Informer[Any]]) -> None:
+def test_the_informer_feeds_a_work_queue_that_converges(
+    kube_client: client.Client, namespace: str, started: list[informer.Informer[Any]]
+) -> None:
     """Guards: handlers that only enqueue keys, and a worker reading the store, see the final state of each object."""
     queue = workqueue.WorkQueue()
     seen: dict[str, str] = {}
@@ -185,8 +215,12 @@ def test_the_informer_feeds_a_work_queue_that_converges(kube_client: client.Clie
         queue.add(f"{value.meta.namespace}/{value.meta.name}")
 
     one: informer.Informer[client.Decoded] = informer.Informer(
-        kube_client, client.RESOURCE_CLAIM_TEMPLATES, decode=client.decode, namespace=namespace,
-        handlers=informer.Handlers(on_add=enqueue, on_update=lambda old, new: enqueue(new), on_delete=enqueue))
+        kube_client,
+        client.RESOURCE_CLAIM_TEMPLATES,
+        decode=client.decode,
+        namespace=namespace,
+        handlers=informer.Handlers(on_add=enqueue, on_update=lambda old, new: enqueue(new), on_delete=enqueue),
+    )
     started.append(one)
     one.start()
     assert one.wait_synced(30)
@@ -203,8 +237,9 @@ def test_the_informer_feeds_a_work_queue_that_converges(kube_client: client.Clie
         for i in range(5):
             kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(f"w{i}", namespace))
         for i in range(5):
-            kube_client.patch(client.RESOURCE_CLAIM_TEMPLATES, f"w{i}", {"metadata": {"labels": {"v": "final"}}},
-                              namespace=namespace)
+            kube_client.patch(
+                client.RESOURCE_CLAIM_TEMPLATES, f"w{i}", {"metadata": {"labels": {"v": "final"}}}, namespace=namespace
+            )
         kube_client.delete(client.RESOURCE_CLAIM_TEMPLATES, "w0", namespace=namespace)
         expected = {f"{namespace}/w0": "gone", **{f"{namespace}/w{i}": "final" for i in range(1, 5)}}
         controlplane.wait_until(lambda: seen == expected, what="the worker saw every object's final state")

@@ -12,10 +12,22 @@ pytestmark = pytest.mark.timeout(120)
 
 def _claim(name: str, namespace: str, *, selector: str = 'device.driver == "gpu.nvidia.com"') -> dict[str, object]:
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": selector}}]}}]}},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.nvidia.com",
+                            "selectors": [{"cel": {"expression": selector}}],
+                        },
+                    }
+                ]
+            }
+        },
     }
 
 
@@ -23,8 +35,10 @@ def test_create_get_list_delete_a_resource_claim(kube_client: client.Client, nam
     """Guards: a claim created through the client is read back, listed in its namespace, decoded, and deleted."""
     created = kube_client.create(client.RESOURCE_CLAIMS, _claim("c1", namespace))
     assert created["metadata"]["resourceVersion"]
-    assert kube_client.get(client.RESOURCE_CLAIMS, "c1", namespace=namespace)["metadata"]["uid"] == \
-        created["metadata"]["uid"]
+    assert (
+        kube_client.get(client.RESOURCE_CLAIMS, "c1", namespace=namespace)["metadata"]["uid"]
+        == created["metadata"]["uid"]
+    )
     listed = kube_client.list(client.RESOURCE_CLAIMS, namespace=namespace)
     assert [item["metadata"]["name"] for item in listed.items] == ["c1"]
     assert listed.resource_version
@@ -70,29 +84,47 @@ def test_update_without_a_resource_version_is_refused_before_sending(kube_client
 def test_merge_patch_with_a_stale_resource_version_is_a_conflict(kube_client: client.Client, namespace: str) -> None:
     """Guards: a merge patch carrying an old metadata.resourceVersion fails with Conflict; without it, it applies."""
     first = kube_client.create(client.RESOURCE_CLAIMS, _claim("mp", namespace))
-    patched = kube_client.patch(client.RESOURCE_CLAIMS, "mp", {"metadata": {"labels": {"x": "1"}}},
-                                namespace=namespace)
+    patched = kube_client.patch(client.RESOURCE_CLAIMS, "mp", {"metadata": {"labels": {"x": "1"}}}, namespace=namespace)
     assert patched["metadata"]["labels"] == {"x": "1"}
     with pytest.raises(client.Conflict):
-        kube_client.patch(client.RESOURCE_CLAIMS, "mp", namespace=namespace, patch={
-            "metadata": {"resourceVersion": first["metadata"]["resourceVersion"], "labels": {"x": "2"}}})
+        kube_client.patch(
+            client.RESOURCE_CLAIMS,
+            "mp",
+            namespace=namespace,
+            patch={"metadata": {"resourceVersion": first["metadata"]["resourceVersion"], "labels": {"x": "2"}}},
+        )
 
 
 def test_json_patch_and_server_side_apply(kube_client: client.Client, namespace: str) -> None:
     """Guards: JSON patch (with a test op as precondition) and server-side apply under field manager dractl."""
     kube_client.create(client.RESOURCE_CLAIMS, _claim("jp", namespace))
-    patched = kube_client.patch(client.RESOURCE_CLAIMS, "jp", [
-        {"op": "add", "path": "/metadata/annotations", "value": {"k": "v"}}], namespace=namespace,
-        type=client.PatchType.JSON)
+    patched = kube_client.patch(
+        client.RESOURCE_CLAIMS,
+        "jp",
+        [{"op": "add", "path": "/metadata/annotations", "value": {"k": "v"}}],
+        namespace=namespace,
+        type=client.PatchType.JSON,
+    )
     assert patched["metadata"]["annotations"] == {"k": "v"}
     with pytest.raises(client.Invalid):
-        kube_client.patch(client.RESOURCE_CLAIMS, "jp", [{"op": "test", "path": "/metadata/annotations/k",
-                                                          "value": "other"}], namespace=namespace,
-                          type=client.PatchType.JSON)
-    applied = kube_client.patch(client.RESOURCE_CLAIMS, "jp", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "jp", "namespace": namespace, "labels": {"owned-by": "dractl"}}},
-        namespace=namespace, type=client.PatchType.APPLY)
+        kube_client.patch(
+            client.RESOURCE_CLAIMS,
+            "jp",
+            [{"op": "test", "path": "/metadata/annotations/k", "value": "other"}],
+            namespace=namespace,
+            type=client.PatchType.JSON,
+        )
+    applied = kube_client.patch(
+        client.RESOURCE_CLAIMS,
+        "jp",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "jp", "namespace": namespace, "labels": {"owned-by": "dractl"}},
+        },
+        namespace=namespace,
+        type=client.PatchType.APPLY,
+    )
     assert applied["metadata"]["labels"] == {"owned-by": "dractl"}
     managers = {entry["manager"] for entry in applied["metadata"]["managedFields"]}
     assert "dractl" in managers
@@ -101,10 +133,12 @@ def test_json_patch_and_server_side_apply(kube_client: client.Client, namespace:
 def test_status_update_writes_the_allocation_and_ignores_the_spec(kube_client: client.Client, namespace: str) -> None:
     """Guards: update_status writes status.allocation through the status subresource with its precondition."""
     created = kube_client.create(client.RESOURCE_CLAIMS, _claim("st", namespace))
-    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a",
-                                           "device": "gpu-0"}]},
-                  "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                      {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}}
+    allocation = {
+        "devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}]},
+        "nodeSelector": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]
+        },
+    }
     updated = kube_client.update_status(client.RESOURCE_CLAIMS, {**created, "status": {"allocation": allocation}})
     assert updated["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
     claim = kube_client.get_resource_claim(namespace, "st")
@@ -122,14 +156,16 @@ def test_invalid_objects_are_refused_with_the_field_named(kube_client: client.Cl
     assert "selectors" in raised.value.message
 
 
-def test_delete_with_a_stale_resource_version_precondition_is_a_conflict(kube_client: client.Client,
-                                                                         namespace: str) -> None:
+def test_delete_with_a_stale_resource_version_precondition_is_a_conflict(
+    kube_client: client.Client, namespace: str
+) -> None:
     """Guards: delete's resourceVersion precondition protects a changed object; a missing object is NotFound."""
     first = kube_client.create(client.RESOURCE_CLAIMS, _claim("del", namespace))
     kube_client.patch(client.RESOURCE_CLAIMS, "del", {"metadata": {"labels": {"x": "1"}}}, namespace=namespace)
     with pytest.raises(client.Conflict):
-        kube_client.delete(client.RESOURCE_CLAIMS, "del", namespace=namespace,
-                           resource_version=first["metadata"]["resourceVersion"])
+        kube_client.delete(
+            client.RESOURCE_CLAIMS, "del", namespace=namespace, resource_version=first["metadata"]["resourceVersion"]
+        )
     kube_client.delete(client.RESOURCE_CLAIMS, "del", namespace=namespace)
     with pytest.raises(client.NotFound):
         kube_client.delete(client.RESOURCE_CLAIMS, "del", namespace=namespace)
@@ -138,28 +174,58 @@ def test_delete_with_a_stale_resource_version_precondition_is_a_conflict(kube_cl
 def test_cluster_scoped_device_classes_slices_nodes_and_templates(kube_client: client.Client, namespace: str) -> None:
     """Guards: the other kinds (DeviceClass, ResourceSlice, Node, ResourceClaimTemplate, Pod) round-trip and decode."""
     suffix = namespace
-    kube_client.create(client.DEVICE_CLASSES, {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-                                               "metadata": {"name": f"gpu-{suffix}"},
-                                               "spec": {"selectors": [{"cel": {"expression": "true"}}]}})
+    kube_client.create(
+        client.DEVICE_CLASSES,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": f"gpu-{suffix}"},
+            "spec": {"selectors": [{"cel": {"expression": "true"}}]},
+        },
+    )
     kube_client.create(client.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node-{suffix}"}})
-    kube_client.create(client.RESOURCE_SLICES, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"slice-{suffix}"},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": f"node-{suffix}",
-                 "pool": {"name": f"node-{suffix}", "generation": 1, "resourceSliceCount": 1},
-                 "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}]}})
-    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "tpl", "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": f"gpu-{suffix}"}}]}}}})
-    kube_client.create(client.PODS, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": namespace},
-        "spec": {"containers": [{"name": "c", "image": "busybox"}],
-                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "tpl"}]}})
+    kube_client.create(
+        client.RESOURCE_SLICES,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"slice-{suffix}"},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": f"node-{suffix}",
+                "pool": {"name": f"node-{suffix}", "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}],
+            },
+        },
+    )
+    kube_client.create(
+        client.RESOURCE_CLAIM_TEMPLATES,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "tpl", "namespace": namespace},
+            "spec": {
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"gpu-{suffix}"}}]}}
+            },
+        },
+    )
+    kube_client.create(
+        client.PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": namespace},
+            "spec": {
+                "containers": [{"name": "c", "image": "busybox"}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "tpl"}],
+            },
+        },
+    )
     slices, version = kube_client.list_resource_slices(field_selector=f"spec.nodeName=node-{suffix}")
     assert version
     assert [(s.meta.name, s.pool.generation, [d.name for d in s.devices]) for s in slices] == [
-        (f"slice-{suffix}", 1, ["gpu-0"])]
+        (f"slice-{suffix}", 1, ["gpu-0"])
+    ]
     kinds = {
         client.DEVICE_CLASSES: (f"gpu-{suffix}", "", model.DeviceClass),
         client.NODES: (f"node-{suffix}", "", model.Node),
@@ -181,8 +247,9 @@ def test_missing_namespace_is_not_found(kube_client: client.Client) -> None:
         kube_client.get(client.RESOURCE_CLAIMS, "x", namespace="no-such-namespace-here")
 
 
-def test_list_follows_continue_tokens(kube_client: client.Client, namespace: str,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_list_follows_continue_tokens(
+    kube_client: client.Client, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Guards: a list longer than one page is read to the end through continue tokens."""
     monkeypatch.setattr(client, "_LIST_PAGE", 2)
     for i in range(5):

@@ -30,8 +30,18 @@ class FakeClock:
 
 
 def _elector(api: client.Client, namespace: str, identity: str, clock: FakeClock) -> leader.Elector:
-    return leader.Elector(api, leader.Config(namespace=namespace, name="dractl-controller", identity=identity,
-                                             lease_duration=15, renew_deadline=10, retry_period=2), clock=clock)
+    return leader.Elector(
+        api,
+        leader.Config(
+            namespace=namespace,
+            name="dractl-controller",
+            identity=identity,
+            lease_duration=15,
+            renew_deadline=10,
+            retry_period=2,
+        ),
+        clock=clock,
+    )
 
 
 def _holder(api: client.Client, namespace: str) -> str:
@@ -96,14 +106,19 @@ def test_two_racing_candidates_never_both_win(kube_client: client.Client, namesp
 def test_release_on_stop_lets_the_successor_lead_at_once(kube_client: client.Client, namespace: str) -> None:
     """Guards: run() releases the lease on stop (on_started, on_stopped once each); a successor leads at once."""
     clock_a, clock_b = FakeClock(), FakeClock()
-    a = leader.Elector(kube_client, leader.Config(namespace=namespace, name="dractl-controller", identity="a",
-                                                  retry_period=0.05), clock=clock_a)
+    a = leader.Elector(
+        kube_client,
+        leader.Config(namespace=namespace, name="dractl-controller", identity="a", retry_period=0.05),
+        clock=clock_a,
+    )
     b = _elector(kube_client, namespace, "b", clock_b)
     stop = threading.Event()
     calls: list[str] = []
-    runner = threading.Thread(target=a.run, args=(stop,),
-                              kwargs={"on_started": lambda: calls.append("started"),
-                                      "on_stopped": lambda: calls.append("stopped")})
+    runner = threading.Thread(
+        target=a.run,
+        args=(stop,),
+        kwargs={"on_started": lambda: calls.append("started"), "on_stopped": lambda: calls.append("stopped")},
+    )
     runner.start()
     try:
         controlplane.wait_until(lambda: calls == ["started"], what="a started leading")

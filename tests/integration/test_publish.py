@@ -26,11 +26,18 @@ def _node(api: client.Client) -> tuple[str, str]:
     return name, created["metadata"]["uid"]
 
 
-def _desired(profile: str, node: str, *, mig_mode: config.MigMode = config.MigMode.STATIC,
-             taints: dict[str, tuple[model.DeviceTaint, ...]] | None = None) -> tuple[model.ResourceSlice, ...]:
+def _desired(
+    profile: str,
+    node: str,
+    *,
+    mig_mode: config.MigMode = config.MigMode.STATIC,
+    taints: dict[str, tuple[model.DeviceTaint, ...]] | None = None,
+) -> tuple[model.ResourceSlice, ...]:
     gpus = fakegpu.FakeGpus(fakegpu.load_profile(profile), node_name=node)
-    return slices.build(inventory.read(gpus), options=slices.Options(
-        node_name=node, driver_name=DRIVER, mig_mode=mig_mode, taints=taints or {}))
+    return slices.build(
+        inventory.read(gpus),
+        options=slices.Options(node_name=node, driver_name=DRIVER, mig_mode=mig_mode, taints=taints or {}),
+    )
 
 
 def _published(api: client.Client, node: str) -> list[dict[str, Any]]:
@@ -45,8 +52,12 @@ def _devices(items: list[dict[str, Any]]) -> list[str]:
 @pytest.mark.parametrize("mig_mode", list(config.MigMode), ids=lambda mode: f"mig-{mode.value}")
 @pytest.mark.parametrize("profile", fakegpu.builtin_profiles())
 def test_every_profile_publishes_accepted_slices_and_a_second_publish_writes_nothing(
-        profile: str, mig_mode: config.MigMode, kube_client: client.Client, proxied_client: client.Client,
-        fault_proxy: faultproxy.FaultProxy) -> None:
+    profile: str,
+    mig_mode: config.MigMode,
+    kube_client: client.Client,
+    proxied_client: client.Client,
+    fault_proxy: faultproxy.FaultProxy,
+) -> None:
     """Guards: the API server accepts each fake profile's slices in each MIG mode; republishing writes nothing."""
     node, uid = _node(kube_client)
     desired = _desired(profile, node, mig_mode=mig_mode)
@@ -58,8 +69,11 @@ def test_every_profile_publishes_accepted_slices_and_a_second_publish_writes_not
     assert _devices(items) == sorted(d.name for s in desired for d in s.devices)
     assert {raw["spec"]["pool"]["generation"] for raw in items} == {result.generation}
     assert {raw["spec"]["pool"]["resourceSliceCount"] for raw in items} == {len(desired)}
-    assert all(raw["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid,
-                                                       "controller": True}] for raw in items)
+    assert all(
+        raw["metadata"]["ownerReferences"]
+        == [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}]
+        for raw in items
+    )
     fault_proxy.clear()
     again = publisher.publish(desired)
     assert again.writes == 0
@@ -69,9 +83,9 @@ def test_every_profile_publishes_accepted_slices_and_a_second_publish_writes_not
     assert fault_proxy.writes() == []
 
 
-def test_a_health_taint_republishes_every_slice_at_the_next_generation(kube_client: client.Client,
-                                                                      proxied_client: client.Client,
-                                                                      fault_proxy: faultproxy.FaultProxy) -> None:
+def test_a_health_taint_republishes_every_slice_at_the_next_generation(
+    kube_client: client.Client, proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy
+) -> None:
     """Guards: a device taint from a health event changes the slices; all are updated in place with generation + 1."""
     node, _ = _node(kube_client)
     publisher = publish.Publisher(proxied_client, driver=DRIVER, node_name=node)
@@ -89,7 +103,8 @@ def test_a_health_taint_republishes_every_slice_at_the_next_generation(kube_clie
     assert {raw["spec"]["pool"]["generation"] for raw in items} == {second.generation}
     taints = {device["name"]: device.get("taints") for raw in items for device in raw["spec"].get("devices", ())}
     assert [{k: v for k, v in t.items() if k != "timeAdded"} for t in taints["gpu-3"]] == [
-        {"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}]
+        {"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}
+    ]
     assert taints["gpu-3"][0]["timeAdded"]  # the API server fills it in; the publisher must not rewrite for it
     assert all(value is None for name, value in taints.items() if name != "gpu-3")
     fault_proxy.clear()
@@ -117,19 +132,29 @@ def test_other_nodes_and_drivers_are_left_alone(kube_client: client.Client) -> N
     """Guards: the publisher lists and deletes only its own node's slices for its own driver."""
     node, _ = _node(kube_client)
     other_node, _ = _node(kube_client)
-    kube_client.create(client.RESOURCE_SLICES, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-other-driver"},
-        "spec": {"driver": "other.example.com", "nodeName": node, "pool": {"name": node, "resourceSliceCount": 1},
-                 "devices": [{"name": "x"}]}})
+    kube_client.create(
+        client.RESOURCE_SLICES,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-other-driver"},
+            "spec": {
+                "driver": "other.example.com",
+                "nodeName": node,
+                "pool": {"name": node, "resourceSliceCount": 1},
+                "devices": [{"name": "x"}],
+            },
+        },
+    )
     publish.Publisher(kube_client, driver=DRIVER, node_name=other_node).publish(_desired("t4-x2", other_node))
     publish.Publisher(kube_client, driver=DRIVER, node_name=node).publish(())
     assert [raw["spec"]["driver"] for raw in _published(kube_client, node)] == ["other.example.com"]
     assert len(_published(kube_client, other_node)) == len(_desired("t4-x2", other_node))
 
 
-def test_a_conflicting_write_is_retried_after_a_fresh_list(kube_client: client.Client,
-                                                           proxied_client: client.Client,
-                                                           fault_proxy: faultproxy.FaultProxy) -> None:
+def test_a_conflicting_write_is_retried_after_a_fresh_list(
+    kube_client: client.Client, proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy
+) -> None:
     """Guards: a 409 on an update makes the publisher list again and finish; the slices end up as desired."""
     node, _ = _node(kube_client)
     publisher = publish.Publisher(proxied_client, driver=DRIVER, node_name=node)
@@ -166,10 +191,13 @@ def test_a_recreated_node_gets_its_slices_owned_by_the_new_uid(kube_client: clie
     desired = _desired("t4-x2", node)
     publisher.publish(desired)
     kube_client.delete(client.NODES, node)
-    new_uid = kube_client.create(client.NODES, {"apiVersion": "v1", "kind": "Node",
-                                                "metadata": {"name": node}})["metadata"]["uid"]
+    new_uid = kube_client.create(client.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})[
+        "metadata"
+    ]["uid"]
     assert new_uid != old_uid
     result = publisher.publish(desired)
-    assert result.updated == len(desired)
+    # When kube-controller-manager runs in this session (coexistence tests start it), its
+    # garbage collector may already have deleted the old Node's slices: then they are created.
+    assert result.updated + result.created == len(desired)
     owners = {raw["metadata"]["ownerReferences"][0]["uid"] for raw in _published(kube_client, node)}
     assert owners == {new_uid}

@@ -50,7 +50,9 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "any": (),
     "gpu": (f'device.driver == "{GPU}"',),
     "nic": (f'device.driver == "{NIC}"',),
-    "big": ('"memory" in device.capacity[device.driver] && device.capacity[device.driver].memory.compareTo(quantity("40Gi")) >= 0',),
+    "big": (
+        '"memory" in device.capacity[device.driver] && device.capacity[device.driver].memory.compareTo(quantity("40Gi")) >= 0',
+    ),
     "a100": ('device.attributes[device.driver].?model.orValue("") == "a100"',),
     "mig": ('device.attributes[device.driver].?type.orValue("") == "mig"',),
     # Fails on devices without "numa" (about one in ten).
@@ -180,9 +182,13 @@ def attributes(draw: st.DrawFn) -> dict[str, model.DeviceAttribute]:
         "model": lambda: _attr(model.AttributeKind.STRING, draw(st.sampled_from(("a100", "h100", "t4")))),
         "numa": lambda: _attr(model.AttributeKind.INT, draw(st.integers(0, 1))),
         "mig": lambda: _attr(model.AttributeKind.BOOL, draw(st.booleans())),
-        "driverVersion": lambda: _attr(model.AttributeKind.VERSION, draw(st.sampled_from(("1.0.0", "1.2.0", "1.2.0+b7", "2.0.0")))),
+        "driverVersion": lambda: _attr(
+            model.AttributeKind.VERSION, draw(st.sampled_from(("1.0.0", "1.2.0", "1.2.0+b7", "2.0.0")))
+        ),
         "pcieRoots": lambda: model.DeviceAttribute(
-            kind=model.AttributeKind.STRING, values=tuple(draw(st.lists(st.sampled_from(("p0", "p1", "p2")), min_size=1, max_size=2, unique=True))), is_list=True
+            kind=model.AttributeKind.STRING,
+            values=tuple(draw(st.lists(st.sampled_from(("p0", "p1", "p2")), min_size=1, max_size=2, unique=True))),
+            is_list=True,
         ),
         "example.com/rack": lambda: _attr(model.AttributeKind.STRING, draw(st.sampled_from(("r1", "r2")))),
     }
@@ -200,20 +206,28 @@ def request_policy(draw: st.DrawFn) -> model.CapacityRequestPolicy | None:
     if kind == "default":
         return model.CapacityRequestPolicy(default=gi(8))
     if kind == "range":
-        return model.CapacityRequestPolicy(default=gi(8), valid_range=model.CapacityRequestPolicyRange(min=gi(4), max=gi(32)))
+        return model.CapacityRequestPolicy(
+            default=gi(8), valid_range=model.CapacityRequestPolicyRange(min=gi(4), max=gi(32))
+        )
     if kind == "range-step":
-        return model.CapacityRequestPolicy(default=gi(8), valid_range=model.CapacityRequestPolicyRange(min=gi(4), step=gi(4)))
+        return model.CapacityRequestPolicy(
+            default=gi(8), valid_range=model.CapacityRequestPolicyRange(min=gi(4), step=gi(4))
+        )
     return model.CapacityRequestPolicy(default=gi(8), valid_values=(gi(8), gi(16), gi(40)))
 
 
 @st.composite
-def device(draw: st.DrawFn, name: str, *, counter_sets: Sequence[model.CounterSet], nodes: Sequence[str], per_device: bool) -> model.Device:
+def device(
+    draw: st.DrawFn, name: str, *, counter_sets: Sequence[model.CounterSet], nodes: Sequence[str], per_device: bool
+) -> model.Device:
     attrs = draw(attributes())
     shareable = draw(st.integers(0, 5)) == 0
     capacity: dict[str, model.DeviceCapacity] = {}
     if shareable:
         attrs["example.com/multi"] = _attr(model.AttributeKind.BOOL, True)
-        capacity["memory"] = model.DeviceCapacity(value=gi(draw(st.sampled_from((40, 80)))), request_policy=draw(request_policy()))
+        capacity["memory"] = model.DeviceCapacity(
+            value=gi(draw(st.sampled_from((40, 80)))), request_policy=draw(request_policy())
+        )
     elif draw(st.integers(0, 3)) > 0:
         capacity["memory"] = model.DeviceCapacity(value=gi(draw(st.sampled_from((16, 40, 80)))))
     consumes: list[model.DeviceCounterConsumption] = []
@@ -221,7 +235,11 @@ def device(draw: st.DrawFn, name: str, *, counter_sets: Sequence[model.CounterSe
         for cs in draw(st.lists(st.sampled_from(counter_sets), min_size=1, max_size=2, unique_by=lambda c: c.name)):
             amounts = {k: q(draw(st.integers(1, int(v.value)))) for k, v in cs.counters.items()}
             consumes.append(model.DeviceCounterConsumption(counter_set=cs.name, counters=amounts))
-    taints = tuple(draw(st.lists(st.sampled_from(TAINTS), min_size=1, max_size=2, unique=True))) if draw(st.integers(0, 7)) == 0 else ()
+    taints = (
+        tuple(draw(st.lists(st.sampled_from(TAINTS), min_size=1, max_size=2, unique=True)))
+        if draw(st.integers(0, 7)) == 0
+        else ()
+    )
     binding: dict[str, object] = {}
     if per_device:
         binding = draw(node_binding(nodes, per_device_ok=False))
@@ -240,13 +258,20 @@ def device(draw: st.DrawFn, name: str, *, counter_sets: Sequence[model.CounterSe
 
 
 @st.composite
-def pool_slices(draw: st.DrawFn, driver: str, pool: str, nodes: Sequence[str], budget: int) -> list[model.ResourceSlice]:
+def pool_slices(
+    draw: st.DrawFn, driver: str, pool: str, nodes: Sequence[str], budget: int
+) -> list[model.ResourceSlice]:
     """The slices of one pool: 1-2 device slices, maybe a counter-set slice, maybe a stale one."""
     generation = draw(st.integers(1, 2))
     counter_sets: list[model.CounterSet] = []
     if draw(st.booleans()):
         for k in range(draw(st.integers(1, 2))):
-            counter_sets.append(model.CounterSet(name=f"gpu-{k}-counters", counters={"mem": q(draw(st.integers(2, 8))), "sm": q(draw(st.integers(1, 7)))}))
+            counter_sets.append(
+                model.CounterSet(
+                    name=f"gpu-{k}-counters",
+                    counters={"mem": q(draw(st.integers(2, 8))), "sm": q(draw(st.integers(1, 7)))},
+                )
+            )
     slices: list[dict[str, object]] = []
     if counter_sets:
         slices.append({"shared_counters": tuple(counter_sets), **draw(node_binding(nodes, per_device_ok=False))})
@@ -306,9 +331,15 @@ def clusters(draw: st.DrawFn, *, max_devices: int = 8) -> Cluster:
             new = draw(pool_slices(driver, pool, node_names, budget))
             budget -= sum(len(s.devices) for s in new if s.pool.generation == new[0].pool.generation)
             slices.extend(new)
-    classes = tuple(model.DeviceClass(meta=model.ObjectMeta(name=name), selectors=sels) for name, sels in CLASSES.items())
+    classes = tuple(
+        model.DeviceClass(meta=model.ObjectMeta(name=name), selectors=sels) for name, sels in CLASSES.items()
+    )
     allocated = draw(allocated_claims(slices))
-    return Cluster(snapshot=alloc.Snapshot(device_classes=classes, resource_slices=tuple(slices), nodes=tuple(nodes), allocated_claims=allocated))
+    return Cluster(
+        snapshot=alloc.Snapshot(
+            device_classes=classes, resource_slices=tuple(slices), nodes=tuple(nodes), allocated_claims=allocated
+        )
+    )
 
 
 @st.composite
@@ -317,7 +348,14 @@ def allocated_claims(draw: st.DrawFn, slices: Sequence[model.ResourceSlice]) -> 
     devices = [(s, d) for s in slices for d in s.devices if d.name != "stale-0"]
     if not devices or draw(st.integers(0, 2)) > 0:
         return ()
-    picked = draw(st.lists(st.sampled_from(devices), min_size=1, max_size=2, unique_by=lambda sd: (sd[0].driver, sd[0].pool.name, sd[1].name)))
+    picked = draw(
+        st.lists(
+            st.sampled_from(devices),
+            min_size=1,
+            max_size=2,
+            unique_by=lambda sd: (sd[0].driver, sd[0].pool.name, sd[1].name),
+        )
+    )
     claims = []
     for k, (s, d) in enumerate(picked):
         admin = draw(st.integers(0, 4)) == 0 and not d.allow_multiple_allocations
@@ -327,9 +365,22 @@ def allocated_claims(draw: st.DrawFn, slices: Sequence[model.ResourceSlice]) -> 
             share_id = f"pre-{k}"
             consumed = {name: gi(draw(st.sampled_from((8, 16, 40)))) for name in d.capacity}
         result = model.DeviceRequestAllocationResult(
-            request="r0", driver=s.driver, pool=s.pool.name, device=d.name, admin_access=True if admin else None, share_id=share_id, consumed_capacity=consumed
+            request="r0",
+            driver=s.driver,
+            pool=s.pool.name,
+            device=d.name,
+            admin_access=True if admin else None,
+            share_id=share_id,
+            consumed_capacity=consumed,
         )
-        spec = model.ResourceClaimSpec(requests=(model.DeviceRequest(name="r0", exactly=model.ExactDeviceRequest(device_class_name="any", admin_access=True if admin else None)),))
+        spec = model.ResourceClaimSpec(
+            requests=(
+                model.DeviceRequest(
+                    name="r0",
+                    exactly=model.ExactDeviceRequest(device_class_name="any", admin_access=True if admin else None),
+                ),
+            )
+        )
         claims.append(
             model.ResourceClaim(
                 meta=model.ObjectMeta(name=f"held-{k}", namespace=NAMESPACE, uid=f"uid-held-{k}"),
@@ -385,7 +436,9 @@ def resource_claims(draw: st.DrawFn, name: str, drivers: Sequence[str] = DRIVERS
     requests = []
     for k in range(draw(st.sampled_from((1, 1, 2, 2, 3)))):
         if draw(st.integers(0, 4)) == 0:
-            requests.append(model.DeviceRequest(name=f"r{k}", first_available=(draw(sub_request("s0")), draw(sub_request("s1")))))
+            requests.append(
+                model.DeviceRequest(name=f"r{k}", first_available=(draw(sub_request("s0")), draw(sub_request("s1"))))
+            )
         else:
             requests.append(draw(exact_request(f"r{k}")))
     refs = [r.name for r in requests] + [f"{r.name}/{s.name}" for r in requests for s in r.first_available]
@@ -436,26 +489,66 @@ def partitioned_clusters(draw: st.DrawFn) -> Cluster:
             common = {
                 "parent": _attr(model.AttributeKind.STRING, f"gpu-{g}"),
                 "numa": _attr(model.AttributeKind.INT, draw(st.integers(0, 1))),
-                "pcieRoots": model.DeviceAttribute(kind=model.AttributeKind.STRING, values=tuple(draw(st.lists(st.sampled_from(("p0", "p1", "p2")), min_size=1, max_size=2, unique=True))), is_list=True),
+                "pcieRoots": model.DeviceAttribute(
+                    kind=model.AttributeKind.STRING,
+                    values=tuple(
+                        draw(st.lists(st.sampled_from(("p0", "p1", "p2")), min_size=1, max_size=2, unique=True))
+                    ),
+                    is_list=True,
+                ),
             }
             if draw(st.booleans()):
                 whole = model.DeviceCounterConsumption(counter_set=f"gpu-{g}", counters={"mem": q(8), "sm": q(7)})
-                devices.append(model.Device(name=f"gpu-{g}", attributes={**common, "type": _attr(model.AttributeKind.STRING, "gpu"), "profile": _attr(model.AttributeKind.STRING, "7g")}, consumes_counters=(whole,)))
+                devices.append(
+                    model.Device(
+                        name=f"gpu-{g}",
+                        attributes={
+                            **common,
+                            "type": _attr(model.AttributeKind.STRING, "gpu"),
+                            "profile": _attr(model.AttributeKind.STRING, "7g"),
+                        },
+                        consumes_counters=(whole,),
+                    )
+                )
             for k in range(draw(st.integers(1, 3))):
                 profile = draw(st.sampled_from(tuple(PROFILES)))
                 mem, sm = PROFILES[profile]
                 use = model.DeviceCounterConsumption(counter_set=f"gpu-{g}", counters={"mem": q(mem), "sm": q(sm)})
                 taints = (draw(st.sampled_from(TAINTS)),) if draw(st.integers(0, 7)) == 0 else ()
-                attrs = {**common, "type": _attr(model.AttributeKind.STRING, "mig"), "profile": _attr(model.AttributeKind.STRING, profile)}
-                devices.append(model.Device(name=f"gpu-{g}-mig-{k}", attributes=attrs, consumes_counters=(use,), taints=taints))
+                attrs = {
+                    **common,
+                    "type": _attr(model.AttributeKind.STRING, "mig"),
+                    "profile": _attr(model.AttributeKind.STRING, profile),
+                }
+                devices.append(
+                    model.Device(name=f"gpu-{g}-mig-{k}", attributes=attrs, consumes_counters=(use,), taints=taints)
+                )
         split = draw(st.integers(0, len(devices)))
         parts = [tuple(devices[:split]), tuple(devices[split:])] if draw(st.booleans()) else [tuple(devices)]
         count = 1 + len(parts)
         prefix = driver.split(".")[0]
-        slices.append(model.ResourceSlice(meta=model.ObjectMeta(name=f"{prefix}-counters"), driver=driver, pool=model.ResourcePool(name="node-0", resource_slice_count=count), node_name="node-0", shared_counters=sets))
+        slices.append(
+            model.ResourceSlice(
+                meta=model.ObjectMeta(name=f"{prefix}-counters"),
+                driver=driver,
+                pool=model.ResourcePool(name="node-0", resource_slice_count=count),
+                node_name="node-0",
+                shared_counters=sets,
+            )
+        )
         for k, part in enumerate(parts):
-            slices.append(model.ResourceSlice(meta=model.ObjectMeta(name=f"{prefix}-devices-{k}"), driver=driver, pool=model.ResourcePool(name="node-0", resource_slice_count=count), node_name="node-0", devices=part))
-    classes = tuple(model.DeviceClass(meta=model.ObjectMeta(name=name), selectors=sels) for name, sels in CLASSES.items())
+            slices.append(
+                model.ResourceSlice(
+                    meta=model.ObjectMeta(name=f"{prefix}-devices-{k}"),
+                    driver=driver,
+                    pool=model.ResourcePool(name="node-0", resource_slice_count=count),
+                    node_name="node-0",
+                    devices=part,
+                )
+            )
+    classes = tuple(
+        model.DeviceClass(meta=model.ObjectMeta(name=name), selectors=sels) for name, sels in CLASSES.items()
+    )
     nodes = (model.Node(meta=model.ObjectMeta(name="node-0", labels={"zone": "a"})),)
     allocated = draw(allocated_claims(slices))
     wholes = [(s, d) for s in slices for d in s.devices if d.name.count("-") == 1]
@@ -464,10 +557,29 @@ def partitioned_clusters(draw: st.DrawFn) -> Cluster:
         s, whole = draw(st.sampled_from(wholes))
         parts = [d for d in s.devices if d.name.startswith(f"{whole.name}-")]
         held = [whole] + ([draw(st.sampled_from(parts))] if parts else [])
-        results = tuple(model.DeviceRequestAllocationResult(request="r0", driver=s.driver, pool=s.pool.name, device=d.name) for d in held)
-        spec = model.ResourceClaimSpec(requests=(model.DeviceRequest(name="r0", exactly=model.ExactDeviceRequest(device_class_name="any", count=len(held))),))
-        allocated += (model.ResourceClaim(meta=model.ObjectMeta(name="overcommit", namespace=NAMESPACE, uid="uid-overcommit"), spec=spec, allocation=model.AllocationResult(results=results)),)
-    return Cluster(snapshot=alloc.Snapshot(device_classes=classes, resource_slices=tuple(slices), nodes=nodes, allocated_claims=allocated))
+        results = tuple(
+            model.DeviceRequestAllocationResult(request="r0", driver=s.driver, pool=s.pool.name, device=d.name)
+            for d in held
+        )
+        spec = model.ResourceClaimSpec(
+            requests=(
+                model.DeviceRequest(
+                    name="r0", exactly=model.ExactDeviceRequest(device_class_name="any", count=len(held))
+                ),
+            )
+        )
+        allocated += (
+            model.ResourceClaim(
+                meta=model.ObjectMeta(name="overcommit", namespace=NAMESPACE, uid="uid-overcommit"),
+                spec=spec,
+                allocation=model.AllocationResult(results=results),
+            ),
+        )
+    return Cluster(
+        snapshot=alloc.Snapshot(
+            device_classes=classes, resource_slices=tuple(slices), nodes=nodes, allocated_claims=allocated
+        )
+    )
 
 
 @st.composite
@@ -478,8 +590,15 @@ def partition_claims(draw: st.DrawFn, name: str, drivers: Sequence[str]) -> mode
         cls = draw(st.sampled_from(("mig", "mig", "any", "gpu", "nic")))
         if draw(st.integers(0, 3)) == 0:
             subs = (
-                model.DeviceSubRequest(name="big", device_class_name=cls, selectors=(PROFILE_SELECTORS[2],), count=draw(st.integers(1, 2))),
-                model.DeviceSubRequest(name="small", device_class_name=cls, selectors=(PROFILE_SELECTORS[0],), count=draw(st.integers(1, 2))),
+                model.DeviceSubRequest(
+                    name="big", device_class_name=cls, selectors=(PROFILE_SELECTORS[2],), count=draw(st.integers(1, 2))
+                ),
+                model.DeviceSubRequest(
+                    name="small",
+                    device_class_name=cls,
+                    selectors=(PROFILE_SELECTORS[0],),
+                    count=draw(st.integers(1, 2)),
+                ),
             )
             requests.append(model.DeviceRequest(name=f"r{k}", first_available=subs))
             continue
@@ -525,7 +644,10 @@ def partition_instances(draw: st.DrawFn) -> Instance:
 def _selector(sel: model.NodeSelector | None) -> str:
     if sel is None:
         return "-"
-    return " || ".join(" && ".join(f"{r.key} {r.operator} {','.join(r.values)}" for r in (*t.match_expressions, *t.match_fields)) for t in sel.terms)
+    return " || ".join(
+        " && ".join(f"{r.key} {r.operator} {','.join(r.values)}" for r in (*t.match_expressions, *t.match_fields))
+        for t in sel.terms
+    )
 
 
 def _binding(obj: model.ResourceSlice | model.Device) -> str:
@@ -573,7 +695,16 @@ def _device(d: model.Device, per_device: bool) -> str:
 
 
 def _request(r: model.DeviceRequest) -> str:
-    def one(name: str, cls: str, sels: Sequence[str], mode: model.AllocationMode, count: int, tols: Sequence[model.DeviceToleration], cap: object, admin: bool) -> str:
+    def one(
+        name: str,
+        cls: str,
+        sels: Sequence[str],
+        mode: model.AllocationMode,
+        count: int,
+        tols: Sequence[model.DeviceToleration],
+        cap: object,
+        admin: bool,
+    ) -> str:
         bits = [f"{name}: class={cls}", "All" if mode is model.AllocationMode.ALL else f"count={count}"]
         if admin:
             bits.append("ADMIN")
@@ -585,9 +716,28 @@ def _request(r: model.DeviceRequest) -> str:
 
     if r.exactly is not None:
         e = r.exactly
-        return one(r.name, e.device_class_name, e.selectors, e.allocation_mode, e.count, e.tolerations, e.capacity_requests, bool(e.admin_access))
+        return one(
+            r.name,
+            e.device_class_name,
+            e.selectors,
+            e.allocation_mode,
+            e.count,
+            e.tolerations,
+            e.capacity_requests,
+            bool(e.admin_access),
+        )
     return f"{r.name}: firstAvailable " + " | ".join(
-        one(s.name, s.device_class_name, s.selectors, s.allocation_mode, s.count, s.tolerations, s.capacity_requests, False) for s in r.first_available
+        one(
+            s.name,
+            s.device_class_name,
+            s.selectors,
+            s.allocation_mode,
+            s.count,
+            s.tolerations,
+            s.capacity_requests,
+            False,
+        )
+        for s in r.first_available
     )
 
 
@@ -619,14 +769,20 @@ def describe(snapshot: alloc.Snapshot, claims: Sequence[model.ResourceClaim]) ->
     lines = ["nodes: " + ", ".join(f"{n.meta.name}{dict(n.meta.labels)}" for n in snapshot.nodes)]
     for s in snapshot.resource_slices:
         p = s.pool
-        lines.append(f"slice {s.meta.name} {s.driver} pool={p.name} gen={p.generation} count={p.resource_slice_count} {_binding(s)}")
+        lines.append(
+            f"slice {s.meta.name} {s.driver} pool={p.name} gen={p.generation} count={p.resource_slice_count} {_binding(s)}"
+        )
         for cs in s.shared_counters:
             lines.append(f"  counters {cs.name} " + ",".join(f"{k}:{v}" for k, v in sorted(cs.counters.items())))
         lines.extend(f"  {_device(d, s.per_device_node_selection)}" for d in s.devices)
     if snapshot.allocated_claims:
         lines.append("allocated:")
         lines.extend(f"  {c.key} holds {describe_allocation(c.allocation)}" for c in snapshot.allocated_claims)
-    lines.append("classes: " + "; ".join(f"{c.meta.name}={list(c.selectors)}" for c in snapshot.device_classes if c.selectors) + "; any=[]")
+    lines.append(
+        "classes: "
+        + "; ".join(f"{c.meta.name}={list(c.selectors)}" for c in snapshot.device_classes if c.selectors)
+        + "; any=[]"
+    )
     lines.append("claims:")
     lines.extend(describe_claim(c) for c in claims)
     return "\n".join(lines)
@@ -647,19 +803,38 @@ def settings_for(max_examples: int) -> settings:
 # --- Regressions --------------------------------------------------------------------------------
 
 
-def _fixed(slices: Sequence[model.ResourceSlice], claims: Sequence[model.ResourceClaim], allocated: Sequence[model.ResourceClaim] = ()) -> Instance:
-    classes = tuple(model.DeviceClass(meta=model.ObjectMeta(name=name), selectors=sels) for name, sels in CLASSES.items())
+def _fixed(
+    slices: Sequence[model.ResourceSlice],
+    claims: Sequence[model.ResourceClaim],
+    allocated: Sequence[model.ResourceClaim] = (),
+) -> Instance:
+    classes = tuple(
+        model.DeviceClass(meta=model.ObjectMeta(name=name), selectors=sels) for name, sels in CLASSES.items()
+    )
     nodes = (model.Node(meta=model.ObjectMeta(name="node-0", labels={"zone": "a"})),)
-    snapshot = alloc.Snapshot(device_classes=classes, resource_slices=tuple(slices), nodes=nodes, allocated_claims=tuple(allocated))
+    snapshot = alloc.Snapshot(
+        device_classes=classes, resource_slices=tuple(slices), nodes=nodes, allocated_claims=tuple(allocated)
+    )
     return Instance(cluster=Cluster(snapshot), claims=tuple(claims))
 
 
 def _local(*devices: model.Device) -> model.ResourceSlice:
-    return model.ResourceSlice(meta=model.ObjectMeta(name="s"), driver=GPU, pool=model.ResourcePool(name="node-0"), node_name="node-0", devices=devices)
+    return model.ResourceSlice(
+        meta=model.ObjectMeta(name="s"),
+        driver=GPU,
+        pool=model.ResourcePool(name="node-0"),
+        node_name="node-0",
+        devices=devices,
+    )
 
 
-def _claim(name: str, *requests: model.DeviceRequest, constraints: tuple[model.DeviceConstraint, ...] = ()) -> model.ResourceClaim:
-    return model.ResourceClaim(meta=model.ObjectMeta(name=name, namespace=NAMESPACE, uid=f"uid-{name}"), spec=model.ResourceClaimSpec(requests=requests, constraints=constraints))
+def _claim(
+    name: str, *requests: model.DeviceRequest, constraints: tuple[model.DeviceConstraint, ...] = ()
+) -> model.ResourceClaim:
+    return model.ResourceClaim(
+        meta=model.ObjectMeta(name=name, namespace=NAMESPACE, uid=f"uid-{name}"),
+        spec=model.ResourceClaimSpec(requests=requests, constraints=constraints),
+    )
 
 
 def _exactly(**kw: object) -> model.DeviceRequest:
@@ -679,14 +854,28 @@ def regression(name: str) -> Instance:
     """
     if name == "all-untolerated-taint":
         taint = model.DeviceTaint(key="maint", effect="NoSchedule")
-        return _fixed([_local(model.Device(name="d0"), model.Device(name="d1", taints=(taint,)))], [_claim("c0", _exactly(allocation_mode=model.AllocationMode.ALL, count=0))])
+        return _fixed(
+            [_local(model.Device(name="d0"), model.Device(name="d1", taints=(taint,)))],
+            [_claim("c0", _exactly(allocation_mode=model.AllocationMode.ALL, count=0))],
+        )
     if name == "all-after-committed-share":
         shared = {"memory": model.DeviceCapacity(value=gi(40))}
-        devices = (model.Device(name="d0", allow_multiple_allocations=True, capacity=shared), model.Device(name="d1", allow_multiple_allocations=True, capacity=shared))
+        devices = (
+            model.Device(name="d0", allow_multiple_allocations=True, capacity=shared),
+            model.Device(name="d1", allow_multiple_allocations=True, capacity=shared),
+        )
         first = _claim("c0", _exactly(capacity_requests={"memory": gi(8)}))
-        return _fixed([_local(*devices)], [first, _claim("c1", _exactly(allocation_mode=model.AllocationMode.ALL, count=0))])
+        return _fixed(
+            [_local(*devices)], [first, _claim("c1", _exactly(allocation_mode=model.AllocationMode.ALL, count=0))]
+        )
     if name == "explain-constraint-of-other-claim":
-        devices = (model.Device(name="d0"), model.Device(name="d1", attributes={"model": _attr(model.AttributeKind.STRING, "a100")}))
+        devices = (
+            model.Device(name="d0"),
+            model.Device(name="d1", attributes={"model": _attr(model.AttributeKind.STRING, "a100")}),
+        )
         distinct = (model.DeviceConstraint(distinct_attribute=f"{GPU}/model"),)
-        return _fixed([_local(*devices)], [_claim("c0", _exactly(), constraints=distinct), _claim("c1", _exactly(), constraints=distinct)])
+        return _fixed(
+            [_local(*devices)],
+            [_claim("c0", _exactly(), constraints=distinct), _claim("c1", _exactly(), constraints=distinct)],
+        )
     raise KeyError(name)

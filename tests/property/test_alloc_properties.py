@@ -28,7 +28,9 @@ from dractl import alloc, model
 
 _FAILED_ON = " failed on device "
 
-POLICIES = pytest.mark.parametrize("policy", [alloc.Policy.FIRST_FIT, alloc.Policy.BINPACK], ids=["first-fit", "binpack"])
+POLICIES = pytest.mark.parametrize(
+    "policy", [alloc.Policy.FIRST_FIT, alloc.Policy.BINPACK], ids=["first-fit", "binpack"]
+)
 
 
 def _outcome(outcome: alloc.Outcome) -> str:
@@ -65,7 +67,9 @@ def _allocator_verdict(outcome: alloc.Outcome) -> str:
     return "ok" if outcome.ok else "none"
 
 
-def _agrees(policy: alloc.Policy, expected: tuple[model.AllocationResult, ...] | oracle.CelError | None, outcome: alloc.Outcome) -> bool:
+def _agrees(
+    policy: alloc.Policy, expected: tuple[model.AllocationResult, ...] | oracle.CelError | None, outcome: alloc.Outcome
+) -> bool:
     """First-fit gives the oracle's verdict exactly; binpack refuses (without error) exactly
     where the oracle finds nothing, and otherwise allocates or reports a CEL error."""
     if policy is alloc.Policy.FIRST_FIT:
@@ -88,7 +92,9 @@ def _oracle_answer(found: tuple[model.AllocationResult, ...] | oracle.CelError |
 @given(instance=strategies.instances())
 @example(instance=strategies.regression("all-untolerated-taint"))
 @example(instance=strategies.regression("explain-constraint-of-other-claim"))
-def test_allocation_on_one_node_exists_exactly_when_the_oracle_finds_one(policy: alloc.Policy, instance: strategies.Instance) -> None:
+def test_allocation_on_one_node_exists_exactly_when_the_oracle_finds_one(
+    policy: alloc.Policy, instance: strategies.Instance
+) -> None:
     """Completeness and soundness of the verdict: ok on a given node iff an allocation exists there."""
     node = instance.node
     expected = oracle.decide(instance.snapshot, instance.claims, node)
@@ -113,7 +119,16 @@ def test_every_returned_allocation_satisfies_every_rule(policy: alloc.Policy, in
     if outcome.node not in (node, None):
         violations.append(f"outcome.node is {outcome.node}, only {node} was offered")
     if violations:
-        pytest.fail(_report(f"{policy.value} on {node}: invalid allocation", instance.snapshot, instance.claims, _outcome(outcome), "violations:", *(f"    {v}" for v in violations)))
+        pytest.fail(
+            _report(
+                f"{policy.value} on {node}: invalid allocation",
+                instance.snapshot,
+                instance.claims,
+                _outcome(outcome),
+                "violations:",
+                *(f"    {v}" for v in violations),
+            )
+        )
 
 
 @strategies.settings_for(150)
@@ -127,7 +142,11 @@ def test_policies_agree_on_which_claims_are_allocatable_in_isolation(instance: s
         if _cel_error(first_fit) is not None or _cel_error(binpack) is not None:
             continue
         if first_fit.ok != binpack.ok:
-            nodes = [n for n in instance.cluster.node_names if not isinstance(a := oracle.decide(instance.snapshot, [claim], n), oracle.CelError) and a is not None]
+            nodes = [
+                n
+                for n in instance.cluster.node_names
+                if not isinstance(a := oracle.decide(instance.snapshot, [claim], n), oracle.CelError) and a is not None
+            ]
             pytest.fail(
                 _report(
                     f"{claim.key}: first-fit ok={first_fit.ok}, binpack ok={binpack.ok}; oracle: allocatable on {nodes or 'no node'}",
@@ -178,19 +197,34 @@ def test_sequences_never_double_allocate_or_overdraw(policy: alloc.Policy, insta
         # valid on at least one node (a node may still refuse it, e.g. All with an incomplete pool).
         candidates = [outcome.node] if outcome.node is not None else names
         per_node = {node: oracle.check(before, [claim], node, outcome.allocations) for node in candidates}
-        violations = [] if any(not v for v in per_node.values()) else [f"on {node}: {v}" for node, vs in per_node.items() for v in vs]
+        violations = (
+            []
+            if any(not v for v in per_node.values())
+            else [f"on {node}: {v}" for node, vs in per_node.items() for v in vs]
+        )
         done.append(dataclasses.replace(claim, allocation=outcome.allocations[0]))
         violations.extend(oracle.ledger_violations(instance.snapshot, done))
         if violations:
             pytest.fail(
-                _report(f"{policy.value}: {claim.key} allocated against committed state", instance.snapshot, instance.claims, "committed before:", *history, _outcome(outcome), "violations:", *(f"    {v}" for v in violations))
+                _report(
+                    f"{policy.value}: {claim.key} allocated against committed state",
+                    instance.snapshot,
+                    instance.claims,
+                    "committed before:",
+                    *history,
+                    _outcome(outcome),
+                    "violations:",
+                    *(f"    {v}" for v in violations),
+                )
             )
 
 
 @POLICIES
 @strategies.settings_for(150)
 @given(instance=strategies.partition_instances())
-def test_partitioned_gpus_allocate_exactly_when_the_oracle_finds_one(policy: alloc.Policy, instance: strategies.Instance) -> None:
+def test_partitioned_gpus_allocate_exactly_when_the_oracle_finds_one(
+    policy: alloc.Policy, instance: strategies.Instance
+) -> None:
     """On MIG-like partitioned GPUs (counters, over-committed parents, admin access, two drivers'
     pools with one name, constraints on the parent): ok iff an allocation exists, and valid."""
     outcome = alloc.Allocator(instance.snapshot, policy=policy).allocate(instance.claims, nodes=["node-0"])
@@ -201,4 +235,13 @@ def test_partitioned_gpus_allocate_exactly_when_the_oracle_finds_one(policy: all
     if outcome.allocations is not None:
         violations = oracle.check(instance.snapshot, instance.claims, "node-0", outcome.allocations)
         if violations:
-            pytest.fail(_report(f"{policy.value}: invalid allocation", instance.snapshot, instance.claims, _outcome(outcome), "violations:", *(f"    {v}" for v in violations)))
+            pytest.fail(
+                _report(
+                    f"{policy.value}: invalid allocation",
+                    instance.snapshot,
+                    instance.claims,
+                    _outcome(outcome),
+                    "violations:",
+                    *(f"    {v}" for v in violations),
+                )
+            )

@@ -20,7 +20,6 @@ from typing import Any
 from dractl.model import limits, quantity, types
 from dractl.model.decode import problems
 
-
 # Limits of resource.k8s.io/v1 (see research/k8s-dra-core.md section 1.8).
 MAX_REQUESTS = 32
 MAX_SUBREQUESTS = 8
@@ -59,7 +58,9 @@ def quote(value: object) -> str:
     return json.dumps(value, default=str, ensure_ascii=False)
 
 
-def check_keys(o: problems.Report, raw: Mapping[str, Any], path: str, allowed: frozenset[str], hints: Mapping[str, str] = NO_HINTS) -> None:
+def check_keys(
+    o: problems.Report, raw: Mapping[str, Any], path: str, allowed: frozenset[str], hints: Mapping[str, str] = NO_HINTS
+) -> None:
     if raw.keys() <= allowed:
         return
     for key in raw:
@@ -68,11 +69,21 @@ def check_keys(o: problems.Report, raw: Mapping[str, Any], path: str, allowed: f
         hint = hints.get(key)
         if hint is None:
             close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
-            hint = f"unknown field; did you mean {close[0]}?" if close else f"unknown field (fields here: {', '.join(sorted(allowed))})"
+            hint = (
+                f"unknown field; did you mean {close[0]}?"
+                if close
+                else f"unknown field (fields here: {', '.join(sorted(allowed))})"
+            )
         o.error(join(path, str(key)), hint)
 
 
-def as_map(o: problems.Report, raw: object, path: str, allowed: frozenset[str] | None = None, hints: Mapping[str, str] = NO_HINTS) -> dict[str, Any] | None:
+def as_map(
+    o: problems.Report,
+    raw: object,
+    path: str,
+    allowed: frozenset[str] | None = None,
+    hints: Mapping[str, str] = NO_HINTS,
+) -> dict[str, Any] | None:
     """A mapping field (None when absent or invalid); unknown keys are reported when `allowed` is given."""
     if raw is None:
         return None
@@ -92,7 +103,7 @@ def kind_of(raw: object) -> str:
     if isinstance(raw, str):
         if len(raw) > 64:
             # Hostile input may be megabytes long: one message line must stay readable.
-            return f"the string {quote(raw[:40])[:-1]}...\" ({len(raw)} characters)"
+            return f'the string {quote(raw[:40])[:-1]}..." ({len(raw)} characters)'
         return f"the string {quote(raw)}"
     if isinstance(raw, list):
         return "a list"
@@ -122,7 +133,10 @@ def as_str(o: problems.Report, m: Mapping[str, Any], key: str, path: str) -> str
         return _timestamp(value)
     if isinstance(value, bool):
         # kubectl reads YAML 1.1: unquoted y, n, yes, no, on and off are booleans too.
-        o.error(join(path, key), "must be a string, got a boolean: quote it (unquoted y, n, yes, no, on, off, true and false are booleans)")
+        o.error(
+            join(path, key),
+            "must be a string, got a boolean: quote it (unquoted y, n, yes, no, on, off, true and false are booleans)",
+        )
         return None
     o.error(join(path, key), f"must be a string, got {kind_of(value)}")
     return None
@@ -157,7 +171,9 @@ def as_bool(o: problems.Report, m: Mapping[str, Any], key: str, path: str) -> bo
     return None
 
 
-def as_strings(o: problems.Report, m: Mapping[str, Any], key: str, path: str, limit: int | None = None) -> tuple[str, ...]:
+def as_strings(
+    o: problems.Report, m: Mapping[str, Any], key: str, path: str, limit: int | None = None
+) -> tuple[str, ...]:
     items = as_list(o, m.get(key), join(path, key), limit)
     for i, item in enumerate(items):
         if not isinstance(item, str):
@@ -174,7 +190,10 @@ def as_string_map(o: problems.Report, m: Mapping[str, Any], key: str, path: str)
         if not isinstance(k, str):
             o.error(f"{join(path, key)}[{k}]", f"keys must be strings: quote it, e.g. {quote(yaml_scalar(k))}")
         elif isinstance(v, (bool, int, float)):
-            o.error(f"{join(path, key)}[{k}]", f"must be a string, got {kind_of(v)}: quote it, e.g. {k}: {quote(yaml_scalar(v))}")
+            o.error(
+                f"{join(path, key)}[{k}]",
+                f"must be a string, got {kind_of(v)}: quote it, e.g. {k}: {quote(yaml_scalar(v))}",
+            )
         elif not isinstance(v, str):
             o.error(f"{join(path, key)}[{k}]", f"must be a string, got {kind_of(v)}")
     return raw
@@ -189,7 +208,7 @@ def yaml_scalar(value: object) -> str:
 def _timestamp(value: datetime.date) -> str:
     if isinstance(value, datetime.datetime):
         if value.tzinfo is not None:
-            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+            value = value.astimezone(datetime.UTC).replace(tzinfo=None)
         return value.isoformat() + "Z"
     return value.isoformat()
 
@@ -247,7 +266,7 @@ def dns_subdomain(value: str) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def driver_name(value: str) -> str | None:
     if len(value) > 63 or not _DNS_SUBDOMAIN.match(value.lower()):
-        return f"{quote(value)} is not a driver name: a DNS subdomain of at most 63 characters such as \"gpu.nvidia.com\""
+        return f'{quote(value)} is not a driver name: a DNS subdomain of at most 63 characters such as "gpu.nvidia.com"'
     return None
 
 
@@ -321,28 +340,48 @@ def extended_resource_name(value: str) -> str | None:
 
 TOP_KEYS = frozenset({"apiVersion", "kind", "metadata", "spec"})
 TOP_KEYS_WITH_STATUS = TOP_KEYS | {"status"}
-_META_KEYS = frozenset({
-    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation", "creationTimestamp",
-    "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations", "ownerReferences", "finalizers",
-    "managedFields",
-})
+_META_KEYS = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)
 
 
-def top_keys(o: problems.Report, raw: Mapping[str, Any], allowed: frozenset[str], hints: Mapping[str, str] = NO_HINTS) -> None:
+def top_keys(
+    o: problems.Report, raw: Mapping[str, Any], allowed: frozenset[str], hints: Mapping[str, str] = NO_HINTS
+) -> None:
     check_keys(o, raw, "", allowed, hints)
 
 
 _NAME_ONLY = frozenset({"name", "namespace"})
 
 
-def object_meta(o: problems.Report, raw: Mapping[str, Any], *, namespaced: bool, path: str = "metadata", required: bool = True) -> types.ObjectMeta:
+def object_meta(
+    o: problems.Report, raw: Mapping[str, Any], *, namespaced: bool, path: str = "metadata", required: bool = True
+) -> types.ObjectMeta:
     m = raw.get("metadata")
     # Fast path for the common case, metadata with just a valid name (and namespace): thousands
     # of generated claims and slices look like this, and the full checks below cost ten lookups.
     if type(m) is dict and m.keys() <= _NAME_ONLY:
         name, namespace = m.get("name"), m.get("namespace") if namespaced else ""
         if (
-            type(name) is str and name and dns_subdomain(name) is None
+            type(name) is str
+            and name
+            and dns_subdomain(name) is None
             and (namespace is None or (type(namespace) is str and namespace and dns_label(namespace) is None))
         ):
             return types.ObjectMeta(name=name, namespace=namespace if namespace is not None else "default")

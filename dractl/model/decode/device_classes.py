@@ -12,7 +12,6 @@ from typing import Any
 from dractl.model import types
 from dractl.model.decode import common, problems, seed_hints
 
-
 _CLASS_SPEC_KEYS = frozenset({"selectors", "config", "extendedResourceName"})
 CLASS_TOP_HINTS = {
     "driverName": "DeviceClass has no driverName: select the driver with spec.selectors: [{cel: {expression: 'device.driver == \"gpu.nvidia.com\"'}}]",
@@ -71,9 +70,12 @@ def selectors(o: problems.Report, m: Mapping[str, Any], path: str) -> tuple[str,
             continue
         expression = common.as_str(o, cel, "expression", f"{spath}.cel") or ""
         if not expression.strip():
-            o.error(f"{spath}.cel.expression", "required (a CEL expression such as device.driver == \"gpu.nvidia.com\")")
+            o.error(f"{spath}.cel.expression", 'required (a CEL expression such as device.driver == "gpu.nvidia.com")')
         elif len(expression) > common.MAX_CEL_BYTES // 4 and len(expression.encode()) > common.MAX_CEL_BYTES:
-            o.error(f"{spath}.cel.expression", f"must be at most {common.MAX_CEL_BYTES} bytes, got {len(expression.encode())}")
+            o.error(
+                f"{spath}.cel.expression",
+                f"must be at most {common.MAX_CEL_BYTES} bytes, got {len(expression.encode())}",
+            )
         expressions.append(expression)
     return tuple(expressions)
 

@@ -13,14 +13,32 @@ from typing import Any
 from dractl.model import types
 from dractl.model.decode import common, device_classes, pods, problems, resource_claims, resource_slices, seed_hints
 
-
 _GROUP = "resource.k8s.io"
 _RESOURCE_KINDS = frozenset({"DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate"})
-_CLUSTER_SCOPED = frozenset({"DeviceClass", "ResourceSlice", "Node", "ResourceClass", "Namespace", "ClusterRole",
-                             "ClusterRoleBinding", "CustomResourceDefinition", "StorageClass", "PersistentVolume",
-                             "PriorityClass", "RuntimeClass", "DeviceTaintRule", "PodGroup"})
-_WORKLOADS = {("apps/v1", "Deployment"): "replicas", ("apps/v1", "ReplicaSet"): "replicas",
-              ("apps/v1", "StatefulSet"): "replicas", ("batch/v1", "Job"): "parallelism"}
+_CLUSTER_SCOPED = frozenset(
+    {
+        "DeviceClass",
+        "ResourceSlice",
+        "Node",
+        "ResourceClass",
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "StorageClass",
+        "PersistentVolume",
+        "PriorityClass",
+        "RuntimeClass",
+        "DeviceTaintRule",
+        "PodGroup",
+    }
+)
+_WORKLOADS = {
+    ("apps/v1", "Deployment"): "replicas",
+    ("apps/v1", "ReplicaSet"): "replicas",
+    ("apps/v1", "StatefulSet"): "replicas",
+    ("batch/v1", "Job"): "parallelism",
+}
 
 
 def document(out: problems.Results, raw: object, file: str, index: int) -> None:
@@ -79,7 +97,9 @@ def _prefix(raw: Mapping[str, Any], kind: str, file: str, index: int) -> str:
     return f"{file}: {kind} {namespace}/{shown}: "
 
 
-def _resource(out: problems.Results, o: problems.Report, raw: dict[str, Any], kind: str, version: str, source: types.Source) -> None:
+def _resource(
+    out: problems.Results, o: problems.Report, raw: dict[str, Any], kind: str, version: str, source: types.Source
+) -> None:
     if kind in seed_hints.REMOVED_KINDS or version == "v1alpha2":
         seed_hints.removed_alpha2(o, raw, kind, version)
         return
@@ -87,12 +107,17 @@ def _resource(out: problems.Results, o: problems.Report, raw: dict[str, Any], ki
         out.warnings.append(o.prefix + "skipped (not used by allocation)")
         return
     if version == "v1alpha3":
-        o.error("apiVersion", f"resource.k8s.io/v1alpha3 is no longer served: write apiVersion: resource.k8s.io/v1{seed_hints.ALPHA3_CHANGES[kind]}")
+        o.error(
+            "apiVersion",
+            f"resource.k8s.io/v1alpha3 is no longer served: write apiVersion: resource.k8s.io/v1{seed_hints.ALPHA3_CHANGES[kind]}",
+        )
         discard = problems.Results()
         _resource(discard, o, raw, kind, "v1", source)  # report the old shapes field by field
         return
     if version not in ("v1", "v1beta2", "v1beta1"):
-        o.error("apiVersion", f"resource.k8s.io/{version} is not a served version: write apiVersion: resource.k8s.io/v1")
+        o.error(
+            "apiVersion", f"resource.k8s.io/{version} is not a served version: write apiVersion: resource.k8s.io/v1"
+        )
         return
     o.beta1 = version == "v1beta1"
     if kind == "DeviceClass":

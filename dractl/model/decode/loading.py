@@ -31,12 +31,7 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 _INT_DIGITS = 20
 
 Decoded = (
-    types.DeviceClass
-    | types.ResourceSlice
-    | types.ResourceClaim
-    | types.ResourceClaimTemplate
-    | types.Pod
-    | types.Node
+    types.DeviceClass | types.ResourceSlice | types.ResourceClaim | types.ResourceClaimTemplate | types.Pod | types.Node
 )
 
 

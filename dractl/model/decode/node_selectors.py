@@ -1,5 +1,4 @@
-"""core/v1 NodeSelector, as slices, devices and allocation results carry it. Pure.
-"""
+"""core/v1 NodeSelector, as slices, devices and allocation results carry it. Pure."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from typing import Any
 
 from dractl.model import types
 from dractl.model.decode import common, problems
-
 
 _NODE_SELECTOR_KEYS = frozenset({"nodeSelectorTerms"})
 _NODE_SELECTOR_TERM_KEYS = frozenset({"matchExpressions", "matchFields"})
@@ -22,17 +20,21 @@ def node_selector(o: problems.Report, raw: object, path: str) -> types.NodeSelec
     for i, item in enumerate(common.as_list(o, m.get("nodeSelectorTerms"), f"{path}.nodeSelectorTerms")):
         tpath = f"{path}.nodeSelectorTerms[{i}]"
         t = common.as_map(o, item, tpath, _NODE_SELECTOR_TERM_KEYS) or {}
-        terms.append(types.NodeSelectorTerm(
-            match_expressions=_requirements(o, t, "matchExpressions", tpath),
-            match_fields=_requirements(o, t, "matchFields", tpath),
-        ))
+        terms.append(
+            types.NodeSelectorTerm(
+                match_expressions=_requirements(o, t, "matchExpressions", tpath),
+                match_fields=_requirements(o, t, "matchFields", tpath),
+            )
+        )
     if not terms:
         example = "[{matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [node-1]}]}]"
         o.error(f"{path}.nodeSelectorTerms", f"required: at least one term, e.g. {example}")
     return types.NodeSelector(terms=tuple(terms))
 
 
-def _requirements(o: problems.Report, t: Mapping[str, Any], key: str, path: str) -> tuple[types.NodeSelectorRequirement, ...]:
+def _requirements(
+    o: problems.Report, t: Mapping[str, Any], key: str, path: str
+) -> tuple[types.NodeSelectorRequirement, ...]:
     result = []
     for i, item in enumerate(common.as_list(o, t.get(key), f"{path}.{key}")):
         rpath = f"{path}.{key}[{i}]"
@@ -50,7 +52,10 @@ def _requirements(o: problems.Report, t: Mapping[str, Any], key: str, path: str)
         elif label:
             common.check(o, f"{rpath}.key", common.label_key(label))
         if operator and operator not in _NODE_SELECTOR_OPERATORS:
-            o.error(f"{rpath}.operator", f"must be one of {', '.join(_NODE_SELECTOR_OPERATORS)}, got {common.quote(operator)}")
+            o.error(
+                f"{rpath}.operator",
+                f"must be one of {', '.join(_NODE_SELECTOR_OPERATORS)}, got {common.quote(operator)}",
+            )
         elif operator in ("In", "NotIn") and not values:
             o.error(f"{rpath}.values", f"required for operator {operator}")
         elif operator in ("Exists", "DoesNotExist") and values:

@@ -13,7 +13,6 @@ from typing import Any
 from dractl.model import types
 from dractl.model.decode import common, problems, resource_claims, seed_hints
 
-
 _POD_CLAIM_KEYS = frozenset({"name", "resourceClaimName", "resourceClaimTemplateName"})
 _POD_CLAIM_KEYS_WITH_SOURCE = _POD_CLAIM_KEYS | {"source"}  # reported with its own hint
 _CONTAINER_CLAIM_KEYS = frozenset({"name", "request"})
@@ -22,7 +21,9 @@ _CONTAINER_CLAIM_KEYS = frozenset({"name", "request"})
 def pod_spec_fields(o: problems.Report, spec: Mapping[str, Any], path: str) -> dict[str, Any]:
     """The allocation-relevant fields of a pod spec, as keyword arguments of `types.Pod`."""
     if "resourceClaimTemplates" in spec:
-        o.error(f"{path}.resourceClaimTemplates", seed_hints.inline_templates_hint(spec["resourceClaimTemplates"], path))
+        o.error(
+            f"{path}.resourceClaimTemplates", seed_hints.inline_templates_hint(spec["resourceClaimTemplates"], path)
+        )
     claims = []
     claim_names: set[str] = set()
     for i, item in enumerate(common.as_list(o, spec.get("resourceClaims"), f"{path}.resourceClaims")):
@@ -42,7 +43,11 @@ def pod_spec_fields(o: problems.Report, spec: Mapping[str, Any], path: str) -> d
         for key, value in (("resourceClaimName", claim_name), ("resourceClaimTemplateName", template_name)):
             if value is not None:
                 common.check(o, f"{cpath}.{key}", common.dns_subdomain(value) if value else "must not be empty")
-        claims.append(types.PodResourceClaim(name=name, resource_claim_name=claim_name, resource_claim_template_name=template_name))
+        claims.append(
+            types.PodResourceClaim(
+                name=name, resource_claim_name=claim_name, resource_claim_template_name=template_name
+            )
+        )
     container_claims = []
     for group in ("initContainers", "containers"):
         for i, item in enumerate(common.as_list(o, spec.get(group), f"{path}.{group}")):
@@ -62,8 +67,15 @@ def pod_spec_fields(o: problems.Report, spec: Mapping[str, Any], path: str) -> d
                 name = common.required_str(o, r, "name", rpath)
                 if name and name not in claim_names:
                     entry = f"{{name: {name}, resourceClaimTemplateName: <template>}}"
-                    o.error(f"{rpath}.name", f"{common.quote(name)} is not in {path}.resourceClaims: add {entry} (or resourceClaimName) there")
-                container_claims.append(types.ContainerClaim(container=container_name, name=name, request=common.as_str(o, r, "request", rpath) or ""))
+                    o.error(
+                        f"{rpath}.name",
+                        f"{common.quote(name)} is not in {path}.resourceClaims: add {entry} (or resourceClaimName) there",
+                    )
+                container_claims.append(
+                    types.ContainerClaim(
+                        container=container_name, name=name, request=common.as_str(o, r, "request", rpath) or ""
+                    )
+                )
     return {
         "resource_claims": tuple(claims),
         "container_claims": tuple(container_claims),
@@ -112,7 +124,9 @@ def workload(o: problems.Report, raw: Mapping[str, Any], count_field: str, sourc
     elif count < 0:
         o.error(f"spec.{count_field}", "must be >= 0")
     elif count > common.MAX_REPLICAS:
-        o.error(f"spec.{count_field}", f"must be at most {common.MAX_REPLICAS}: dractl expands every replica into a Pod")
+        o.error(
+            f"spec.{count_field}", f"must be at most {common.MAX_REPLICAS}: dractl expands every replica into a Pod"
+        )
         count = 0
     template = common.as_map(o, spec.get("template"), "spec.template", resource_claims.TEMPLATE_SPEC_KEYS)
     if template is None:
@@ -123,7 +137,12 @@ def workload(o: problems.Report, raw: Mapping[str, Any], count_field: str, sourc
     fields = pod_spec_fields(o, pod_spec, "spec.template.spec")
     return [
         types.Pod(
-            meta=types.ObjectMeta(name=f"{meta.name}-{i}", namespace=meta.namespace, labels=template_meta.labels, annotations=template_meta.annotations),
+            meta=types.ObjectMeta(
+                name=f"{meta.name}-{i}",
+                namespace=meta.namespace,
+                labels=template_meta.labels,
+                annotations=template_meta.annotations,
+            ),
             source=source,
             **fields,
         )

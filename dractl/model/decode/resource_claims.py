@@ -13,15 +13,18 @@ from typing import Any
 from dractl.model import quantity, types
 from dractl.model.decode import common, device_classes, node_selectors, problems, seed_hints
 
-
 _CLAIM_SPEC_KEYS = frozenset({"devices"})
 _DEVICES_KEYS = frozenset({"requests", "constraints", "config"})
 _REQUEST_KEYS = frozenset({"name", "exactly", "firstAvailable"})
 _INLINE_KEYS = ("deviceClassName", "selectors", "allocationMode", "count", "adminAccess", "tolerations", "capacity")
 _EXACT_KEYS = frozenset(_INLINE_KEYS)
 _REQUEST_OR_INLINE_KEYS = _REQUEST_KEYS | _EXACT_KEYS
-_SUBREQUEST_KEYS = frozenset({"name", "deviceClassName", "selectors", "allocationMode", "count", "tolerations", "capacity"})
-_SUBREQUEST_HINTS = {"adminAccess": "not allowed in firstAvailable subrequests: use exactly: {adminAccess: true} on a request"}
+_SUBREQUEST_KEYS = frozenset(
+    {"name", "deviceClassName", "selectors", "allocationMode", "count", "tolerations", "capacity"}
+)
+_SUBREQUEST_HINTS = {
+    "adminAccess": "not allowed in firstAvailable subrequests: use exactly: {adminAccess: true} on a request"
+}
 _CONSTRAINT_KEYS = frozenset({"requests", "matchAttribute", "distinctAttribute"})
 _CAPACITY_REQUEST_KEYS = frozenset({"requests"})
 _TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
@@ -66,12 +69,15 @@ def _shared_claim_spec(o: problems.Report, raw: object) -> tuple[types.ResourceC
 
 TEMPLATE_SPEC_KEYS = frozenset({"metadata", "spec"})
 _TEMPLATE_SPEC_HINTS = {
-    key: f"the claim spec of a template goes under spec.spec: write spec: {{spec: {{{key}: ...}}}}" for key in ("devices", "requests")
+    key: f"the claim spec of a template goes under spec.spec: write spec: {{spec: {{{key}: ...}}}}"
+    for key in ("devices", "requests")
 }
 _TEMPLATE_META_KEYS = frozenset({"labels", "annotations"})
 
 
-def resource_claim_template(o: problems.Report, raw: Mapping[str, Any], source: types.Source) -> types.ResourceClaimTemplate:
+def resource_claim_template(
+    o: problems.Report, raw: Mapping[str, Any], source: types.Source
+) -> types.ResourceClaimTemplate:
     meta = common.object_meta(o, raw, namespaced=True)
     spec = common.as_map(o, raw.get("spec"), "spec", TEMPLATE_SPEC_KEYS, _TEMPLATE_SPEC_HINTS)
     if spec is None:
@@ -81,7 +87,9 @@ def resource_claim_template(o: problems.Report, raw: Mapping[str, Any], source: 
     labels = common.as_string_map(o, template_meta, "labels", "spec.metadata")
     annotations = common.as_string_map(o, template_meta, "annotations", "spec.metadata")
     claim_spec, _ = _claim_spec(o, spec.get("spec"), "spec.spec")
-    return types.ResourceClaimTemplate(meta=meta, spec=claim_spec, claim_labels=labels, claim_annotations=annotations, source=source)
+    return types.ResourceClaimTemplate(
+        meta=meta, spec=claim_spec, claim_labels=labels, claim_annotations=annotations, source=source
+    )
 
 
 # Request names of a claim: a request maps to its subrequest names (None for `exactly`).
@@ -104,7 +112,9 @@ def _claim_spec(o: problems.Report, raw: object, path: str) -> tuple[types.Resou
         names[request.name] = frozenset(s.name for s in request.first_available) if request.first_available else None
         requests.append(request)
     constraints = []
-    for i, item in enumerate(common.as_list(o, devices.get("constraints"), f"{dpath}.constraints", common.MAX_CONSTRAINTS)):
+    for i, item in enumerate(
+        common.as_list(o, devices.get("constraints"), f"{dpath}.constraints", common.MAX_CONSTRAINTS)
+    ):
         constraint = _constraint(o, item, f"{dpath}.constraints[{i}]", names, path)
         if constraint is not None:
             constraints.append(constraint)
@@ -114,8 +124,12 @@ def _claim_spec(o: problems.Report, raw: object, path: str) -> tuple[types.Resou
         m = common.as_map(o, item, cpath, device_classes.CLAIM_CONFIG_KEYS)
         if m is not None:
             refs = _request_refs(o, m, cpath, names)
-            configs.append(types.DeviceClaimConfiguration(requests=refs, opaque=device_classes.opaque_config(o, m, cpath)))
-    return types.ResourceClaimSpec(requests=tuple(requests), constraints=tuple(constraints), config=tuple(configs)), names
+            configs.append(
+                types.DeviceClaimConfiguration(requests=refs, opaque=device_classes.opaque_config(o, m, cpath))
+            )
+    return types.ResourceClaimSpec(
+        requests=tuple(requests), constraints=tuple(constraints), config=tuple(configs)
+    ), names
 
 
 def _request(o: problems.Report, raw: object, path: str) -> types.DeviceRequest | None:
@@ -124,7 +138,7 @@ def _request(o: problems.Report, raw: object, path: str) -> types.DeviceRequest 
         return None
     inline = [key for key in _INLINE_KEYS if key in raw]
     common.check_keys(o, raw, path, _REQUEST_OR_INLINE_KEYS)
-    name = common.required_str(o, raw, "name", path, " (a DNS label such as \"gpu\")")
+    name = common.required_str(o, raw, "name", path, ' (a DNS label such as "gpu")')
     if name:
         common.check(o, f"{path}.name", common.dns_label(name))
     exactly_raw = raw.get("exactly")
@@ -137,7 +151,10 @@ def _request(o: problems.Report, raw: object, path: str) -> types.DeviceRequest 
             are, them = ("is not a field", "it") if len(inline) == 1 else ("are not fields", "them")
             o.error(path, f"{fields} {are} of a resource.k8s.io/v1 request: move {them} under `exactly:`")
         elif first_raw is not None:
-            o.error(path, f"exactly one of deviceClassName or firstAvailable is allowed, but both are set ({fields}, firstAvailable)")
+            o.error(
+                path,
+                f"exactly one of deviceClassName or firstAvailable is allowed, but both are set ({fields}, firstAvailable)",
+            )
         if exactly_raw is None and first_raw is None:
             # Decode the inline fields where they are, so later messages point at the user's lines.
             exactly = _exact(o, {key: raw[key] for key in inline}, path)
@@ -150,7 +167,9 @@ def _request(o: problems.Report, raw: object, path: str) -> types.DeviceRequest 
     if first_raw is not None:
         first = _first_available(o, first_raw, f"{path}.firstAvailable")
     if not inline and exactly_raw is None and first_raw is None:
-        o.error(path, "exactly one of `exactly` or `firstAvailable` is required: write exactly: {deviceClassName: <class>}")
+        o.error(
+            path, "exactly one of `exactly` or `firstAvailable` is required: write exactly: {deviceClassName: <class>}"
+        )
     return types.DeviceRequest(name=name, exactly=exactly, first_available=first)
 
 
@@ -181,15 +200,17 @@ def _first_available(o: problems.Report, raw: object, path: str) -> tuple[types.
             continue
         name = common.unique_label(o, m, "name", spath, seen=seen, what="subrequest name")
         mode, count = _mode_and_count(o, m, spath)
-        subrequests.append(types.DeviceSubRequest(
-            name=name,
-            device_class_name=_class_name(o, m, spath),
-            selectors=device_classes.selectors(o, m, spath),
-            allocation_mode=mode,
-            count=count,
-            tolerations=_tolerations(o, m, spath),
-            capacity_requests=_capacity_requests(o, m, spath),
-        ))
+        subrequests.append(
+            types.DeviceSubRequest(
+                name=name,
+                device_class_name=_class_name(o, m, spath),
+                selectors=device_classes.selectors(o, m, spath),
+                allocation_mode=mode,
+                count=count,
+                tolerations=_tolerations(o, m, spath),
+                capacity_requests=_capacity_requests(o, m, spath),
+            )
+        )
     return tuple(subrequests)
 
 
@@ -238,13 +259,21 @@ def _toleration(o: problems.Report, t: Mapping[str, Any], path: str) -> types.De
             o.error(f"{path}.value", "must be empty when operator is Exists")
     elif operator == "Equal":
         if not key:
-            o.error(f"{path}.key", "required unless operator is Exists (an empty key with Exists tolerates every taint)")
+            o.error(
+                f"{path}.key", "required unless operator is Exists (an empty key with Exists tolerates every taint)"
+            )
         common.check(o, f"{path}.value", common.label_value(value))
     else:
         o.error(f"{path}.operator", f"must be Equal or Exists, got {common.quote(operator)}")
     if effect and effect not in common.TAINT_EFFECTS:
         o.error(f"{path}.effect", f"must be empty, NoSchedule, NoExecute or None, got {common.quote(effect)}")
-    return types.DeviceToleration(key=key, operator=operator, value=value, effect=effect, toleration_seconds=common.as_int(o, t, "tolerationSeconds", path))
+    return types.DeviceToleration(
+        key=key,
+        operator=operator,
+        value=value,
+        effect=effect,
+        toleration_seconds=common.as_int(o, t, "tolerationSeconds", path),
+    )
 
 
 def _capacity_requests(o: problems.Report, m: Mapping[str, Any], path: str) -> dict[str, quantity.Quantity]:
@@ -260,7 +289,9 @@ def _capacity_requests(o: problems.Report, m: Mapping[str, Any], path: str) -> d
     return result
 
 
-def _constraint(o: problems.Report, raw: object, path: str, names: RequestNames, spec_path: str) -> types.DeviceConstraint | None:
+def _constraint(
+    o: problems.Report, raw: object, path: str, names: RequestNames, spec_path: str
+) -> types.DeviceConstraint | None:
     if isinstance(raw, dict) and "cel" in raw:
         o.error(f"{path}.cel", seed_hints.constraint_cel_hint(raw, names, spec_path))
         return None
@@ -273,7 +304,10 @@ def _constraint(o: problems.Report, raw: object, path: str, names: RequestNames,
     if match is not None and distinct is not None:
         o.error(path, "exactly one of matchAttribute or distinctAttribute is allowed, but both are set")
     elif match is None and distinct is None:
-        o.error(path, "exactly one of matchAttribute or distinctAttribute is required, e.g. matchAttribute: gpu.nvidia.com/parentUUID")
+        o.error(
+            path,
+            "exactly one of matchAttribute or distinctAttribute is required, e.g. matchAttribute: gpu.nvidia.com/parentUUID",
+        )
     for key, value in (("matchAttribute", match), ("distinctAttribute", distinct)):
         if value is not None:
             common.check(o, f"{path}.{key}", common.fully_qualified_name(value))
@@ -290,7 +324,10 @@ def _request_refs(o: problems.Report, m: Mapping[str, Any], path: str, names: Re
         seen.add(ref)
         if not _has_request(names, ref):
             known = ", ".join(_all_refs(names)) or "none"
-            o.error(rpath, f"{common.quote(ref)} is not a request of this claim (requests: {known}; a subrequest is written request/subrequest)")
+            o.error(
+                rpath,
+                f"{common.quote(ref)} is not a request of this claim (requests: {known}; a subrequest is written request/subrequest)",
+            )
     return refs
 
 
@@ -314,16 +351,28 @@ def _all_refs(names: RequestNames) -> list[str]:
 
 _STATUS_KEYS = frozenset({"allocation", "reservedFor", "devices"})
 _ALLOCATION_KEYS = frozenset({"devices", "nodeSelector", "allocationTimestamp"})
-_RESULT_KEYS = frozenset({
-    "request", "driver", "pool", "device", "adminAccess", "tolerations", "bindingConditions",
-    "bindingFailureConditions", "shareID", "consumedCapacity",
-})
+_RESULT_KEYS = frozenset(
+    {
+        "request",
+        "driver",
+        "pool",
+        "device",
+        "adminAccess",
+        "tolerations",
+        "bindingConditions",
+        "bindingFailureConditions",
+        "shareID",
+        "consumedCapacity",
+    }
+)
 _ALLOCATION_DEVICES_KEYS = frozenset({"results", "config"})
 _ALLOCATION_CONFIG_KEYS = frozenset({"source", "requests", "opaque"})
 _CONSUMER_KEYS = frozenset({"apiGroup", "resource", "name", "uid"})
 
 
-def _claim_status(o: problems.Report, raw: object, names: RequestNames) -> tuple[types.AllocationResult | None, tuple[types.ResourceClaimConsumerReference, ...]]:
+def _claim_status(
+    o: problems.Report, raw: object, names: RequestNames
+) -> tuple[types.AllocationResult | None, tuple[types.ResourceClaimConsumerReference, ...]]:
     if raw is None:
         return None, ()  # the common case: a claim not yet allocated
     status = common.as_map(o, raw, "status", _STATUS_KEYS) or {}
@@ -333,7 +382,9 @@ def _claim_status(o: problems.Report, raw: object, names: RequestNames) -> tuple
         allocation = _allocation(o, a, "status.allocation", names)
     reserved = []
     uids: set[str] = set()
-    for i, item in enumerate(common.as_list(o, status.get("reservedFor"), "status.reservedFor", common.MAX_RESERVED_FOR)):
+    for i, item in enumerate(
+        common.as_list(o, status.get("reservedFor"), "status.reservedFor", common.MAX_RESERVED_FOR)
+    ):
         rpath = f"status.reservedFor[{i}]"
         r = common.as_map(o, item, rpath, _CONSUMER_KEYS)
         if r is None:
@@ -342,12 +393,14 @@ def _claim_status(o: problems.Report, raw: object, names: RequestNames) -> tuple
         if uid in uids:
             o.error(f"{rpath}.uid", f"duplicate consumer uid {common.quote(uid)}")
         uids.add(uid)
-        reserved.append(types.ResourceClaimConsumerReference(
-            api_group=common.as_str(o, r, "apiGroup", rpath) or "",
-            resource=common.required_str(o, r, "resource", rpath, " (e.g. pods)"),
-            name=common.required_str(o, r, "name", rpath),
-            uid=uid,
-        ))
+        reserved.append(
+            types.ResourceClaimConsumerReference(
+                api_group=common.as_str(o, r, "apiGroup", rpath) or "",
+                resource=common.required_str(o, r, "resource", rpath, " (e.g. pods)"),
+                name=common.required_str(o, r, "name", rpath),
+                uid=uid,
+            )
+        )
     if reserved and allocation is None:
         o.error("status.reservedFor", "must be empty while status.allocation is not set")
     return allocation, tuple(reserved)
@@ -362,7 +415,9 @@ def _allocation(o: problems.Report, a: Mapping[str, Any], path: str, names: Requ
         if r is not None:
             results.append(_result(o, r, rpath, names))
     configs = []
-    for i, item in enumerate(common.as_list(o, devices.get("config"), f"{path}.devices.config", common.MAX_ALLOCATION_CONFIGS)):
+    for i, item in enumerate(
+        common.as_list(o, devices.get("config"), f"{path}.devices.config", common.MAX_ALLOCATION_CONFIGS)
+    ):
         cpath = f"{path}.devices.config[{i}]"
         c = common.as_map(o, item, cpath, _ALLOCATION_CONFIG_KEYS)
         if c is None:
@@ -370,8 +425,13 @@ def _allocation(o: problems.Report, a: Mapping[str, Any], path: str, names: Requ
         source = common.required_str(o, c, "source", cpath, " (FromClass or FromClaim)")
         if source and source not in ("FromClass", "FromClaim"):
             o.error(f"{cpath}.source", f"must be FromClass or FromClaim, got {common.quote(source)}")
-        configs.append(types.DeviceAllocationConfiguration(
-            source=source, requests=_request_refs(o, c, cpath, names), opaque=device_classes.opaque_config(o, c, cpath)))
+        configs.append(
+            types.DeviceAllocationConfiguration(
+                source=source,
+                requests=_request_refs(o, c, cpath, names),
+                opaque=device_classes.opaque_config(o, c, cpath),
+            )
+        )
     selector = None
     if a.get("nodeSelector") is not None:
         selector = node_selectors.node_selector(o, a["nodeSelector"], f"{path}.nodeSelector")
@@ -383,10 +443,15 @@ def _allocation(o: problems.Report, a: Mapping[str, Any], path: str, names: Requ
     )
 
 
-def _result(o: problems.Report, r: Mapping[str, Any], path: str, names: RequestNames) -> types.DeviceRequestAllocationResult:
+def _result(
+    o: problems.Report, r: Mapping[str, Any], path: str, names: RequestNames
+) -> types.DeviceRequestAllocationResult:
     request = common.required_str(o, r, "request", path)
     if request and not _has_request(names, request):
-        o.error(f"{path}.request", f"{common.quote(request)} is not a request of this claim (requests: {', '.join(_all_refs(names)) or 'none'})")
+        o.error(
+            f"{path}.request",
+            f"{common.quote(request)} is not a request of this claim (requests: {', '.join(_all_refs(names)) or 'none'})",
+        )
     driver = common.required_str(o, r, "driver", path)
     if driver:
         common.check(o, f"{path}.driver", common.driver_name(driver))

@@ -14,13 +14,26 @@ from typing import Any
 from dractl.model import quantity, semver, types
 from dractl.model.decode import common, node_selectors, problems, seed_hints
 
-
-_SLICE_SPEC_KEYS = frozenset({"driver", "pool", "nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection", "devices", "sharedCounters"})
+_SLICE_SPEC_KEYS = frozenset(
+    {"driver", "pool", "nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection", "devices", "sharedCounters"}
+)
 _POOL_KEYS = frozenset({"name", "generation", "resourceSliceCount"})
-_DEVICE_KEYS = frozenset({
-    "name", "attributes", "capacity", "consumesCounters", "nodeName", "nodeSelector", "allNodes", "taints",
-    "bindsToNode", "bindingConditions", "bindingFailureConditions", "allowMultipleAllocations",
-})
+_DEVICE_KEYS = frozenset(
+    {
+        "name",
+        "attributes",
+        "capacity",
+        "consumesCounters",
+        "nodeName",
+        "nodeSelector",
+        "allNodes",
+        "taints",
+        "bindsToNode",
+        "bindingConditions",
+        "bindingFailureConditions",
+        "allowMultipleAllocations",
+    }
+)
 _BASIC_KEYS = _DEVICE_KEYS - {"name"}
 _WRAPPED_DEVICE_KEYS = frozenset({"name", "basic"})
 _COUNTER_SET_KEYS = frozenset({"name", "counters"})
@@ -56,13 +69,30 @@ def resource_slice(o: problems.Report, raw: Mapping[str, Any], source: types.Sou
             o.error("spec.nodeSelector.nodeSelectorTerms", "must have exactly one node selector term")
     all_nodes = common.as_bool(o, spec, "allNodes", "spec")
     per_device = common.as_bool(o, spec, "perDeviceNodeSelection", "spec")
-    _node_selection(o, "spec", options=_SLICE_NODE_OPTIONS, node_name=node_name, node_selector=node_selector, all_nodes=all_nodes, per_device=per_device)
+    _node_selection(
+        o,
+        "spec",
+        options=_SLICE_NODE_OPTIONS,
+        node_name=node_name,
+        node_selector=node_selector,
+        all_nodes=all_nodes,
+        per_device=per_device,
+    )
     if spec.get("devices") is not None and spec.get("sharedCounters") is not None:
-        o.error("spec", "only one of devices or sharedCounters is allowed: publish counter sets in a slice of their own")
+        o.error(
+            "spec", "only one of devices or sharedCounters is allowed: publish counter sets in a slice of their own"
+        )
     devices = _devices(o, spec.get("devices"), per_device=bool(per_device))
     counter_sets = [
         types.CounterSet(name=name, counters=counters)
-        for name, counters in _named_counters(o, spec.get("sharedCounters"), "spec.sharedCounters", limit=common.MAX_COUNTER_SETS, keys=_COUNTER_SET_KEYS, name_key="name")
+        for name, counters in _named_counters(
+            o,
+            spec.get("sharedCounters"),
+            "spec.sharedCounters",
+            limit=common.MAX_COUNTER_SETS,
+            keys=_COUNTER_SET_KEYS,
+            name_key="name",
+        )
     ]
     return types.ResourceSlice(
         meta=meta,
@@ -102,7 +132,14 @@ _DEVICE_NODE_OPTIONS = "nodeName, nodeSelector or allNodes"
 
 
 def _node_selection(
-    o: problems.Report, path: str, *, options: str, node_name: str | None, node_selector: types.NodeSelector | None, all_nodes: bool | None, per_device: bool | None
+    o: problems.Report,
+    path: str,
+    *,
+    options: str,
+    node_name: str | None,
+    node_selector: types.NodeSelector | None,
+    all_nodes: bool | None,
+    per_device: bool | None,
 ) -> None:
     """Exactly one way of naming the nodes (a device has no perDeviceNodeSelection: pass None)."""
     chosen = []
@@ -143,7 +180,9 @@ def _devices(o: problems.Report, raw: object, *, per_device: bool) -> tuple[type
         if device.name in names:
             o.error(f"{path}.name", f"duplicate device name {common.quote(device.name)}")
         names.add(device.name)
-        advanced = advanced or bool(device.taints or device.consumes_counters or any(a.is_list for a in device.attributes.values()))
+        advanced = advanced or bool(
+            device.taints or device.consumes_counters or any(a.is_list for a in device.attributes.values())
+        )
         devices.append(device)
     if advanced and len(devices) > common.MAX_DEVICES_ADVANCED:
         limit = f"must have at most {common.MAX_DEVICES_ADVANCED} items when devices use taints, consumesCounters or list attributes"
@@ -163,7 +202,10 @@ def _device(o: problems.Report, raw: object, path: str, *, per_device: bool) -> 
         # v1beta1 and v1alpha3 wrapped everything but the name in `basic`.
         basic = common.as_map(o, raw["basic"], f"{path}.basic", _BASIC_KEYS)
         if not o.beta1:
-            o.error(f"{path}.basic", "the basic: wrapper is gone in resource.k8s.io/v1: move its attributes and capacity up into the device")
+            o.error(
+                f"{path}.basic",
+                "the basic: wrapper is gone in resource.k8s.io/v1: move its attributes and capacity up into the device",
+            )
         if basic is not None:
             fields_path = f"{path}.basic"
             m = {**basic, "name": raw.get("name")}
@@ -177,22 +219,51 @@ def _device(o: problems.Report, raw: object, path: str, *, per_device: bool) -> 
     attributes = _attributes(o, m.get("attributes"), f"{fields_path}.attributes")
     capacity = _capacities(o, m.get("capacity"), f"{fields_path}.capacity", allow_multiple=allow_multiple)
     if len(attributes) + len(capacity) > common.MAX_ATTRIBUTES_AND_CAPACITY:
-        o.error(fields_path, f"must have at most {common.MAX_ATTRIBUTES_AND_CAPACITY} attributes and capacities together, got {len(attributes) + len(capacity)}")
+        o.error(
+            fields_path,
+            f"must have at most {common.MAX_ATTRIBUTES_AND_CAPACITY} attributes and capacities together, got {len(attributes) + len(capacity)}",
+        )
     values = sum(len(a.values) for a in attributes.values())
     if values > common.MAX_ATTRIBUTE_VALUES:
         o.error(fields_path, f"must have at most {common.MAX_ATTRIBUTE_VALUES} attribute values in total, got {values}")
     consumes = [
         types.DeviceCounterConsumption(counter_set=name, counters=counters)
-        for name, counters in _named_counters(o, m.get("consumesCounters"), f"{fields_path}.consumesCounters", limit=common.MAX_CONSUMES_COUNTERS, keys=_CONSUMPTION_KEYS, name_key="counterSet")
+        for name, counters in _named_counters(
+            o,
+            m.get("consumesCounters"),
+            f"{fields_path}.consumesCounters",
+            limit=common.MAX_CONSUMES_COUNTERS,
+            keys=_CONSUMPTION_KEYS,
+            name_key="counterSet",
+        )
     ]
     node_name = common.as_str(o, m, "nodeName", fields_path)
-    node_selector = node_selectors.node_selector(o, m["nodeSelector"], f"{fields_path}.nodeSelector") if m.get("nodeSelector") is not None else None
+    node_selector = (
+        node_selectors.node_selector(o, m["nodeSelector"], f"{fields_path}.nodeSelector")
+        if m.get("nodeSelector") is not None
+        else None
+    )
     all_nodes = common.as_bool(o, m, "allNodes", fields_path)
     if per_device:
-        _node_selection(o, fields_path, options=_DEVICE_NODE_OPTIONS, node_name=node_name, node_selector=node_selector, all_nodes=all_nodes, per_device=None)
+        _node_selection(
+            o,
+            fields_path,
+            options=_DEVICE_NODE_OPTIONS,
+            node_name=node_name,
+            node_selector=node_selector,
+            all_nodes=all_nodes,
+            per_device=None,
+        )
     elif node_name is not None or node_selector is not None or all_nodes is not None:
-        o.error(fields_path, "nodeName, nodeSelector and allNodes on a device need perDeviceNodeSelection: true in the slice spec")
-    conditions, failures = ((), ()) if "bindingConditions" not in m and "bindingFailureConditions" not in m else common.binding_conditions(o, m, fields_path)
+        o.error(
+            fields_path,
+            "nodeName, nodeSelector and allNodes on a device need perDeviceNodeSelection: true in the slice spec",
+        )
+    conditions, failures = (
+        ((), ())
+        if "bindingConditions" not in m and "bindingFailureConditions" not in m
+        else common.binding_conditions(o, m, fields_path)
+    )
     return types.Device(
         name=name,
         attributes=attributes,
@@ -221,7 +292,10 @@ def _plain_device(o: problems.Report, raw: Mapping[str, Any], path: str) -> type
     attributes = _attributes(o, raw.get("attributes"), f"{path}.attributes")
     capacity = _capacities(o, raw.get("capacity"), f"{path}.capacity", allow_multiple=False)
     if len(attributes) + len(capacity) > common.MAX_ATTRIBUTES_AND_CAPACITY:
-        o.error(path, f"must have at most {common.MAX_ATTRIBUTES_AND_CAPACITY} attributes and capacities together, got {len(attributes) + len(capacity)}")
+        o.error(
+            path,
+            f"must have at most {common.MAX_ATTRIBUTES_AND_CAPACITY} attributes and capacities together, got {len(attributes) + len(capacity)}",
+        )
     values = sum(len(a.values) for a in attributes.values())
     if values > common.MAX_ATTRIBUTE_VALUES:
         o.error(path, f"must have at most {common.MAX_ATTRIBUTE_VALUES} attribute values in total, got {values}")
@@ -293,7 +367,9 @@ def _attribute(o: problems.Report, name: str, value: object, path: str) -> types
         if present:
             o.error(path, f"exactly one typed value is allowed, but {', '.join(present)} are set")
         elif value.keys() <= frozenset(_SCALAR_KINDS) | frozenset(_LIST_KINDS):
-            o.error(path, "exactly one typed value is required: {string: ...}, {int: ...}, {bool: ...} or {version: ...}")
+            o.error(
+                path, "exactly one typed value is required: {string: ...}, {int: ...}, {bool: ...} or {version: ...}"
+            )
         return None
     key = present[0]
     is_list = key in _LIST_KINDS
@@ -325,7 +401,10 @@ def _attribute(o: problems.Report, name: str, value: object, path: str) -> types
                 return None
             values.append(item)
         elif not isinstance(item, str):
-            o.error(ipath, f"must be a string, got {common.kind_of(item)}: quote it, e.g. {common.quote(common.yaml_scalar(item))}")
+            o.error(
+                ipath,
+                f"must be a string, got {common.kind_of(item)}: quote it, e.g. {common.quote(common.yaml_scalar(item))}",
+            )
             return None
         else:
             if len(item) > common.MAX_ATTRIBUTE_LENGTH:
@@ -369,7 +448,9 @@ def _capacities(o: problems.Report, raw: object, path: str, *, allow_multiple: b
     return result
 
 
-def _request_policy(o: problems.Report, raw: object, path: str, total: quantity.Quantity) -> types.CapacityRequestPolicy | None:
+def _request_policy(
+    o: problems.Report, raw: object, path: str, total: quantity.Quantity
+) -> types.CapacityRequestPolicy | None:
     p = common.as_map(o, raw, path, _POLICY_KEYS)
     if p is None:
         return None
@@ -398,7 +479,9 @@ def _request_policy(o: problems.Report, raw: object, path: str, total: quantity.
     return types.CapacityRequestPolicy(default=default, valid_values=valid_values, valid_range=valid_range)
 
 
-def _valid_range(o: problems.Report, raw: object, path: str, total: quantity.Quantity, default: quantity.Quantity | None) -> types.CapacityRequestPolicyRange | None:
+def _valid_range(
+    o: problems.Report, raw: object, path: str, total: quantity.Quantity, default: quantity.Quantity | None
+) -> types.CapacityRequestPolicyRange | None:
     r = common.as_map(o, raw, path, _RANGE_KEYS)
     if r is None:
         return None
@@ -487,5 +570,7 @@ def _taints(o: problems.Report, raw: object, path: str) -> tuple[types.DeviceTai
         effect = common.required_str(o, t, "effect", tpath, " (NoSchedule, NoExecute or None)")
         if effect and effect not in common.TAINT_EFFECTS:
             o.error(f"{tpath}.effect", f"must be NoSchedule, NoExecute or None, got {common.quote(effect)}")
-        result.append(types.DeviceTaint(key=key, value=value, effect=effect, time_added=common.as_str(o, t, "timeAdded", tpath)))
+        result.append(
+            types.DeviceTaint(key=key, value=value, effect=effect, time_added=common.as_str(o, t, "timeAdded", tpath))
+        )
     return tuple(result)

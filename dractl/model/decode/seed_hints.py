@@ -1,4 +1,4 @@
-""""Write instead" hints for patterns from older articles (the seeds) that the v1 API rejects.
+""" "Write instead" hints for patterns from older articles (the seeds) that the v1 API rejects.
 
 What it does: turns removed `v1alpha2` kinds and fields, label-selector style selectors, CEL constraints, plain
 attribute values, `source:` in pod claims and inline templates into one message naming what to write instead.
@@ -14,22 +14,23 @@ from typing import Any
 
 from dractl.model.decode import common, problems, resource_claims
 
-
-REMOVED_KINDS = frozenset({"ResourceClass", "ResourceClaimParameters", "ResourceClassParameters", "PodSchedulingContext"})
+REMOVED_KINDS = frozenset(
+    {"ResourceClass", "ResourceClaimParameters", "ResourceClassParameters", "PodSchedulingContext"}
+)
 ALPHA3_CHANGES = {
     "DeviceClass": " (spec.selectors[].cel.expression keeps its shape)",
     "ResourceClaim": ", where each request's deviceClassName, selectors, count and allocationMode move under `exactly:`",
     "ResourceClaimTemplate": ", where each request's deviceClassName, selectors, count and allocationMode move under `exactly:`",
     "ResourceSlice": (
         ", where the `basic:` wrapper of devices is gone (attributes and capacity sit on the device), "
-        "attributes take typed values such as {string: \"...\"}, {int: ...}, {version: \"...\"}, "
+        'attributes take typed values such as {string: "..."}, {int: ...}, {version: "..."}, '
         "and capacity entries are {value: <quantity>}"
     ),
 }
 NO_CLAIM_PARAMETERS = (
     "claim parameters objects are gone from DRA: express the requirements as CEL in "
     "{path}.devices.requests[].exactly.selectors[].cel.expression, "
-    "e.g. device.capacity[\"gpu.nvidia.com\"].memory.compareTo(quantity(\"16Gi\")) >= 0"
+    'e.g. device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("16Gi")) >= 0'
 )
 
 
@@ -42,20 +43,37 @@ def removed_alpha2(o: problems.Report, raw: Mapping[str, Any], kind: str, versio
     if kind == "ResourceClass":
         driver = raw.get("driverName")
         driver = driver if isinstance(driver, str) and driver else common.NVIDIA_DOMAIN
-        o.error("apiVersion", f"{gone}: write a resource.k8s.io/v1 DeviceClass with spec.selectors[].cel.expression, e.g. `device.driver == \"{driver}\"`")
+        o.error(
+            "apiVersion",
+            f'{gone}: write a resource.k8s.io/v1 DeviceClass with spec.selectors[].cel.expression, e.g. `device.driver == "{driver}"`',
+        )
         if "driverName" in raw:
             selector = f"[{{cel: {{expression: 'device.driver == \"{driver}\"'}}}}]"
-            o.error("driverName", f"DeviceClass has no driverName: select the driver in CEL: spec.selectors: {selector}")
+            o.error(
+                "driverName", f"DeviceClass has no driverName: select the driver in CEL: spec.selectors: {selector}"
+            )
         if "structuredParameters" in raw:
-            o.error("structuredParameters", "removed: every v1 driver publishes its devices in ResourceSlices; delete this field")
+            o.error(
+                "structuredParameters",
+                "removed: every v1 driver publishes its devices in ResourceSlices; delete this field",
+            )
         if "suitableNodes" in raw:
-            o.error("suitableNodes", "removed: nodes come from the driver's ResourceSlices; select devices with spec.selectors[].cel.expression")
+            o.error(
+                "suitableNodes",
+                "removed: nodes come from the driver's ResourceSlices; select devices with spec.selectors[].cel.expression",
+            )
         if "parametersRef" in raw:
-            o.error("parametersRef", "removed: put driver configuration in the DeviceClass's spec.config[].opaque {driver, parameters}")
+            o.error(
+                "parametersRef",
+                "removed: put driver configuration in the DeviceClass's spec.config[].opaque {driver, parameters}",
+            )
         return
     if kind in ("ResourceClaim", "ResourceClaimTemplate"):
         path = "spec.spec" if kind == "ResourceClaimTemplate" else "spec"
-        o.error("apiVersion", f"{gone}: write apiVersion: resource.k8s.io/v1 with {path}.devices.requests[].exactly.deviceClassName and CEL selectors")
+        o.error(
+            "apiVersion",
+            f"{gone}: write apiVersion: resource.k8s.io/v1 with {path}.devices.requests[].exactly.deviceClassName and CEL selectors",
+        )
         spec = raw.get("spec")
         if kind == "ResourceClaimTemplate" and isinstance(spec, dict):
             spec = spec.get("spec")
@@ -65,7 +83,10 @@ def removed_alpha2(o: problems.Report, raw: Mapping[str, Any], kind: str, versio
     if kind in ("ResourceClaimParameters", "ResourceClassParameters"):
         o.error("apiVersion", f"{gone}: {NO_CLAIM_PARAMETERS.format(path='the claim spec')}")
         return
-    o.error("apiVersion", f"{gone}: DRA objects are resource.k8s.io/v1 DeviceClass, ResourceClaim, ResourceClaimTemplate and ResourceSlice")
+    o.error(
+        "apiVersion",
+        f"{gone}: DRA objects are resource.k8s.io/v1 DeviceClass, ResourceClaim, ResourceClaimTemplate and ResourceSlice",
+    )
 
 
 def _alpha2_claim_spec(o: problems.Report, spec: Mapping[str, Any], path: str) -> None:
@@ -78,7 +99,10 @@ def _alpha2_claim_spec(o: problems.Report, spec: Mapping[str, Any], path: str) -
         if key in spec:
             o.error(f"{path}.{key}", NO_CLAIM_PARAMETERS.format(path=path))
     if "allocationMode" in spec:
-        o.error(f"{path}.allocationMode", "removed: v1 claims are allocated when the first pod using them is scheduled; delete this field")
+        o.error(
+            f"{path}.allocationMode",
+            "removed: v1 claims are allocated when the first pod using them is scheduled; delete this field",
+        )
 
 
 def label_selector_hint(item: Mapping[str, Any]) -> str:
@@ -91,13 +115,17 @@ def label_selector_hint(item: Mapping[str, Any]) -> str:
     comparisons = {"Gt": ">", "Lt": "<", "Ge": ">=", "Le": "<="}
     if key == "memory" and operator in comparisons:
         amount = f"{first}Mi" if first.isdigit() else first
-        expression = f"device.capacity[\"{common.NVIDIA_DOMAIN}\"].memory.compareTo(quantity(\"{amount}\")) {comparisons[operator]} 0"
+        expression = f'device.capacity["{common.NVIDIA_DOMAIN}"].memory.compareTo(quantity("{amount}")) {comparisons[operator]} 0'
     else:
-        field = f"device.attributes[\"{common.NVIDIA_DOMAIN}\"].{key}" if common.C_IDENTIFIER.match(key) else f"device.attributes[\"{common.NVIDIA_DOMAIN}\"][\"{key}\"]"
+        field = (
+            f'device.attributes["{common.NVIDIA_DOMAIN}"].{key}'
+            if common.C_IDENTIFIER.match(key)
+            else f'device.attributes["{common.NVIDIA_DOMAIN}"]["{key}"]'
+        )
         if operator in comparisons:
             expression = f"{field} {comparisons[operator]} {first}"
         elif operator in ("Exists", "DoesNotExist"):
-            test = f"\"{key}\" in device.attributes[\"{common.NVIDIA_DOMAIN}\"]"
+            test = f'"{key}" in device.attributes["{common.NVIDIA_DOMAIN}"]'
             expression = test if operator == "Exists" else f"!({test})"
         else:
             listed = ", ".join(common.quote(str(v)) for v in values)
@@ -152,7 +180,7 @@ def plain_attribute_hint(name: str, value: object) -> str:
         typed = f"{{int: {text}}}"
     elif _VERSIONISH.match(text):
         parts = text.lstrip("v").split(".")
-        typed = f"{{version: \"{'.'.join(parts + ['0'] * (3 - len(parts)))}\"}}"
+        typed = f'{{version: "{".".join(parts + ["0"] * (3 - len(parts)))}"}}'
     elif isinstance(value, str):
         typed = f"{{string: {shown}}}"
     else:

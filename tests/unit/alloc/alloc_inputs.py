@@ -28,7 +28,9 @@ def attr(value: Any) -> model.DeviceAttribute:
     elif isinstance(first, str) and first.startswith("v:"):
         kind = model.AttributeKind.VERSION
         texts = tuple(v[2:] for v in values)
-        return model.DeviceAttribute(kind=kind, values=tuple(semver.parse(t) for t in texts), is_list=isinstance(value, list), texts=texts)
+        return model.DeviceAttribute(
+            kind=kind, values=tuple(semver.parse(t) for t in texts), is_list=isinstance(value, list), texts=texts
+        )
     else:
         kind = model.AttributeKind.STRING
     return model.DeviceAttribute(kind=kind, values=tuple(values), is_list=isinstance(value, list))
@@ -48,12 +50,18 @@ def device(
     multi: bool = False,
     **fields: Any,
 ) -> model.Device:
-    caps = {k: v if isinstance(v, model.DeviceCapacity) else model.DeviceCapacity(value=q(v)) for k, v in (capacity or {}).items()}
+    caps = {
+        k: v if isinstance(v, model.DeviceCapacity) else model.DeviceCapacity(value=q(v))
+        for k, v in (capacity or {}).items()
+    }
     return model.Device(
         name=name,
         attributes={k: attr(v) for k, v in (attributes or {}).items()},
         capacity=caps,
-        consumes_counters=tuple(model.DeviceCounterConsumption(counter_set=s, counters={k: q(v) for k, v in c.items()}) for s, c in (consumes or {}).items()),
+        consumes_counters=tuple(
+            model.DeviceCounterConsumption(counter_set=s, counters={k: q(v) for k, v in c.items()})
+            for s, c in (consumes or {}).items()
+        ),
         taints=tuple(taints),
         allow_multiple_allocations=multi,
         **fields,
@@ -88,7 +96,12 @@ def rslice(
     )
 
 
-def device_class(name: str = "class-a", *selectors: str, driver: str | None = DRIVER, config: Sequence[model.OpaqueDeviceConfiguration] = ()) -> model.DeviceClass:
+def device_class(
+    name: str = "class-a",
+    *selectors: str,
+    driver: str | None = DRIVER,
+    config: Sequence[model.OpaqueDeviceConfiguration] = (),
+) -> model.DeviceClass:
     sels = ((f'device.driver == "{driver}"',) if driver else ()) + selectors
     return model.DeviceClass(meta=model.ObjectMeta(name=name), selectors=sels, config=tuple(config))
 
@@ -162,14 +175,23 @@ def claim(
 ) -> model.ResourceClaim:
     return model.ResourceClaim(
         meta=model.ObjectMeta(name=name, namespace="default"),
-        spec=model.ResourceClaimSpec(requests=tuple(requests) or (request(),), constraints=tuple(constraints), config=tuple(config)),
+        spec=model.ResourceClaimSpec(
+            requests=tuple(requests) or (request(),), constraints=tuple(constraints), config=tuple(config)
+        ),
         allocation=allocation,
     )
 
 
-def held(name: str, *devices: str, driver: str = DRIVER, pool: str = "node-1", admin: bool = False) -> model.ResourceClaim:
+def held(
+    name: str, *devices: str, driver: str = DRIVER, pool: str = "node-1", admin: bool = False
+) -> model.ResourceClaim:
     """An allocated claim holding `devices` (dedicated)."""
-    results = tuple(model.DeviceRequestAllocationResult(request="req-0", driver=driver, pool=pool, device=d, admin_access=True if admin else None) for d in devices)
+    results = tuple(
+        model.DeviceRequestAllocationResult(
+            request="req-0", driver=driver, pool=pool, device=d, admin_access=True if admin else None
+        )
+        for d in devices
+    )
     return claim(name, allocation=model.AllocationResult(results=results))
 
 
@@ -185,11 +207,15 @@ def taint(key: str, value: str = "", effect: str = "NoSchedule") -> model.Device
     return model.DeviceTaint(key=key, value=value, effect=effect)
 
 
-def selector(*requirements: tuple[str, str, tuple[str, ...]], fields: Sequence[tuple[str, str, tuple[str, ...]]] = ()) -> model.NodeSelector:
+def selector(
+    *requirements: tuple[str, str, tuple[str, ...]], fields: Sequence[tuple[str, str, tuple[str, ...]]] = ()
+) -> model.NodeSelector:
     return model.NodeSelector(
         terms=(
             model.NodeSelectorTerm(
-                match_expressions=tuple(model.NodeSelectorRequirement(key=k, operator=o, values=v) for k, o, v in requirements),
+                match_expressions=tuple(
+                    model.NodeSelectorRequirement(key=k, operator=o, values=v) for k, o, v in requirements
+                ),
                 match_fields=tuple(model.NodeSelectorRequirement(key=k, operator=o, values=v) for k, o, v in fields),
             ),
         )
@@ -210,7 +236,9 @@ def allocator(
     search_limit: int = 1_000_000,
 ) -> alloc.Allocator:
     snapshot = alloc.Snapshot(
-        device_classes=tuple(classes) if classes is not None else (device_class(), device_class("class-b", driver=DRIVER_B)),
+        device_classes=tuple(classes)
+        if classes is not None
+        else (device_class(), device_class("class-b", driver=DRIVER_B)),
         resource_slices=tuple(slices),
         nodes=tuple(nodes),
         allocated_claims=tuple(allocated),

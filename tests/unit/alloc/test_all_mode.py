@@ -2,24 +2,45 @@
 
 from __future__ import annotations
 
-from alloc_inputs import DRIVER_B, allocator, claim, counter_set, device, devices, held, match, picked, reasons, request, rslice, taint
+from alloc_inputs import (
+    DRIVER_B,
+    allocator,
+    claim,
+    counter_set,
+    device,
+    devices,
+    held,
+    match,
+    picked,
+    reasons,
+    request,
+    rslice,
+    taint,
+)
 
 
 def test_all_devices_single() -> None:
     """All with one matching device takes it."""
-    assert picked(allocator([rslice(*devices(1))]).allocate([claim("c", request(all=True))])) == [[("req-0", "device-1")]]
+    assert picked(allocator([rslice(*devices(1))]).allocate([claim("c", request(all=True))])) == [
+        [("req-0", "device-1")]
+    ]
 
 
 def test_all_devices_with_consumed_counters() -> None:
     """All over a counter-consuming device charges its counters."""
-    slices = [rslice(name="counters", counters=[counter_set("set", mem="8Gi")], count=2), rslice(device("device-1", consumes={"set": {"mem": "4Gi"}}), name="devs", count=2)]
+    slices = [
+        rslice(name="counters", counters=[counter_set("set", mem="8Gi")], count=2),
+        rslice(device("device-1", consumes={"set": {"mem": "4Gi"}}), name="devs", count=2),
+    ]
     assert picked(allocator(slices).allocate([claim("c", request(all=True))])) == [[("req-0", "device-1")]]
 
 
 def test_all_devices_many() -> None:
     """All spans every pool visible on the node."""
     slices = [rslice(device("device-1"), pool="pool-1"), rslice(device("device-2"), pool="pool-2")]
-    assert picked(allocator(slices).allocate([claim("c", request(all=True))])) == [[("req-0", "device-1"), ("req-0", "device-2")]]
+    assert picked(allocator(slices).allocate([claim("c", request(all=True))])) == [
+        [("req-0", "device-1"), ("req-0", "device-2")]
+    ]
 
 
 def test_all_devices_of_the_incomplete_pool() -> None:
@@ -33,8 +54,14 @@ def test_all_devices_plus_another() -> None:
     """An All claim plus an ExactCount claim on another driver, in both orders."""
     slices = [rslice(*devices(2), pool="a"), rslice(device("device-9"), driver=DRIVER_B, pool="b")]
     other = claim("c1", request("req-0", "class-b"))
-    assert picked(allocator(slices).allocate([claim("c0", request(all=True)), other])) == [[("req-0", "device-1"), ("req-0", "device-2")], [("req-0", "device-9")]]
-    assert picked(allocator(slices).allocate([other, claim("c0", request(all=True))])) == [[("req-0", "device-9")], [("req-0", "device-1"), ("req-0", "device-2")]]
+    assert picked(allocator(slices).allocate([claim("c0", request(all=True)), other])) == [
+        [("req-0", "device-1"), ("req-0", "device-2")],
+        [("req-0", "device-9")],
+    ]
+    assert picked(allocator(slices).allocate([other, claim("c0", request(all=True))])) == [
+        [("req-0", "device-9")],
+        [("req-0", "device-1"), ("req-0", "device-2")],
+    ]
 
 
 def test_all_devices_no_solution() -> None:
@@ -65,14 +92,21 @@ def test_all_devices_slice_without_devices() -> None:
 
 def test_all_devices_some_allocated() -> None:
     """All fails when one matching device is already allocated, and says so."""
-    outcome = allocator([rslice(*devices(2))], allocated=[held("x", "device-2")]).allocate([claim("c", request(all=True))])
+    outcome = allocator([rslice(*devices(2))], allocated=[held("x", "device-2")]).allocate(
+        [claim("c", request(all=True))]
+    )
     assert "needs every matching device" in reasons(outcome)
 
 
 def test_allocation_mode_all_with_multi_host_resource_pool() -> None:
     """A complete pool spread over two nodes: All takes only this node's devices."""
-    slices = [rslice(device("device-1"), name="s1", node="node-1", pool="pool", count=2), rslice(device("device-2"), name="s2", node="node-2", pool="pool", count=2)]
-    assert picked(allocator(slices).allocate([claim("c", request(all=True))], nodes=["node-1"])) == [[("req-0", "device-1")]]
+    slices = [
+        rslice(device("device-1"), name="s1", node="node-1", pool="pool", count=2),
+        rslice(device("device-2"), name="s2", node="node-2", pool="pool", count=2),
+    ]
+    assert picked(allocator(slices).allocate([claim("c", request(all=True))], nodes=["node-1"])) == [
+        [("req-0", "device-1")]
+    ]
 
 
 def test_with_constraint_not_matching_int_attribute_all_devices() -> None:
@@ -93,4 +127,6 @@ def test_tainted_all_devices_single() -> None:
 
 def test_all_devices_beyond_the_claim_limit() -> None:
     """All over 33 devices exceeds the claim limit of 32 results, and says so."""
-    assert "exceeds the claim limit of 32 results" in reasons(allocator([rslice(*devices(33))]).allocate([claim("c", request(all=True))]))
+    assert "exceeds the claim limit of 32 results" in reasons(
+        allocator([rslice(*devices(33))]).allocate([claim("c", request(all=True))])
+    )

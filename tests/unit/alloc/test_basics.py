@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
-from dractl import _alloc, alloc, model
 from alloc_inputs import (
     DRIVER,
     DRIVER_B,
@@ -22,6 +20,8 @@ from alloc_inputs import (
     rslice,
     selector,
 )
+
+from dractl import _alloc, alloc, model
 
 SMALL = 'device.capacity["driver-a"].memory.compareTo(quantity("1Gi")) >= 0'
 LARGE = 'device.capacity["driver-a"].memory.compareTo(quantity("2Gi")) >= 0'
@@ -43,7 +43,9 @@ def test_simple() -> None:
     outcome = allocator([rslice(*devices(1))]).allocate([claim()])
     assert outcome.allocations is not None
     (allocation,) = outcome.allocations
-    assert allocation.results == (model.DeviceRequestAllocationResult(request="req-0", driver=DRIVER, pool="node-1", device="device-1"),)
+    assert allocation.results == (
+        model.DeviceRequestAllocationResult(request="req-0", driver=DRIVER, pool="node-1", device="device-1"),
+    )
     assert allocation.node_selector == name_selector("node-1")
     assert outcome.node == "node-1"
 
@@ -61,21 +63,27 @@ def test_other_node() -> None:
 def test_small_and_large() -> None:
     """Two requests with capacity selectors each get a matching device."""
     slices = [rslice(device("device-1", capacity={"memory": "1Gi"}), device("device-2", capacity={"memory": "2Gi"}))]
-    outcome = allocator(slices).allocate([claim("c", request("req-0", "class-a", SMALL), request("req-1", "class-a", LARGE))])
+    outcome = allocator(slices).allocate(
+        [claim("c", request("req-0", "class-a", SMALL), request("req-1", "class-a", LARGE))]
+    )
     assert picked(outcome) == [[("req-0", "device-1"), ("req-1", "device-2")]]
 
 
 def test_small_and_large_backtrack_requests() -> None:
     """Reversed device order: the first request's choice is undone for the second."""
     slices = [rslice(device("device-1", capacity={"memory": "2Gi"}), device("device-2", capacity={"memory": "1Gi"}))]
-    outcome = allocator(slices).allocate([claim("c", request("req-0", "class-a", SMALL), request("req-1", "class-a", LARGE))])
+    outcome = allocator(slices).allocate(
+        [claim("c", request("req-0", "class-a", SMALL), request("req-1", "class-a", LARGE))]
+    )
     assert picked(outcome) == [[("req-0", "device-2"), ("req-1", "device-1")]]
 
 
 def test_small_and_large_backtrack_claims() -> None:
     """Backtracking across two claims allocated jointly."""
     slices = [rslice(device("device-1", capacity={"memory": "2Gi"}), device("device-2", capacity={"memory": "1Gi"}))]
-    outcome = allocator(slices).allocate([claim("c0", request("req-0", "class-a", SMALL)), claim("c1", request("req-0", "class-a", LARGE))])
+    outcome = allocator(slices).allocate(
+        [claim("c0", request("req-0", "class-a", SMALL)), claim("c1", request("req-0", "class-a", LARGE))]
+    )
     assert picked(outcome) == [[("req-0", "device-2")], [("req-0", "device-1")]]
 
 
@@ -84,7 +92,10 @@ def test_devices_split_across_different_slices() -> None:
     slices = [rslice(device("device-1"), pool="pool-1"), rslice(device("device-2"), pool="pool-2")]
     outcome = allocator(slices).allocate([claim("c", request(count=2))])
     assert outcome.allocations is not None
-    assert [(r.pool, r.device) for r in outcome.allocations[0].results] == [("pool-1", "device-1"), ("pool-2", "device-2")]
+    assert [(r.pool, r.device) for r in outcome.allocations[0].results] == [
+        ("pool-1", "device-1"),
+        ("pool-2", "device-2"),
+    ]
 
 
 def test_no_slices() -> None:
@@ -109,7 +120,9 @@ def test_not_enough_suitable_devices() -> None:
 @pytest.mark.parametrize("name", ["no-classes", "unknown-class"])
 def test_unknown_class(name: str) -> None:
     """A request naming a class that does not exist fails with that class's name."""
-    outcome = allocator([rslice(*devices(1))], classes=[] if name == "no-classes" else None).allocate([claim("c", request("req-0", "class-x"))])
+    outcome = allocator([rslice(*devices(1))], classes=[] if name == "no-classes" else None).allocate(
+        [claim("c", request("req-0", "class-x"))]
+    )
     assert "device class class-x does not exist" in reasons(outcome)
 
 
@@ -154,12 +167,22 @@ def test_cel_runtime_error_names_device() -> None:
 def test_cel_runtime_error_only_after_class_selectors() -> None:
     """Devices the class selectors reject are never evaluated by request selectors."""
     expr = 'device.attributes["driver-b"].model == "x"'
-    slices = [rslice(device("device-1"), driver=DRIVER, pool="a"), rslice(device("device-2", attributes={"model": "x"}), driver=DRIVER_B, pool="b")]
+    slices = [
+        rslice(device("device-1"), driver=DRIVER, pool="a"),
+        rslice(device("device-2", attributes={"model": "x"}), driver=DRIVER_B, pool="b"),
+    ]
     outcome = allocator(slices).allocate([claim("c", request("req-0", "class-b", expr))])
     assert picked(outcome) == [[("req-0", "device-2")]]
 
 
-@pytest.mark.parametrize(("name", "counts", "fails"), [("too-many-devices-single-request", [500], True), ("many-devices-okay", [32], False), ("too-many-devices-total", [32, 1], True)])
+@pytest.mark.parametrize(
+    ("name", "counts", "fails"),
+    [
+        ("too-many-devices-single-request", [500], True),
+        ("many-devices-okay", [32], False),
+        ("too-many-devices-total", [32, 1], True),
+    ],
+)
 def test_claim_limit(name: str, counts: list[int], fails: bool) -> None:
     """More than 32 devices in one claim is refused before searching."""
     c = claim("c", *(request(f"req-{i}", count=n) for i, n in enumerate(counts)))
@@ -176,14 +199,18 @@ def test_max_number_devices() -> None:
 def test_network_attached_device() -> None:
     """A slice with a node selector: the result carries that selector."""
     sel = selector(("region", "In", ("region-1",)))
-    outcome = allocator([rslice(*devices(1), node=None, pool="pool", node_selector=sel)], nodes=[node("node-1", region="region-1")]).allocate([claim()])
+    outcome = allocator(
+        [rslice(*devices(1), node=None, pool="pool", node_selector=sel)], nodes=[node("node-1", region="region-1")]
+    ).allocate([claim()])
     assert outcome.allocations is not None and outcome.allocations[0].node_selector == sel
 
 
 def test_unsuccessful_allocation_network_attached_device() -> None:
     """A node selector that does not match the node hides the devices."""
     sel = selector(("region", "In", ("region-2",)))
-    outcome = allocator([rslice(*devices(1), node=None, pool="pool", node_selector=sel)], nodes=[node("node-1", region="region-1")]).allocate([claim()])
+    outcome = allocator(
+        [rslice(*devices(1), node=None, pool="pool", node_selector=sel)], nodes=[node("node-1", region="region-1")]
+    ).allocate([claim()])
     assert reasons(outcome) == (
         "req-0: device class class-a matches 0 devices; 0 pass the request's selectors; 0 of those are "
         "free on the candidate nodes (1 needed)"
@@ -201,15 +228,21 @@ def test_many_network_attached_devices() -> None:
         rslice(device("device-3"), node=None, pool="p3", node_selector=planet),
         rslice(device("device-4"), node=None, pool="p4", node_selector=by_name),
     ]
-    outcome = allocator(slices, nodes=[node("node-1", region="region-1", planet="earth")]).allocate([claim("c", request(count=4))])
+    outcome = allocator(slices, nodes=[node("node-1", region="region-1", planet="earth")]).allocate(
+        [claim("c", request(count=4))]
+    )
     assert outcome.allocations is not None
-    expected = selector(("region", "In", ("region-1",)), ("planet", "In", ("earth",)), fields=[("metadata.name", "In", ("node-1",))])
+    expected = selector(
+        ("region", "In", ("region-1",)), ("planet", "In", ("earth",)), fields=[("metadata.name", "In", ("node-1",))]
+    )
     assert outcome.allocations[0].node_selector == expected
 
 
 def test_all_nodes_only_is_usable_everywhere() -> None:
     """Devices of an allNodes slice give no node selector and no node."""
-    outcome = allocator([rslice(*devices(1), node=None, pool="p", all_nodes=True)], nodes=[node("node-1")]).allocate([claim()])
+    outcome = allocator([rslice(*devices(1), node=None, pool="p", all_nodes=True)], nodes=[node("node-1")]).allocate(
+        [claim()]
+    )
     assert outcome.allocations is not None and outcome.allocations[0].node_selector is None and outcome.node is None
 
 
@@ -233,7 +266,10 @@ def test_different_resourceslices_in_pool_can_target_different_nodes() -> None:
 
 def test_several_different_drivers() -> None:
     """Two claims on classes of different drivers."""
-    slices = [rslice(device("device-1"), driver=DRIVER, pool="a"), rslice(device("device-2"), driver=DRIVER_B, pool="b")]
+    slices = [
+        rslice(device("device-1"), driver=DRIVER, pool="a"),
+        rslice(device("device-2"), driver=DRIVER_B, pool="b"),
+    ]
     outcome = allocator(slices).allocate([claim("c0"), claim("c1", request("req-0", "class-b"))])
     assert picked(outcome) == [[("req-0", "device-1")], [("req-0", "device-2")]]
 

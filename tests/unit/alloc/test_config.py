@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dractl import model
-
 from alloc_inputs import allocator, claim, device_class, devices, first_available, opaque, request, rslice, sub
+
+from dractl import model
 
 
 def config(outcome) -> list[tuple[str, tuple[str, ...], object]]:
@@ -41,24 +41,40 @@ def test_with_claim_config_for_two_requests() -> None:
 
 def test_claim_with_device_config() -> None:
     """Claim config without requests is copied as FromClaim."""
-    assert config(allocator([rslice(*devices(1))]).allocate([claim("c", config=[claim_config("x")])])) == [("FromClaim", (), "x")]
+    assert config(allocator([rslice(*devices(1))]).allocate([claim("c", config=[claim_config("x")])])) == [
+        ("FromClaim", (), "x")
+    ]
 
 
 def test_claim_config_scoped_to_subrequests_of_one_request() -> None:
     """Config naming both subrequests of req-0 stays scoped when req-1 exists."""
-    c = claim("c", first_available("req-0", sub("a"), sub("b")), request("req-1"), config=[claim_config("x", "req-0/a", "req-0/b")])
+    c = claim(
+        "c",
+        first_available("req-0", sub("a"), sub("b")),
+        request("req-1"),
+        config=[claim_config("x", "req-0/a", "req-0/b")],
+    )
     assert config(allocator([rslice(*devices(2))]).allocate([c])) == [("FromClaim", ("req-0/a", "req-0/b"), "x")]
 
 
 def test_claim_config_covering_all_requests_is_cleared() -> None:
     """Config covering req-0 through its chosen subrequest and req-1 gets requests cleared."""
-    c = claim("c", first_available("req-0", sub("a"), sub("b")), request("req-1"), config=[claim_config("x", "req-0/a", "req-1")])
+    c = claim(
+        "c",
+        first_available("req-0", sub("a"), sub("b")),
+        request("req-1"),
+        config=[claim_config("x", "req-0/a", "req-1")],
+    )
     assert config(allocator([rslice(*devices(2))]).allocate([c])) == [("FromClaim", (), "x")]
 
 
 def test_prioritized_list_device_config() -> None:
     """Config for an unchosen subrequest is dropped; for the chosen one requests are cleared."""
-    c = claim("c", first_available("req-0", sub("a", "class-b"), sub("b")), config=[claim_config("for-a", "req-0/a"), claim_config("for-b", "req-0/b")])
+    c = claim(
+        "c",
+        first_available("req-0", sub("a", "class-b"), sub("b")),
+        config=[claim_config("for-a", "req-0/a"), claim_config("for-b", "req-0/b")],
+    )
     assert config(allocator([rslice(*devices(1))]).allocate([c])) == [("FromClaim", (), "for-b")]
 
 

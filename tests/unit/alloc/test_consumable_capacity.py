@@ -6,18 +6,35 @@ from __future__ import annotations
 import re
 
 import pytest
+from alloc_inputs import allocator, claim, counter_set, device, device_class, match, picked, q, reasons, request, rslice
 
 from dractl import model
-
-from alloc_inputs import allocator, claim, counter_set, device, device_class, match, picked, q, reasons, request, rslice
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-def cap(value: str | int, *, default: str | int | None = None, values: tuple[int, ...] = (), min: int | None = None, max: int | None = None, step: int | None = None) -> model.DeviceCapacity:
-    rng = None if min is None else model.CapacityRequestPolicyRange(min=q(min), max=None if max is None else q(max), step=None if step is None else q(step))
-    policy = model.CapacityRequestPolicy(default=None if default is None else q(default), valid_values=tuple(q(v) for v in values), valid_range=rng)
-    return model.DeviceCapacity(value=q(value), request_policy=policy if (default is not None or values or rng) else None)
+def cap(
+    value: str | int,
+    *,
+    default: str | int | None = None,
+    values: tuple[int, ...] = (),
+    min: int | None = None,
+    max: int | None = None,
+    step: int | None = None,
+) -> model.DeviceCapacity:
+    rng = (
+        None
+        if min is None
+        else model.CapacityRequestPolicyRange(
+            min=q(min), max=None if max is None else q(max), step=None if step is None else q(step)
+        )
+    )
+    policy = model.CapacityRequestPolicy(
+        default=None if default is None else q(default), valid_values=tuple(q(v) for v in values), valid_range=rng
+    )
+    return model.DeviceCapacity(
+        value=q(value), request_policy=policy if (default is not None or values or rng) else None
+    )
 
 
 def shared(name: str = "device-1", **capacity: model.DeviceCapacity) -> model.Device:
@@ -50,7 +67,9 @@ def test_multi_allocatable_device_without_capacity_shared_by_two_claims() -> Non
 
 def test_without_policy_without_capacity_request_consumes_everything() -> None:
     """No request and no policy consume the full capacity: the second claim takes another device."""
-    outcome = allocator([rslice(shared("device-1", memory=cap(2)), shared("device-2", memory=cap(2)))]).allocate([claim("c0"), claim("c1")])
+    outcome = allocator([rslice(shared("device-1", memory=cap(2)), shared("device-2", memory=cap(2)))]).allocate(
+        [claim("c0"), claim("c1")]
+    )
     assert picked(outcome) == [[("req-0", "device-1")], [("req-0", "device-2")]]
     assert reasons(allocator([rslice(shared("device-1", memory=cap(2)))]).allocate([claim("c0"), claim("c1")])) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
@@ -60,7 +79,9 @@ def test_without_policy_without_capacity_request_consumes_everything() -> None:
 
 def test_without_policy_with_capacity_request() -> None:
     """1 + 1 of capacity 2 share one device."""
-    outcome = allocator([rslice(shared(memory=cap(2)))]).allocate([claim("c0", request(capacity={"memory": 1})), claim("c1", request(capacity={"memory": 1}))])
+    outcome = allocator([rslice(shared(memory=cap(2)))]).allocate(
+        [claim("c0", request(capacity={"memory": 1})), claim("c1", request(capacity={"memory": 1}))]
+    )
     assert consumed(outcome, 0) == [{"memory": 1}] and consumed(outcome, 1) == [{"memory": 1}]
 
 
@@ -78,7 +99,11 @@ def test_with_zero_request_policy() -> None:
 
 def test_violates_zero_request_policy() -> None:
     """A request of 1 is not among validValues {0}."""
-    assert reasons(allocator([rslice(shared(memory=cap(1, default=0, values=(0,))))]).allocate([claim("c", request(capacity={"memory": 1}))])) == (
+    assert reasons(
+        allocator([rslice(shared(memory=cap(1, default=0, values=(0,))))]).allocate(
+            [claim("c", request(capacity={"memory": 1}))]
+        )
+    ) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those lack the "
         "requested capacity; 0 of those are free on the candidate nodes (1 needed)"
     )
@@ -95,7 +120,9 @@ def test_violates_zero_request_policy() -> None:
 )
 def test_rounding(name: str, capacity: model.DeviceCapacity, requested: int, expected: int) -> None:
     """Requests are rounded up by the policy and the rounded amount is recorded."""
-    outcome = allocator([rslice(shared(memory=capacity))]).allocate([claim("c", request(capacity={"memory": requested}))])
+    outcome = allocator([rslice(shared(memory=capacity))]).allocate(
+        [claim("c", request(capacity={"memory": requested}))]
+    )
     assert consumed(outcome) == [{"memory": expected}]
 
 
@@ -112,13 +139,19 @@ def test_with_exceeded_consumable_capacity_request() -> None:
 
 def test_capacity_ran_out_is_named() -> None:
     """When shares within one call exhaust a capacity, the reason names it."""
-    outcome = allocator([rslice(shared(memory=cap(2)))]).allocate([claim("c0", request(capacity={"memory": 2})), claim("c1", request(capacity={"memory": 1}))])
+    outcome = allocator([rslice(shared(memory=cap(2)))]).allocate(
+        [claim("c0", request(capacity={"memory": 2})), claim("c1", request(capacity={"memory": 1}))]
+    )
     assert any("capacity memory of device driver-a/node-1/device-1 ran out" in r.message for r in outcome.reasons)
 
 
 def test_with_request_over_max_sharing_policy() -> None:
     """6 exceeds the policy max 4 although the capacity is 10."""
-    assert reasons(allocator([rslice(shared(memory=cap(10, default=1, min=1, max=4)))]).allocate([claim("c", request(capacity={"memory": 6}))])) == (
+    assert reasons(
+        allocator([rslice(shared(memory=cap(10, default=1, min=1, max=4)))]).allocate(
+            [claim("c", request(capacity={"memory": 6}))]
+        )
+    ) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those lack the "
         "requested capacity; 0 of those are free on the candidate nodes (1 needed)"
     )
@@ -126,7 +159,16 @@ def test_with_request_over_max_sharing_policy() -> None:
 
 def test_with_allocated_capacity_use_remaining() -> None:
     """An existing share of 2 of 4 leaves 2."""
-    existing = claim("x", allocation=model.AllocationResult(results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "device-1", share_id="s", consumed_capacity={"memory": q(2)}),)))
+    existing = claim(
+        "x",
+        allocation=model.AllocationResult(
+            results=(
+                model.DeviceRequestAllocationResult(
+                    "req-0", "driver-a", "node-1", "device-1", share_id="s", consumed_capacity={"memory": q(2)}
+                ),
+            )
+        ),
+    )
     a = allocator([rslice(shared(memory=cap(4)))], allocated=[existing])
     assert reasons(a.allocate([claim("c0", request(capacity={"memory": 3}))])) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those lack the "
@@ -137,15 +179,34 @@ def test_with_allocated_capacity_use_remaining() -> None:
 
 def test_with_allocated_capacity_next_device() -> None:
     """A full device-1 sends the share to device-2."""
-    existing = claim("x", allocation=model.AllocationResult(results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "device-1", share_id="s", consumed_capacity={"memory": q(4)}),)))
-    outcome = allocator([rslice(shared("device-1", memory=cap(4)), shared("device-2", memory=cap(4)))], allocated=[existing]).allocate([claim("c", request(capacity={"memory": 1}))])
+    existing = claim(
+        "x",
+        allocation=model.AllocationResult(
+            results=(
+                model.DeviceRequestAllocationResult(
+                    "req-0", "driver-a", "node-1", "device-1", share_id="s", consumed_capacity={"memory": q(4)}
+                ),
+            )
+        ),
+    )
+    outcome = allocator(
+        [rslice(shared("device-1", memory=cap(4)), shared("device-2", memory=cap(4)))], allocated=[existing]
+    ).allocate([claim("c", request(capacity={"memory": 1}))])
     assert picked(outcome) == [[("req-0", "device-2")]]
 
 
 def test_with_multi_allocatable_device_backtrack() -> None:
     """matchAttribute puts both requests on device-1; the other claim gets device-2."""
-    devs = [device("device-1", attributes={"k": 1}, capacity={"memory": cap(4)}, multi=True), device("device-2", attributes={"k": 2}, capacity={"memory": cap(4)}, multi=True)]
-    c = claim("c0", request("req-0", capacity={"memory": 2}), request("req-1", capacity={"memory": 2}), constraints=[match("driver-a/k")])
+    devs = [
+        device("device-1", attributes={"k": 1}, capacity={"memory": cap(4)}, multi=True),
+        device("device-2", attributes={"k": 2}, capacity={"memory": cap(4)}, multi=True),
+    ]
+    c = claim(
+        "c0",
+        request("req-0", capacity={"memory": 2}),
+        request("req-1", capacity={"memory": 2}),
+        constraints=[match("driver-a/k")],
+    )
     outcome = allocator([rslice(*devs)]).allocate([c, claim("c1", request(capacity={"memory": 4}))])
     assert picked(outcome) == [[("req-0", "device-1"), ("req-1", "device-1")], [("req-0", "device-2")]]
 
@@ -155,12 +216,20 @@ def test_dedicated_device_with_consumable_capacity_request() -> None:
     slices = [rslice(device("device-1", capacity={"memory": "2Gi"}), device("device-2", capacity={"memory": "8Gi"}))]
     outcome = allocator(slices).allocate([claim("c", request(capacity={"memory": "4Gi"}))])
     assert picked(outcome) == [[("req-0", "device-2")]]
-    assert outcome.allocations is not None and outcome.allocations[0].results[0].share_id is None and not outcome.allocations[0].results[0].consumed_capacity
+    assert (
+        outcome.allocations is not None
+        and outcome.allocations[0].results[0].share_id is None
+        and not outcome.allocations[0].results[0].consumed_capacity
+    )
 
 
 def test_dedicated_device_is_not_shared() -> None:
     """A dedicated device is not shared by a second claim."""
-    assert reasons(allocator([rslice(device("device-1", capacity={"memory": 8}))]).allocate([claim("c0", request(capacity={"memory": 1})), claim("c1", request(capacity={"memory": 1}))])) == (
+    assert reasons(
+        allocator([rslice(device("device-1", capacity={"memory": 8}))]).allocate(
+            [claim("c0", request(capacity={"memory": 1})), claim("c1", request(capacity={"memory": 1}))]
+        )
+    ) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
         "on the candidate nodes (1 needed)\n"
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
@@ -181,7 +250,12 @@ def test_exclude_multi_allocatable_device_by_class_selector() -> None:
 
 def test_not_allocate_multi_allocatable_device_which_already_dedicated() -> None:
     """A dedicated allocation of a multi-allocatable device blocks sharing."""
-    existing = claim("x", allocation=model.AllocationResult(results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "device-1"),)))
+    existing = claim(
+        "x",
+        allocation=model.AllocationResult(
+            results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "device-1"),)
+        ),
+    )
     assert reasons(allocator([rslice(shared())], allocated=[existing]).allocate([claim()])) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
         "on the candidate nodes (1 needed)"
@@ -190,8 +264,15 @@ def test_not_allocate_multi_allocatable_device_which_already_dedicated() -> None
 
 def test_allow_multiple_allocations_with_partitionable_device() -> None:
     """Shares of a counter-consuming device charge its counters once."""
-    slices = [rslice(name="a", counters=[counter_set("set", mem=4)], count=2), rslice(device("device-1", multi=True, capacity={"memory": cap(4)}, consumes={"set": {"mem": 4}}), name="b", count=2)]
-    outcome = allocator(slices).allocate([claim("c0", request(capacity={"memory": 2})), claim("c1", request(capacity={"memory": 2}))])
+    slices = [
+        rslice(name="a", counters=[counter_set("set", mem=4)], count=2),
+        rslice(
+            device("device-1", multi=True, capacity={"memory": cap(4)}, consumes={"set": {"mem": 4}}), name="b", count=2
+        ),
+    ]
+    outcome = allocator(slices).allocate(
+        [claim("c0", request(capacity={"memory": 2})), claim("c1", request(capacity={"memory": 2}))]
+    )
     assert picked(outcome) == [[("req-0", "device-1")], [("req-0", "device-1")]]
 
 
@@ -212,19 +293,25 @@ def all_slices() -> list:
 def test_all_filter_out_no_capacity() -> None:
     """All skips a shared device lacking the requested capacity."""
     slices = [rslice(shared("device-1", memory=cap(4)), shared("device-2", slots=cap(4)))]
-    assert picked(allocator(slices).allocate([claim("c", request(all=True, capacity={"memory": 1}))])) == [[("req-0", "device-1")]]
+    assert picked(allocator(slices).allocate([claim("c", request(all=True, capacity={"memory": 1}))])) == [
+        [("req-0", "device-1")]
+    ]
 
 
 def test_all_filter_out_insufficient_capacity() -> None:
     """All skips a shared device with too little capacity."""
     slices = [rslice(shared("device-1", memory=cap(4)), shared("device-2", memory=cap(1)))]
-    assert picked(allocator(slices).allocate([claim("c", request(all=True, capacity={"memory": 2}))])) == [[("req-0", "device-1")]]
+    assert picked(allocator(slices).allocate([claim("c", request(all=True, capacity={"memory": 2}))])) == [
+        [("req-0", "device-1")]
+    ]
 
 
 def test_all_allocating_sufficient() -> None:
     """An earlier request's share leaves room for the All request."""
     c = claim("c", request("req-0", capacity={"memory": 2}), request("req-1", all=True, capacity={"memory": 2}))
-    assert picked(allocator(all_slices()).allocate([c])) == [[("req-0", "device-1"), ("req-1", "device-1"), ("req-1", "device-2")]]
+    assert picked(allocator(all_slices()).allocate([c])) == [
+        [("req-0", "device-1"), ("req-1", "device-1"), ("req-1", "device-2")]
+    ]
 
 
 def test_all_allocating_insufficient() -> None:
@@ -249,4 +336,6 @@ def test_all_in_use_sufficient() -> None:
     """Earlier allocations that leave room keep the device in the All set."""
     a = allocator(all_slices())
     assert a.allocate([claim("c0", request(capacity={"memory": 2}))]).ok
-    assert picked(a.allocate([claim("c1", request(all=True, capacity={"memory": 2}))])) == [[("req-0", "device-1"), ("req-0", "device-2")]]
+    assert picked(a.allocate([claim("c1", request(all=True, capacity={"memory": 2}))])) == [
+        [("req-0", "device-1"), ("req-0", "device-2")]
+    ]

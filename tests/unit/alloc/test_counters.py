@@ -29,7 +29,10 @@ MEM = 'device.capacity["driver-a"].memory.compareTo(quantity("%s")) >= 0'
 
 def pool(*devs, counters=None, node_name: str = "node-1", driver: str = "driver-a"):
     sets = counters if counters is not None else [counter_set("set-1", memory="8Gi")]
-    return [rslice(name=f"{node_name}-a-counters", counters=sets, count=2, node=node_name, driver=driver), rslice(*devs, name=f"{node_name}-b-devices", count=2, node=node_name, driver=driver)]
+    return [
+        rslice(name=f"{node_name}-a-counters", counters=sets, count=2, node=node_name, driver=driver),
+        rslice(*devs, name=f"{node_name}-b-devices", count=2, node=node_name, driver=driver),
+    ]
 
 
 def part(name: str, mem: str, **kw) -> object:
@@ -44,14 +47,20 @@ def test_partitionable_devices_single_device() -> None:
 def test_partitionable_devices_prioritized_list() -> None:
     """A 6Gi subrequest exceeds the remaining counters: the 4Gi subrequest is used."""
     slices = pool(part("device-1", "4Gi"), part("device-2", "6Gi"), part("device-3", "4Gi"))
-    c = claim("c", request("req-0", "class-a", MEM % "4Gi"), first_available("req-1", sub("big", "class-a", MEM % "6Gi"), sub("small", "class-a", MEM % "4Gi")))
+    c = claim(
+        "c",
+        request("req-0", "class-a", MEM % "4Gi"),
+        first_available("req-1", sub("big", "class-a", MEM % "6Gi"), sub("small", "class-a", MEM % "4Gi")),
+    )
     assert picked(allocator(slices).allocate([c])) == [[("req-0", "device-1"), ("req-1/small", "device-3")]]
 
 
 def test_partitionable_devices_multiple_devices() -> None:
     """The second request skips the 6Gi device (8Gi total)."""
     slices = pool(part("device-1", "4Gi"), part("device-2", "6Gi"), part("device-3", "4Gi"))
-    assert picked(allocator(slices).allocate([claim("c", request("req-0"), request("req-1"))])) == [[("req-0", "device-1"), ("req-1", "device-3")]]
+    assert picked(allocator(slices).allocate([claim("c", request("req-0"), request("req-1"))])) == [
+        [("req-0", "device-1"), ("req-1", "device-3")]
+    ]
 
 
 def test_partitionable_devices_multiple_counters() -> None:
@@ -62,7 +71,9 @@ def test_partitionable_devices_multiple_counters() -> None:
         device("device-2", consumes={"set-1": {"memory": "4Gi", "cpu": 4}}),
         device("device-3", consumes={"set-1": {"memory": "4Gi", "cpu": 4}}),
     ]
-    assert picked(allocator(pool(*devs, counters=sets)).allocate([claim("c", request(count=2))])) == [[("req-0", "device-2"), ("req-0", "device-3")]]
+    assert picked(allocator(pool(*devs, counters=sets)).allocate([claim("c", request(count=2))])) == [
+        [("req-0", "device-2"), ("req-0", "device-3")]
+    ]
 
 
 def test_partitionable_devices_multiple_pools() -> None:
@@ -85,13 +96,17 @@ def test_partitionable_devices_unused_counters_in_counter_set() -> None:
 
 def test_partitionable_devices_no_capacity_available() -> None:
     """An allocated device leaves too little: nothing fits, and the counter is named."""
-    outcome = allocator(pool(part("device-1", "4Gi"), part("device-2", "6Gi")), allocated=[held("x", "device-1")]).allocate([claim("c", request("req-0", "class-a", MEM % "6Gi"))])
+    outcome = allocator(
+        pool(part("device-1", "4Gi"), part("device-2", "6Gi")), allocated=[held("x", "device-1")]
+    ).allocate([claim("c", request("req-0", "class-a", MEM % "6Gi"))])
     assert "counter memory of counter set set-1 in pool driver-a/node-1 ran out" in reasons(outcome)
 
 
 def test_partitionable_devices_overallocated_capacity_pool() -> None:
     """Negative availability (over-committed set) blocks every consumer of that set."""
-    slices = pool(part("device-1", "8Gi"), part("device-2", "8Gi"), device("device-3", consumes={"set-1": {"memory": 0}}))
+    slices = pool(
+        part("device-1", "8Gi"), part("device-2", "8Gi"), device("device-3", consumes={"set-1": {"memory": 0}})
+    )
     outcome = allocator(slices, allocated=[held("x", "device-1", "device-2")]).allocate([claim()])
     assert reasons(outcome) == (
         "req-0: device class class-a matches 3 devices; 3 pass the request's selectors; 1 of those are "
@@ -116,7 +131,9 @@ def test_counters_kept_per_driver_and_pool() -> None:
     """dractl: two drivers' pools named after the same node keep separate counters."""
     classes = [device_class(), device_class("class-b", driver=DRIVER_B)]
     slices = pool(part("device-1", "8Gi")) + pool(part("device-2", "8Gi"), driver=DRIVER_B)
-    outcome = allocator(slices, classes, allocated=[held("x", "device-1")]).allocate([claim("c", request("req-0", "class-b"))])
+    outcome = allocator(slices, classes, allocated=[held("x", "device-1")]).allocate(
+        [claim("c", request("req-0", "class-b"))]
+    )
     assert picked(outcome) == [[("req-0", "device-2")]]
 
 
@@ -129,7 +146,9 @@ def test_refused_device_releases_its_counters() -> None:
         device("device-3", attributes={"k": 1}, consumes={"set-1": {"memory": "4Gi"}}),
     ]
     c = claim("c", request("req-0"), request("req-1"), constraints=[match("driver-a/k")])
-    assert picked(allocator(pool(*devs, counters=sets)).allocate([c])) == [[("req-0", "device-1"), ("req-1", "device-3")]]
+    assert picked(allocator(pool(*devs, counters=sets)).allocate([c])) == [
+        [("req-0", "device-1"), ("req-1", "device-3")]
+    ]
 
 
 def test_seed_two_mig_slices_on_one_parent_when_first_gpu_is_partly_used() -> None:
@@ -144,7 +163,19 @@ def test_seed_two_mig_slices_on_one_parent_when_first_gpu_is_partly_used() -> No
             consumes={f"gpu-{g}": {f"memory-slice-{i}": 1 for i in range(start, start + size)}},
         )
 
-    devs = [mig(g, p, s, n) for g in (0, 1) for p, s, n in (("3g.40gb", 0, 4), ("3g.40gb", 4, 4), ("1g.10gb", 0, 1), ("1g.10gb", 1, 1), ("1g.10gb", 4, 1), ("1g.10gb", 5, 1), ("1g.10gb", 6, 1))]
+    devs = [
+        mig(g, p, s, n)
+        for g in (0, 1)
+        for p, s, n in (
+            ("3g.40gb", 0, 4),
+            ("3g.40gb", 4, 4),
+            ("1g.10gb", 0, 1),
+            ("1g.10gb", 1, 1),
+            ("1g.10gb", 4, 1),
+            ("1g.10gb", 5, 1),
+            ("1g.10gb", 6, 1),
+        )
+    ]
     classes = [device_class("mig.nvidia.com", 'device.attributes["driver-a"].type == "mig"')]
     allocated = [held("x", "gpu-0-mig-1g10gb-0", "gpu-0-mig-1g10gb-4")]
     c = claim(
@@ -160,8 +191,18 @@ def test_seed_two_mig_slices_on_one_parent_when_first_gpu_is_partly_used() -> No
 def test_partitionable_devices_per_device_node_selection_nodename() -> None:
     """A device on another node is excluded; the result pins the node by name."""
     slices = [
-        rslice(name="c", node=None, pool="pool", counters=[counter_set("set-1", memory="8Gi")], count=2, all_nodes=True),
-        rslice(part("device-1", "4Gi", node_name="node-2"), part("device-2", "4Gi", node_name="node-1"), name="d", node=None, pool="pool", count=2, per_device_node_selection=True),
+        rslice(
+            name="c", node=None, pool="pool", counters=[counter_set("set-1", memory="8Gi")], count=2, all_nodes=True
+        ),
+        rslice(
+            part("device-1", "4Gi", node_name="node-2"),
+            part("device-2", "4Gi", node_name="node-1"),
+            name="d",
+            node=None,
+            pool="pool",
+            count=2,
+            per_device_node_selection=True,
+        ),
     ]
     outcome = allocator(slices, nodes=[node("node-1"), node("node-2")]).allocate([claim()], nodes=["node-1"])
     assert picked(outcome) == [[("req-0", "device-2")]]
@@ -171,7 +212,9 @@ def test_partitionable_devices_per_device_node_selection_nodename() -> None:
 def test_partitionable_devices_per_device_node_selection_node_selector() -> None:
     """A device-level node selector is copied to the result."""
     sel = selector(("rack", "In", ("r1",)))
-    slices = [rslice(device("device-1", node_selector=sel), name="d", node=None, pool="pool", per_device_node_selection=True)]
+    slices = [
+        rslice(device("device-1", node_selector=sel), name="d", node=None, pool="pool", per_device_node_selection=True)
+    ]
     outcome = allocator(slices, nodes=[node("node-1", rack="r1")]).allocate([claim()])
     assert outcome.allocations is not None and outcome.allocations[0].node_selector == sel
 
@@ -179,10 +222,22 @@ def test_partitionable_devices_per_device_node_selection_node_selector() -> None
 def test_partitionable_devices_devices_on_different_nodes_consume_same_counter_set() -> None:
     """Another node's allocated device consumes the shared counters."""
     slices = [
-        rslice(name="c", node=None, pool="pool", counters=[counter_set("set-1", memory="8Gi")], count=2, all_nodes=True),
-        rslice(part("device-1", "8Gi", node_name="node-2"), part("device-2", "4Gi", node_name="node-1"), name="d", node=None, pool="pool", count=2, per_device_node_selection=True),
+        rslice(
+            name="c", node=None, pool="pool", counters=[counter_set("set-1", memory="8Gi")], count=2, all_nodes=True
+        ),
+        rslice(
+            part("device-1", "8Gi", node_name="node-2"),
+            part("device-2", "4Gi", node_name="node-1"),
+            name="d",
+            node=None,
+            pool="pool",
+            count=2,
+            per_device_node_selection=True,
+        ),
     ]
-    outcome = allocator(slices, nodes=[node("node-1"), node("node-2")], allocated=[held("x", "device-1", pool="pool")]).allocate([claim()])
+    outcome = allocator(
+        slices, nodes=[node("node-1"), node("node-2")], allocated=[held("x", "device-1", pool="pool")]
+    ).allocate([claim()])
     assert reasons(outcome) == (
         "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 1 of those are "
         "free on the candidate nodes (1 needed); counter memory of counter set set-1 in pool driver-a/pool "
@@ -192,7 +247,10 @@ def test_partitionable_devices_devices_on_different_nodes_consume_same_counter_s
 
 def test_partitionable_devices_with_attribute_selector() -> None:
     """Backtracking sends the `special` device to req-1."""
-    devs = [part("device-1", "4Gi", attributes={"special": True}), part("device-2", "4Gi", attributes={"special": False})]
+    devs = [
+        part("device-1", "4Gi", attributes={"special": True}),
+        part("device-2", "4Gi", attributes={"special": False}),
+    ]
     c = claim("c", request("req-0"), request("req-1", "class-a", 'device.attributes["driver-a"].special'))
     assert picked(allocator(pool(*devs)).allocate([c])) == [[("req-0", "device-2"), ("req-1", "device-1")]]
 

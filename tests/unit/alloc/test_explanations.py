@@ -2,28 +2,58 @@
 
 from __future__ import annotations
 
-from alloc_inputs import allocator, claim, counter_set, device, device_class, devices, distinct, held, match, reasons, request, rslice
+from alloc_inputs import (
+    allocator,
+    claim,
+    counter_set,
+    device,
+    device_class,
+    devices,
+    distinct,
+    held,
+    match,
+    reasons,
+    request,
+    rslice,
+)
 
 
 def test_counts_per_request() -> None:
     """The reason counts class matches, selector passes and free devices, and names the request."""
-    slices = [rslice(device("device-1", attributes={"ok": True}), device("device-2", attributes={"ok": True}), device("device-3", attributes={"ok": False}))]
-    outcome = allocator(slices, allocated=[held("x", "device-1")]).allocate([claim("c", request("gpu", "class-a", 'device.attributes["driver-a"].ok', count=2))])
+    slices = [
+        rslice(
+            device("device-1", attributes={"ok": True}),
+            device("device-2", attributes={"ok": True}),
+            device("device-3", attributes={"ok": False}),
+        )
+    ]
+    outcome = allocator(slices, allocated=[held("x", "device-1")]).allocate(
+        [claim("c", request("gpu", "class-a", 'device.attributes["driver-a"].ok', count=2))]
+    )
     (reason,) = outcome.reasons
     assert reason.claim == "default/c" and reason.request == "gpu"
-    assert reason.message == "device class class-a matches 3 devices; 2 pass the request's selectors; 1 of those are free on the candidate nodes (2 needed)"
+    assert (
+        reason.message
+        == "device class class-a matches 3 devices; 2 pass the request's selectors; 1 of those are free on the candidate nodes (2 needed)"
+    )
 
 
 def test_compile_error_carries_the_hint() -> None:
     """A quantity compared with >= fails to compile, and the reason says what to write instead."""
-    text = reasons(allocator([rslice(*devices(1))]).allocate([claim("c", request("req-0", "class-a", 'device.capacity["driver-a"].memory >= quantity("1Gi")'))]))
+    text = reasons(
+        allocator([rslice(*devices(1))]).allocate(
+            [claim("c", request("req-0", "class-a", 'device.capacity["driver-a"].memory >= quantity("1Gi")'))]
+        )
+    )
     assert "selectors[0]" in text and "compareTo(" in text
 
 
 def test_class_compile_error_names_the_class() -> None:
     """A class selector that does not compile names the class and the selector index."""
     classes = [device_class("broken", "device.nope ==")]
-    assert "device class broken: selectors[1]" in reasons(allocator([rslice(*devices(1))], classes).allocate([claim("c", request("req-0", "broken"))]))
+    assert "device class broken: selectors[1]" in reasons(
+        allocator([rslice(*devices(1))], classes).allocate([claim("c", request("req-0", "broken"))])
+    )
 
 
 def test_constraint_reason() -> None:
@@ -35,7 +65,15 @@ def test_constraint_reason() -> None:
 
 def test_counter_reason() -> None:
     """A counter that ran out is named with its set and pool."""
-    slices = [rslice(name="a", counters=[counter_set("gpu-0", memory=4)], count=2), rslice(device("d1", consumes={"gpu-0": {"memory": 4}}), device("d2", consumes={"gpu-0": {"memory": 4}}), name="b", count=2)]
+    slices = [
+        rslice(name="a", counters=[counter_set("gpu-0", memory=4)], count=2),
+        rslice(
+            device("d1", consumes={"gpu-0": {"memory": 4}}),
+            device("d2", consumes={"gpu-0": {"memory": 4}}),
+            name="b",
+            count=2,
+        ),
+    ]
     text = reasons(allocator(slices).allocate([claim("c", request(count=2))]))
     assert "counter memory of counter set gpu-0 in pool driver-a/node-1 ran out" in text
 
@@ -57,12 +95,16 @@ def test_constraint_reason_in_a_joint_allocation_names_that_claims_constraint() 
 
 def test_unknown_constraint_request() -> None:
     """A constraint naming a request the claim lacks is reported."""
-    assert "names the request 'nope'" in reasons(allocator([rslice(*devices(1))]).allocate([claim("c", constraints=[match("driver-a/n", "nope")])]))
+    assert "names the request 'nope'" in reasons(
+        allocator([rslice(*devices(1))]).allocate([claim("c", constraints=[match("driver-a/n", "nope")])])
+    )
 
 
 def test_unknown_class_lists_known_classes() -> None:
     """An unknown class reason lists the classes that exist."""
-    assert "name one of: class-a, class-b" in reasons(allocator([rslice(*devices(1))]).allocate([claim("c", request("req-0", "gpu"))]))
+    assert "name one of: class-a, class-b" in reasons(
+        allocator([rslice(*devices(1))]).allocate([claim("c", request("req-0", "gpu"))])
+    )
 
 
 def test_failure_commits_nothing() -> None:

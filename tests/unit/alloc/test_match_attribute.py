@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from alloc_inputs import allocator, claim, device, match, picked, reasons, request, rslice
 
 
@@ -43,7 +42,9 @@ def test_with_constraint_for_request() -> None:
     """A constraint scoped to req-0 leaves req-1 unconstrained."""
     slices = two({"numa": 1}, {"numa": 1}, {"numa": 2})
     c = claim("c", request("req-0", count=2), request("req-1"), constraints=[match("driver-a/numa", "req-0")])
-    assert picked(allocator(slices).allocate([c])) == [[("req-0", "device-1"), ("req-0", "device-2"), ("req-1", "device-3")]]
+    assert picked(allocator(slices).allocate([c])) == [
+        [("req-0", "device-1"), ("req-0", "device-2"), ("req-1", "device-3")]
+    ]
 
 
 def test_with_constraint_for_request_retry() -> None:
@@ -55,7 +56,11 @@ def test_with_constraint_for_request_retry() -> None:
 
 def test_version_compares_as_text() -> None:
     """Versions in constraints compare as strings (upstream): 1.0.0 and 1.0.0+build differ."""
-    assert reasons(allocator(two({"v": "v:1.0.0"}, {"v": "v:1.0.0+b"})).allocate([claim("c", request(count=2), constraints=[match("driver-a/v")])])) == (
+    assert reasons(
+        allocator(two({"v": "v:1.0.0"}, {"v": "v:1.0.0+b"})).allocate(
+            [claim("c", request(count=2), constraints=[match("driver-a/v")])]
+        )
+    ) == (
         "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 2 of those are "
         "free on the candidate nodes (2 needed); constraint matchAttribute driver-a/v could not be met"
     )
@@ -63,7 +68,11 @@ def test_version_compares_as_text() -> None:
 
 def test_bare_attribute_name_in_driver_domain() -> None:
     """A fully qualified name in the driver's domain finds a bare attribute name."""
-    assert allocator(two({"numa": 1}, {"driver-a/numa": 1})).allocate([claim("c", request(count=2), constraints=[match("driver-a/numa")])]).ok
+    assert (
+        allocator(two({"numa": 1}, {"driver-a/numa": 1}))
+        .allocate([claim("c", request(count=2), constraints=[match("driver-a/numa")])])
+        .ok
+    )
 
 
 @pytest.mark.parametrize(
@@ -71,13 +80,29 @@ def test_bare_attribute_name_in_driver_domain() -> None:
     [
         ("list-attributes-match-constaint-scalar-string-values", ["a", "a"], True),
         ("list-attributes-match-constaint-list-of-string-values-with-common-elements", [["a", "b"], ["b", "c"]], True),
-        ("list-attributes-match-constaint-list-of-string-values-with-partially-common-elements", [["a", "b"], ["b", "c"], ["c", "a"]], False),
+        (
+            "list-attributes-match-constaint-list-of-string-values-with-partially-common-elements",
+            [["a", "b"], ["b", "c"], ["c", "a"]],
+            False,
+        ),
         ("list-attributes-match-constaint-list-of-string-values-without-common-elements", [["a"], ["b"]], False),
-        ("list-attributes-match-constaint-mixed-scalar-and-list-of-string-values-with-common-elements", ["a", ["a", "b"]], True),
-        ("list-attributes-match-constaint-mixed-scalar-and-list-of-string-values-without-common-elements", ["c", ["a", "b"]], False),
+        (
+            "list-attributes-match-constaint-mixed-scalar-and-list-of-string-values-with-common-elements",
+            ["a", ["a", "b"]],
+            True,
+        ),
+        (
+            "list-attributes-match-constaint-mixed-scalar-and-list-of-string-values-without-common-elements",
+            ["c", ["a", "b"]],
+            False,
+        ),
         ("list-attributes-match-constaint-list-of-int-values-with-common-elements", [[1, 2], [2, 3]], True),
         ("list-attributes-match-constaint-list-of-bool-values-with-common-elements", [[True], [True, False]], True),
-        ("list-attributes-match-constaint-list-of-version-values-with-common-elements", [["v:1.0.0", "v:2.0.0"], ["v:2.0.0"]], True),
+        (
+            "list-attributes-match-constaint-list-of-version-values-with-common-elements",
+            [["v:1.0.0", "v:2.0.0"], ["v:2.0.0"]],
+            True,
+        ),
     ],
 )
 def test_list_attributes(name: str, values: list[object], ok: bool) -> None:
@@ -92,4 +117,6 @@ def test_list_intersection_recomputed_on_backtracking() -> None:
     values = [["a", "b"], ["a"], ["b"], ["b"]]
     slices = [rslice(*(device(f"device-{i + 1}", attributes={"l": v}) for i, v in enumerate(values)))]
     c = claim("c", request(count=3), constraints=[match("driver-a/l")])
-    assert picked(allocator(slices).allocate([c])) == [[("req-0", "device-1"), ("req-0", "device-3"), ("req-0", "device-4")]]
+    assert picked(allocator(slices).allocate([c])) == [
+        [("req-0", "device-1"), ("req-0", "device-3"), ("req-0", "device-4")]
+    ]

@@ -4,10 +4,9 @@ keeps PCIe roots together and keeps large MIG profiles placeable."""
 from __future__ import annotations
 
 import pytest
+from alloc_inputs import allocator, claim, counter_set, device, device_class, held, picked, request, rslice
 
 from dractl import alloc
-
-from alloc_inputs import allocator, claim, counter_set, device, device_class, held, picked, request, rslice
 
 FIRST_FIT = alloc.Policy.FIRST_FIT
 BINPACK = alloc.Policy.BINPACK
@@ -43,13 +42,17 @@ def test_binpack_fills_a_node_before_the_next() -> None:
 
 
 def pcie_node() -> list:
-    return [rslice(*(device(f"gpu-{i}", attributes={"resource.kubernetes.io/pcieRoot": f"pci-{i // 2}"}) for i in range(4)))]
+    return [
+        rslice(*(device(f"gpu-{i}", attributes={"resource.kubernetes.io/pcieRoot": f"pci-{i // 2}"}) for i in range(4)))
+    ]
 
 
 @pytest.mark.parametrize(("policy", "expected"), [(FIRST_FIT, ["gpu-1", "gpu-2"]), (BINPACK, ["gpu-2", "gpu-3"])])
 def test_keeps_pcie_root(policy: alloc.Policy, expected: list[str]) -> None:
     """A two-GPU request stays on one PCIe root under binpack; first-fit straddles."""
-    outcome = allocator(pcie_node(), allocated=[held("x", "gpu-0")], policy=policy).allocate([claim("c", request(count=2))])
+    outcome = allocator(pcie_node(), allocated=[held("x", "gpu-0")], policy=policy).allocate(
+        [claim("c", request(count=2))]
+    )
     assert [d for _, d in picked(outcome)[0]] == expected
 
 
@@ -61,8 +64,17 @@ def test_binpack_single_gpu_fills_broken_pcie_root() -> None:
 
 def mig_gpu(g: int) -> list:
     slices = {f"s{i}": 1 for i in range(8)}
-    devs = [device(f"gpu-{g}-4g-{s}", attributes={"profile": "4g"}, consumes={f"gpu-{g}": {f"s{i}": 1 for i in range(s, s + 4)}}) for s in (0, 4)]
-    devs += [device(f"gpu-{g}-1g-{s}", attributes={"profile": "1g"}, consumes={f"gpu-{g}": {f"s{s}": 1}}) for s in range(8)]
+    devs = [
+        device(
+            f"gpu-{g}-4g-{s}",
+            attributes={"profile": "4g"},
+            consumes={f"gpu-{g}": {f"s{i}": 1 for i in range(s, s + 4)}},
+        )
+        for s in (0, 4)
+    ]
+    devs += [
+        device(f"gpu-{g}-1g-{s}", attributes={"profile": "1g"}, consumes={f"gpu-{g}": {f"s{s}": 1}}) for s in range(8)
+    ]
     return [counter_set(f"gpu-{g}", **slices)], devs
 
 
@@ -91,7 +103,9 @@ def test_keeps_large_mig_profiles(policy: alloc.Policy, expected: str) -> None:
 def test_binpack_prefers_partly_used_gpu(policy: alloc.Policy, expected: str) -> None:
     """A MIG slice goes to the GPU that is already partitioned (keeping GPU 0 whole), in
     the half whose 4g profile is already blocked."""
-    outcome = allocator(mig_slices(2), allocated=[held("x", "gpu-1-1g-7")], policy=policy).allocate([claim("c", request("req-0", "class-a", ONE_G))])
+    outcome = allocator(mig_slices(2), allocated=[held("x", "gpu-1-1g-7")], policy=policy).allocate(
+        [claim("c", request("req-0", "class-a", ONE_G))]
+    )
     assert picked(outcome) == [[("req-0", expected)]]
 
 
@@ -99,8 +113,16 @@ def test_binpack_prefers_partly_used_gpu(policy: alloc.Policy, expected: str) ->
 def test_policies_agree_on_feasibility(policy: alloc.Policy) -> None:
     """Both policies find the same feasible/infeasible answers on a constrained claim."""
     classes = [device_class()]
-    ok = allocator(mig_slices(2), classes, policy=policy).allocate([claim("c", request("req-0", "class-a", FOUR_G, count=4))]).ok
-    bad = allocator(mig_slices(2), classes, policy=policy).allocate([claim("c", request("req-0", "class-a", FOUR_G, count=5))]).ok
+    ok = (
+        allocator(mig_slices(2), classes, policy=policy)
+        .allocate([claim("c", request("req-0", "class-a", FOUR_G, count=4))])
+        .ok
+    )
+    bad = (
+        allocator(mig_slices(2), classes, policy=policy)
+        .allocate([claim("c", request("req-0", "class-a", FOUR_G, count=5))])
+        .ok
+    )
     assert (ok, bad) == (True, False)
 
 
@@ -111,7 +133,12 @@ MEM = 'device.capacity["driver-a"].memory.compareTo(quantity("%s")) >= 0'
 def test_binpack_leaves_large_gpus_to_claims_that_need_them(policy: alloc.Policy, expected: str) -> None:
     """A small claim goes to the GPU that serves the fewest request shapes seen so far
     (the 16Gi one), leaving the 80Gi GPU for the 40Gi claims."""
-    slices = [rslice(device("big-1", capacity={"memory": "80Gi"}), device("big-2", capacity={"memory": "80Gi"}), node="node-1"), rslice(device("small", capacity={"memory": "16Gi"}), node="node-2")]
+    slices = [
+        rslice(
+            device("big-1", capacity={"memory": "80Gi"}), device("big-2", capacity={"memory": "80Gi"}), node="node-1"
+        ),
+        rslice(device("small", capacity={"memory": "16Gi"}), node="node-2"),
+    ]
     a = allocator(slices, policy=policy)
     assert a.allocate([claim("large", request("req-0", "class-a", MEM % "40Gi"))]).node == "node-1"
     assert a.allocate([claim("small", request("req-0", "class-a", MEM % "8Gi"))]).node == expected

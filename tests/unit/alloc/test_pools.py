@@ -8,7 +8,10 @@ from alloc_inputs import allocator, claim, counter_set, device, devices, picked,
 
 def test_obsolete_slice() -> None:
     """A newer generation with a missing slice makes the pool incomplete: nothing allocated."""
-    slices = [rslice(*devices(1), name="old", generation=1), rslice(device("device-2"), name="new", generation=2, count=2)]
+    slices = [
+        rslice(*devices(1), name="old", generation=1),
+        rslice(device("device-2"), name="new", generation=2, count=2),
+    ]
     assert reasons(allocator(slices).allocate([claim()])) == (
         "req-0: device class class-a matches 0 devices; 0 pass the request's selectors; 0 of those are "
         "free on the candidate nodes (1 needed)\n"
@@ -26,7 +29,10 @@ def test_duplicate_slice() -> None:
 
 def test_multi_host_resource_pool_with_stale_slice_for_current_node() -> None:
     """A newer generation elsewhere makes this node's slice obsolete."""
-    slices = [rslice(device("device-1"), name="s1", node="node-1", pool="pool", generation=1, count=2), rslice(device("device-2"), name="s2", node="node-2", pool="pool", generation=2, count=2)]
+    slices = [
+        rslice(device("device-1"), name="s1", node="node-1", pool="pool", generation=1, count=2),
+        rslice(device("device-2"), name="s2", node="node-2", pool="pool", generation=2, count=2),
+    ]
     assert reasons(allocator(slices).allocate([claim()], nodes=["node-1"])) == (
         "req-0: device class class-a matches 0 devices; 0 pass the request's selectors; 0 of those are "
         "free on the candidate nodes (1 needed)"
@@ -35,13 +41,19 @@ def test_multi_host_resource_pool_with_stale_slice_for_current_node() -> None:
 
 def test_multi_host_resource_pool_complete_update_from_node_1_to_node_2() -> None:
     """The old complete generation on node-1 is still used."""
-    slices = [rslice(device("device-1"), name="s1", node="node-1", pool="pool", generation=1, count=1), rslice(device("device-2"), name="s2", node="node-2", pool="pool", generation=2, count=1)]
+    slices = [
+        rslice(device("device-1"), name="s1", node="node-1", pool="pool", generation=1, count=1),
+        rslice(device("device-2"), name="s2", node="node-2", pool="pool", generation=2, count=1),
+    ]
     assert picked(allocator(slices).allocate([claim()], nodes=["node-1"])) == [[("req-0", "device-1")]]
 
 
 def test_multi_host_resource_pool_incomplete_update_from_node_2_to_node_1() -> None:
     """A new generation that is incomplete is not used."""
-    slices = [rslice(device("device-1"), name="s1", node="node-1", pool="pool", generation=2, count=2), rslice(device("device-2"), name="s2", node="node-2", pool="pool", generation=1, count=1)]
+    slices = [
+        rslice(device("device-1"), name="s1", node="node-1", pool="pool", generation=2, count=2),
+        rslice(device("device-2"), name="s2", node="node-2", pool="pool", generation=1, count=1),
+    ]
     assert reasons(allocator(slices).allocate([claim()], nodes=["node-1"])) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 0 of those are free "
         "on the candidate nodes (1 needed)\n"
@@ -52,7 +64,11 @@ def test_multi_host_resource_pool_incomplete_update_from_node_2_to_node_1() -> N
 
 def test_invalid_pool_is_ok_if_devices_can_be_allocated_from_other() -> None:
     """An invalid pool is skipped when another pool satisfies the claim."""
-    slices = [rslice(*devices(1), name="s1", pool="bad", count=2), rslice(*devices(1), name="s2", pool="bad", count=2), rslice(device("device-9"), pool="good")]
+    slices = [
+        rslice(*devices(1), name="s1", pool="bad", count=2),
+        rslice(*devices(1), name="s2", pool="bad", count=2),
+        rslice(device("device-9"), pool="good"),
+    ]
     assert picked(allocator(slices).allocate([claim()])) == [[("req-0", "device-9")]]
 
 
@@ -70,7 +86,11 @@ def test_no_allocation_from_incomplete_pools() -> None:
 
 def test_same_counter_set_name_in_different_resource_slices() -> None:
     """A counter set defined twice makes the pool invalid."""
-    slices = [rslice(name="a", counters=[counter_set("set", mem=1)], count=3), rslice(name="b", counters=[counter_set("set", mem=1)], count=3), rslice(device("device-1", consumes={"set": {"mem": 1}}), name="c", count=3)]
+    slices = [
+        rslice(name="a", counters=[counter_set("set", mem=1)], count=3),
+        rslice(name="b", counters=[counter_set("set", mem=1)], count=3),
+        rslice(device("device-1", consumes={"set": {"mem": 1}}), name="c", count=3),
+    ]
     assert "counter set 'set' is defined more than once" in reasons(allocator(slices).allocate([claim()]))
 
 
@@ -82,7 +102,10 @@ def test_device_counter_consumption_references_unknown_counter_set() -> None:
 
 def test_device_counter_consumption_references_unknown_counter_in_counter_set() -> None:
     """A reference to a missing counter makes the pool invalid."""
-    slices = [rslice(name="a", counters=[counter_set("set", mem=1)], count=2), rslice(device("device-1", consumes={"set": {"cpu": 1}}), name="b", count=2)]
+    slices = [
+        rslice(name="a", counters=[counter_set("set", mem=1)], count=2),
+        rslice(device("device-1", consumes={"set": {"cpu": 1}}), name="b", count=2),
+    ]
     assert "unknown counter 'cpu'" in reasons(allocator(slices).allocate([claim()]))
 
 

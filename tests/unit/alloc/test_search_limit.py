@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from alloc_inputs import allocator, claim, device, devices, first_available, match, picked, reasons, request, rslice, sub
+from alloc_inputs import (
+    allocator,
+    claim,
+    device,
+    devices,
+    first_available,
+    match,
+    picked,
+    reasons,
+    request,
+    rslice,
+    sub,
+)
 
 
 def alternating(n: int) -> list:
@@ -12,14 +24,18 @@ def alternating(n: int) -> list:
 
 def test_search_limit_reached() -> None:
     """An impossible search beyond the bound stops with "search limit reached"."""
-    outcome = allocator(alternating(30), search_limit=1000).allocate([claim("c", request(count=16), constraints=[match("driver-a/j")])])
+    outcome = allocator(alternating(30), search_limit=1000).allocate(
+        [claim("c", request(count=16), constraints=[match("driver-a/j")])]
+    )
     assert "search limit reached after 1000 steps" in reasons(outcome)
 
 
 def test_generous_limit_gives_a_definite_answer() -> None:
     """The same searches complete under the default bound: no solution, or the first one."""
     outcome = allocator(alternating(30)).allocate([claim("c", request(count=16), constraints=[match("driver-a/j")])])
-    assert "search limit" not in reasons(outcome) and "constraint matchAttribute driver-a/j could not be met" in reasons(outcome)
+    assert "search limit" not in reasons(
+        outcome
+    ) and "constraint matchAttribute driver-a/j could not be met" in reasons(outcome)
     outcome = allocator(alternating(30)).allocate([claim("c", request(count=3), constraints=[match("driver-a/j")])])
     assert picked(outcome) == [[("req-0", "device-0"), ("req-0", "device-2"), ("req-0", "device-4")]]
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-
 from alloc_inputs import allocator, claim, device, picked, reasons, request, rslice, taint, toleration
 
 
 def test_tainted_two_devices() -> None:
     """Untolerated NoSchedule and NoExecute taints block both devices, and the reason says so."""
-    slices = [rslice(device("device-1", taints=[taint("a")]), device("device-2", taints=[taint("b", effect="NoExecute")]))]
+    slices = [
+        rslice(device("device-1", taints=[taint("a")]), device("device-2", taints=[taint("b", effect="NoExecute")]))
+    ]
     outcome = allocator(slices).allocate([claim()])
     assert reasons(outcome) == (
         "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 2 of those have a "
@@ -20,7 +21,9 @@ def test_tainted_two_devices() -> None:
 def test_tainted_one_device_two_taints() -> None:
     """One tolerated taint is not enough when a second one is not."""
     slices = [rslice(device("device-1", taints=[taint("a"), taint("b", effect="NoExecute")]))]
-    assert reasons(allocator(slices).allocate([claim("c", request("req-0", tolerations=[toleration("a", operator="Exists")]))])) == (
+    assert reasons(
+        allocator(slices).allocate([claim("c", request("req-0", tolerations=[toleration("a", operator="Exists")]))])
+    ) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those have a "
         "taint the request does not tolerate; 0 of those are free on the candidate nodes (1 needed)"
     )
@@ -29,7 +32,11 @@ def test_tainted_one_device_two_taints() -> None:
 def test_tainted_two_devices_tolerated() -> None:
     """An Equal/NoExecute toleration admits device-2; the toleration is copied to the result."""
     tol = toleration("b", value="v", effect="NoExecute")
-    slices = [rslice(device("device-1", taints=[taint("a")]), device("device-2", taints=[taint("b", "v", effect="NoExecute")]))]
+    slices = [
+        rslice(
+            device("device-1", taints=[taint("a")]), device("device-2", taints=[taint("b", "v", effect="NoExecute")])
+        )
+    ]
     outcome = allocator(slices).allocate([claim("c", request("req-0", tolerations=[tol]))])
     assert picked(outcome) == [[("req-0", "device-2")]]
     assert outcome.allocations is not None and outcome.allocations[0].results[0].tolerations == (tol,)

@@ -13,7 +13,9 @@ Attr = model.DeviceAttribute
 Kind = model.AttributeKind
 
 
-def _device(name: str, attributes: Mapping[str, Attr], capacity: Mapping[str, str], *, multiple: bool = False) -> model.Device:
+def _device(
+    name: str, attributes: Mapping[str, Attr], capacity: Mapping[str, str], *, multiple: bool = False
+) -> model.Device:
     return model.Device(
         name=name,
         attributes=dict(attributes),
@@ -33,7 +35,10 @@ A100_ATTRIBUTES = {
     "resource.kubernetes.io/pcieRoot": Attr(Kind.STRING, ("pci0000:64",)),
     "resource.kubernetes.io/numaNode": Attr(Kind.INT, (0, 1), is_list=True),
     "example.com/versions": Attr(
-        Kind.VERSION, (model.semver.parse("1.2.3"), model.semver.parse("2.0.0-rc.1")), is_list=True, texts=("1.2.3", "2.0.0-rc.1")
+        Kind.VERSION,
+        (model.semver.parse("1.2.3"), model.semver.parse("2.0.0-rc.1")),
+        is_list=True,
+        texts=("1.2.3", "2.0.0-rc.1"),
     ),
     "example.com/tags": Attr(Kind.STRING, ("fast", "big"), is_list=True),
 }

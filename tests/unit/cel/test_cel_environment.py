@@ -17,18 +17,30 @@ Kind = model.AttributeKind
     [
         pytest.param('device.driver == "gpu.nvidia.com"', True, id="driver"),
         pytest.param('device.driver == "other.example.com"', False, id="driver-mismatch"),
-        pytest.param('device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-80GB"', True, id="unqualified-in-driver-domain"),
-        pytest.param('device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:64"', True, id="qualified-in-own-domain"),
+        pytest.param(
+            'device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-80GB"',
+            True,
+            id="unqualified-in-driver-domain",
+        ),
+        pytest.param(
+            'device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:64"', True, id="qualified-in-own-domain"
+        ),
         pytest.param('"pcieRoot" in device.attributes["gpu.nvidia.com"]', False, id="qualified-not-in-driver-domain"),
         pytest.param('device.attributes["gpu.nvidia.com"].index == 3', True, id="int"),
         pytest.param('device.attributes["gpu.nvidia.com"].index > 2.5', True, id="int-vs-double"),
         pytest.param('device.attributes["gpu.nvidia.com"].migCapable', True, id="bool"),
         pytest.param('device.attributes["resource.kubernetes.io"].numaNode == [0, 1]', True, id="int-list"),
         pytest.param('device.attributes["example.com"].tags.size() == 2', True, id="string-list"),
-        pytest.param('device.attributes["example.com"].versions[1].compareTo(semver("2.0.0-rc.1")) == 0', True, id="version-list"),
-        pytest.param('device.attributes["gpu.nvidia.com"].cudaComputeCapability.major() == 8', True, id="version-is-semver"),
+        pytest.param(
+            'device.attributes["example.com"].versions[1].compareTo(semver("2.0.0-rc.1")) == 0', True, id="version-list"
+        ),
+        pytest.param(
+            'device.attributes["gpu.nvidia.com"].cudaComputeCapability.major() == 8', True, id="version-is-semver"
+        ),
         pytest.param('device.capacity["gpu.nvidia.com"].memory == quantity("80Gi")', True, id="capacity"),
-        pytest.param('device.capacity["example.com"].power.compareTo(quantity("400.5")) == 0', True, id="qualified-capacity"),
+        pytest.param(
+            'device.capacity["example.com"].power.compareTo(quantity("400.5")) == 0', True, id="qualified-capacity"
+        ),
         pytest.param("device.allowMultipleAllocations", False, id="allowMultipleAllocations"),
     ],
 )
@@ -73,7 +85,9 @@ def test_unknown_capacity_in_known_domain_is_runtime_error(gpu: cel.DeviceInput)
 
 def test_has_guards_missing_attribute(gpu: cel.DeviceInput) -> None:
     """has() on a missing id is false and short-circuits the lookup, as the API docs advise."""
-    program = cel.compile('has(device.attributes["gpu.nvidia.com"].profile) && device.attributes["gpu.nvidia.com"].profile == "x"')
+    program = cel.compile(
+        'has(device.attributes["gpu.nvidia.com"].profile) && device.attributes["gpu.nvidia.com"].profile == "x"'
+    )
     assert program.matches(gpu) is False
 
 
@@ -105,7 +119,10 @@ def test_driver_decides_domain_of_unqualified_names(make_input: Callable[..., ce
 def test_device_without_attributes(make_input: Callable[..., cel.DeviceInput]) -> None:
     """A device with no attributes or capacity still evaluates; its driver domain is unknown."""
     device = make_input()
-    assert cel.compile('device.attributes["gpu.nvidia.com"].size() == 0 && device.capacity.size() == 0').matches(device) is True
+    assert (
+        cel.compile('device.attributes["gpu.nvidia.com"].size() == 0 && device.capacity.size() == 0').matches(device)
+        is True
+    )
 
 
 def test_one_input_serves_many_programs(gpu: cel.DeviceInput) -> None:
@@ -113,7 +130,12 @@ def test_one_input_serves_many_programs(gpu: cel.DeviceInput) -> None:
     first = cel.compile('device.attributes["gpu.nvidia.com"].type == "gpu"')
     second = cel.compile('device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))')
     third = cel.compile('device.attributes["gpu.nvidia.com"].type == "mig"')
-    assert [first.matches(gpu), second.matches(gpu), third.matches(gpu), first.matches(gpu)] == [True, True, False, True]
+    assert [first.matches(gpu), second.matches(gpu), third.matches(gpu), first.matches(gpu)] == [
+        True,
+        True,
+        False,
+        True,
+    ]
 
 
 def test_device_input_names_device() -> None:
@@ -133,7 +155,11 @@ def test_device_input_names_device() -> None:
         pytest.param('device.attributes["gpu.nvidia.com"].type.includes("gpu")', True, id="string-scalar"),
         pytest.param('device.attributes["gpu.nvidia.com"].index.includes(3)', True, id="int-scalar"),
         pytest.param('device.attributes["gpu.nvidia.com"].migCapable.includes(false)', False, id="bool-scalar"),
-        pytest.param('device.attributes["gpu.nvidia.com"].cudaComputeCapability.includes(semver("8.0.0"))', True, id="version-scalar"),
+        pytest.param(
+            'device.attributes["gpu.nvidia.com"].cudaComputeCapability.includes(semver("8.0.0"))',
+            True,
+            id="version-scalar",
+        ),
     ],
 )
 def test_includes(check: Callable[[str], bool], expression: str, expected: bool) -> None:

@@ -138,7 +138,9 @@ def test_quantity_comparison_message() -> None:
     )
     assert lines[2] == " | " + "." * 41 + "^"
     assert "compareTo() returns -1, 0 or 1" in error.message
-    assert str(error).startswith('CEL expression `device.capacity["gpu.nvidia.com"].memory >= quantity("40Gi")` is invalid: ')
+    assert str(error).startswith(
+        'CEL expression `device.capacity["gpu.nvidia.com"].memory >= quantity("40Gi")` is invalid: '
+    )
 
 
 def test_article_notes_explain_each_fix() -> None:
@@ -147,7 +149,10 @@ def test_article_notes_explain_each_fix() -> None:
     assert "note: CEL comments start with //, not #" in message
     assert 'the NVIDIA DRA driver is named "gpu.nvidia.com"' in message
     assert '"memory" is a capacity' in message
-    assert '"compute-capability" is the version attribute device.attributes["gpu.nvidia.com"].cudaComputeCapability' in message
+    assert (
+        '"compute-capability" is the version attribute device.attributes["gpu.nvidia.com"].cudaComputeCapability'
+        in message
+    )
     assert "token recognition error at: '#'" in message
 
 
@@ -160,7 +165,11 @@ def test_memory_in_decimal_bytes_not_from_gigabytes() -> None:
 @pytest.mark.parametrize(
     ("expression", "note"),
     [
-        pytest.param("device == device", "`device` is used through its fields: device.driver, device.attributes", id="bare-device"),
+        pytest.param(
+            "device == device",
+            "`device` is used through its fields: device.driver, device.attributes",
+            id="bare-device",
+        ),
         pytest.param('device.color == "red"', "`device` has no field 'color'; its fields are", id="unknown-field"),
         pytest.param(
             'device.capacity["gpu.nvidia.com"].memory.quantity() == quantity("1")',

@@ -7,14 +7,17 @@ from collections.abc import Callable
 import pytest
 
 
-
 @pytest.mark.parametrize(
     "expression",
     [
-        pytest.param('device.attributes["gpu.nvidia.com"].productName.lowerAscii() == "nvidia a100-sxm4-80gb"', id="lowerAscii"),
+        pytest.param(
+            'device.attributes["gpu.nvidia.com"].productName.lowerAscii() == "nvidia a100-sxm4-80gb"', id="lowerAscii"
+        ),
         pytest.param('device.attributes["gpu.nvidia.com"].architecture.upperAscii() == "AMPERE"', id="upperAscii"),
         pytest.param('device.attributes["gpu.nvidia.com"].productName.split("-")[1] == "SXM4"', id="split"),
-        pytest.param('device.attributes["gpu.nvidia.com"].productName.replace("NVIDIA ", "") == "A100-SXM4-80GB"', id="replace"),
+        pytest.param(
+            'device.attributes["gpu.nvidia.com"].productName.replace("NVIDIA ", "") == "A100-SXM4-80GB"', id="replace"
+        ),
         pytest.param('"  x ".trim() == "x"', id="trim"),
         pytest.param('device.attributes["gpu.nvidia.com"].productName.substring(7, 11) == "A100"', id="substring"),
         pytest.param('device.attributes["gpu.nvidia.com"].productName.indexOf("A100") == 7', id="indexOf"),
@@ -24,7 +27,9 @@ import pytest
         pytest.param('"%s has %d SMs".format(["gpu-0", 108]) == "gpu-0 has 108 SMs"', id="format"),
         pytest.param('device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA")', id="startsWith"),
         pytest.param('device.attributes["gpu.nvidia.com"].productName.contains("80GB")', id="contains"),
-        pytest.param('device.attributes["gpu.nvidia.com"].productName.matches("A100.*80GB$")', id="matches-unanchored-start"),
+        pytest.param(
+            'device.attributes["gpu.nvidia.com"].productName.matches("A100.*80GB$")', id="matches-unanchored-start"
+        ),
         pytest.param('!device.attributes["gpu.nvidia.com"].productName.matches("^A100")', id="matches-anchored"),
         pytest.param('device.attributes["example.com"].tags.exists(t, t == "fast")', id="exists"),
         pytest.param('device.attributes["example.com"].tags.all(t, t.size() > 2)', id="all"),
@@ -40,20 +45,28 @@ def test_strings_and_macros(check: Callable[[str], bool], expression: str) -> No
     ("expression", "expected"),
     [
         pytest.param(
-            'cel.bind(gpu, device.attributes["gpu.nvidia.com"], gpu.type == "gpu" && gpu.architecture == "Ampere")', True, id="bind-domain"
+            'cel.bind(gpu, device.attributes["gpu.nvidia.com"], gpu.type == "gpu" && gpu.architecture == "Ampere")',
+            True,
+            id="bind-domain",
         ),
         pytest.param(
             'cel.bind(mem, device.capacity["gpu.nvidia.com"].memory, mem.compareTo(quantity("40Gi")) >= 0 && mem.isLessThan(quantity("100Gi")))',
             True,
             id="bind-quantity",
         ),
-        pytest.param('device.attributes["gpu.nvidia.com"].?profile.orValue("none") == "none"', True, id="optional-field-missing"),
-        pytest.param('device.attributes["gpu.nvidia.com"].?type.orValue("none") == "gpu"', True, id="optional-field-present"),
+        pytest.param(
+            'device.attributes["gpu.nvidia.com"].?profile.orValue("none") == "none"', True, id="optional-field-missing"
+        ),
+        pytest.param(
+            'device.attributes["gpu.nvidia.com"].?type.orValue("none") == "gpu"', True, id="optional-field-present"
+        ),
         pytest.param('device.attributes["gpu.nvidia.com"][?"profile"].orValue("") == ""', True, id="optional-index"),
         pytest.param('device.attributes[?"gpu.nvidia.com"].?type.orValue("") == "gpu"', True, id="optional-domain"),
         pytest.param('device.attributes["unknown.example.com"].?x.hasValue()', False, id="optional-on-unknown-domain"),
         pytest.param(
-            'device.capacity["gpu.nvidia.com"].?memory.orValue(quantity("0")).isGreaterThan(quantity("1Gi"))', True, id="optional-capacity"
+            'device.capacity["gpu.nvidia.com"].?memory.orValue(quantity("0")).isGreaterThan(quantity("1Gi"))',
+            True,
+            id="optional-capacity",
         ),
     ],
 )

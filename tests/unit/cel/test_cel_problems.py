@@ -52,14 +52,20 @@ def test_problems_name_file_object_and_field() -> None:
     assert len(found) == 3
     assert found[0].startswith("cluster.yaml: DeviceClass big: spec.selectors[1].cel.expression: CEL expression")
     assert 'write instead: device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0' in found[0]
-    assert found[1].startswith("cluster.yaml: ResourceClaim ml/train: spec.devices.requests[1].firstAvailable[0].selectors[0].cel.expression:")
-    assert found[2].startswith("cluster.yaml: ResourceClaimTemplate default/tmpl: spec.spec.devices.requests[0].exactly.selectors[0].cel.expression:")
+    assert found[1].startswith(
+        "cluster.yaml: ResourceClaim ml/train: spec.devices.requests[1].firstAvailable[0].selectors[0].cel.expression:"
+    )
+    assert found[2].startswith(
+        "cluster.yaml: ResourceClaimTemplate default/tmpl: spec.spec.devices.requests[0].exactly.selectors[0].cel.expression:"
+    )
     assert "undeclared" in found[2]
 
 
 def test_no_problems_for_valid_selectors() -> None:
     """Guards: valid selectors produce no problem at all."""
     objects = model.Objects(
-        device_classes=(model.DeviceClass(meta=model.ObjectMeta(name="ok"), selectors=('device.driver == "gpu.nvidia.com"',)),)
+        device_classes=(
+            model.DeviceClass(meta=model.ObjectMeta(name="ok"), selectors=('device.driver == "gpu.nvidia.com"',)),
+        )
     )
     assert cel.problems(objects) == ()

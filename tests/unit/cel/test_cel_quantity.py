@@ -24,17 +24,22 @@ from dractl import cel
         pytest.param('quantity("1Ki").add(1) == quantity("1025")', id="add-int"),
         pytest.param('quantity("1").sub(quantity("1500m")) == quantity("-500m")', id="sub-quantity"),
         pytest.param('quantity("10").sub(3).asInteger() == 7', id="sub-int"),
-        pytest.param('quantity("-5").sign() == -1 && quantity("0").sign() == 0 && quantity("5m").sign() == 1', id="sign"),
+        pytest.param(
+            'quantity("-5").sign() == -1 && quantity("0").sign() == 0 && quantity("5m").sign() == 1', id="sign"
+        ),
         pytest.param('quantity("1Gi").isInteger() && !quantity("1500m").isInteger()', id="isInteger"),
         pytest.param('quantity("1Gi").asInteger() == 1073741824', id="asInteger"),
         pytest.param('!quantity("10E").isInteger()', id="isInteger-beyond-int64"),
         pytest.param('quantity("1500m").asApproximateFloat() == 1.5', id="asApproximateFloat"),
         pytest.param('quantity("1e3").asInteger() == 1000', id="exponent"),
         pytest.param('isQuantity("40Gi") && !isQuantity("40 GiB")', id="isQuantity"),
-        pytest.param('device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0', id="capacity-compareTo"),
+        pytest.param(
+            'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0', id="capacity-compareTo"
+        ),
         pytest.param('device.capacity["gpu.nvidia.com"].multiprocessors.asInteger() == 108', id="capacity-asInteger"),
         pytest.param(
-            'device.capacity["gpu.nvidia.com"].memory.sub(quantity("60Gi")).isLessThan(quantity("40Gi"))', id="capacity-arithmetic"
+            'device.capacity["gpu.nvidia.com"].memory.sub(quantity("60Gi")).isLessThan(quantity("40Gi"))',
+            id="capacity-arithmetic",
         ),
     ],
 )
@@ -66,4 +71,6 @@ def test_asInteger_of_fraction_is_runtime_error(gpu: cel.DeviceInput) -> None:
 def test_compare_quantity_with_version_is_runtime_error(gpu: cel.DeviceInput) -> None:
     """compareTo() between a version attribute (dyn) and a quantity fails at run time."""
     with pytest.raises(cel.EvalError, match="cannot compare a semver with a quantity"):
-        cel.compile('device.attributes["gpu.nvidia.com"].cudaComputeCapability.compareTo(quantity("8")) == 0').matches(gpu)
+        cel.compile('device.attributes["gpu.nvidia.com"].cudaComputeCapability.compareTo(quantity("8")) == 0').matches(
+            gpu
+        )

@@ -12,7 +12,9 @@ from dractl import cel
 @pytest.mark.parametrize(
     "expression",
     [
-        pytest.param('semver("1.2.3").major() == 1 && semver("1.2.3").minor() == 2 && semver("1.2.3").patch() == 3', id="parts"),
+        pytest.param(
+            'semver("1.2.3").major() == 1 && semver("1.2.3").minor() == 2 && semver("1.2.3").patch() == 3', id="parts"
+        ),
         pytest.param('semver("1.10.0").isGreaterThan(semver("1.9.0"))', id="numeric-not-textual"),
         pytest.param('semver("1.0.0-rc.1").isLessThan(semver("1.0.0"))', id="prerelease-first"),
         pytest.param('semver("1.0.0-alpha").compareTo(semver("1.0.0-alpha.1")) == -1', id="prerelease-order"),
@@ -23,10 +25,16 @@ from dractl import cel
         pytest.param('isSemver("1.2.3") && !isSemver("1.2") && isSemver("1.2", true)', id="isSemver"),
         pytest.param('!isSemver("v1.2.3") && isSemver("v1.2.3", true)', id="isSemver-v-prefix"),
         pytest.param(
-            'device.attributes["gpu.nvidia.com"].cudaComputeCapability.compareTo(semver("8.0.0")) >= 0', id="attribute-compareTo"
+            'device.attributes["gpu.nvidia.com"].cudaComputeCapability.compareTo(semver("8.0.0")) >= 0',
+            id="attribute-compareTo",
         ),
-        pytest.param('device.attributes["gpu.nvidia.com"].driverVersion.isGreaterThan(semver("550.0.0"))', id="attribute-isGreaterThan"),
-        pytest.param('device.attributes["gpu.nvidia.com"].cudaComputeCapability == semver("8.0.0")', id="attribute-equality"),
+        pytest.param(
+            'device.attributes["gpu.nvidia.com"].driverVersion.isGreaterThan(semver("550.0.0"))',
+            id="attribute-isGreaterThan",
+        ),
+        pytest.param(
+            'device.attributes["gpu.nvidia.com"].cudaComputeCapability == semver("8.0.0")', id="attribute-equality"
+        ),
     ],
 )
 def test_semver_functions(check: Callable[[str], bool], expression: str) -> None:

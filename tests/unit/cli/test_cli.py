@@ -87,7 +87,13 @@ spec:
     - {name: gpu, exactly: {count: 1}}
 """
 
-FLAGS = {"--file": "DRACTL_FILE", "--policy": "DRACTL_POLICY", "--output": "DRACTL_OUTPUT", "--timing": "DRACTL_TIMING", "--search-limit": "DRACTL_SEARCH_LIMIT"}
+FLAGS = {
+    "--file": "DRACTL_FILE",
+    "--policy": "DRACTL_POLICY",
+    "--output": "DRACTL_OUTPUT",
+    "--timing": "DRACTL_TIMING",
+    "--search-limit": "DRACTL_SEARCH_LIMIT",
+}
 TIMING = re.compile(r"claims_per_s=[0-9]+\.[0-9]+")
 
 
@@ -183,10 +189,25 @@ def test_json_output_has_the_documented_keys(manifests: pathlib.Path) -> None:
     claims = {c["name"]: c for c in document["claims"]}
     assert list(claims) == ["too-big", "fits"]
     for claim in claims.values():
-        assert set(claim) == {"namespace", "name", "status", "allocated", "node", "allocation", "reservedFor", "reasons"}
+        assert set(claim) == {
+            "namespace",
+            "name",
+            "status",
+            "allocated",
+            "node",
+            "allocation",
+            "reservedFor",
+            "reasons",
+        }
     assert claims["fits"]["allocated"] is True and claims["fits"]["node"] == "node-1"
-    assert claims["fits"]["allocation"]["devices"]["results"] == [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]
-    assert claims["too-big"]["allocated"] is False and claims["too-big"]["allocation"] is None and claims["too-big"]["reasons"]
+    assert claims["fits"]["allocation"]["devices"]["results"] == [
+        {"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}
+    ]
+    assert (
+        claims["too-big"]["allocated"] is False
+        and claims["too-big"]["allocation"] is None
+        and claims["too-big"]["reasons"]
+    )
     summary = document["summary"]
     assert (summary["policy"], summary["claims"], summary["allocated"], summary["unallocated"]) == ("binpack", 2, 1, 1)
     assert summary["nodes"] == [{"name": "node-1", "devices_used": 1, "devices_total": 1, "counters": {}}]
@@ -199,7 +220,9 @@ def test_yaml_output_is_resource_claims_as_the_api_holds_them(manifests: pathlib
     documents = {d["metadata"]["name"]: d for d in yaml.safe_load_all(result.stdout)}
     assert all(d["apiVersion"] == "resource.k8s.io/v1" and d["kind"] == "ResourceClaim" for d in documents.values())
     status = documents["fits"]["status"]
-    assert status["allocation"]["devices"]["results"] == [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]
+    assert status["allocation"]["devices"]["results"] == [
+        {"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}
+    ]
     assert [(r["resource"], r["name"]) for r in status["reservedFor"]] == [("pods", "one"), ("pods", "two")]
     assert "allocation" not in documents["too-big"].get("status", {})
     assert result.stderr.startswith("default/too-big: ")
@@ -246,7 +269,9 @@ def test_without_files_the_example_cluster_runs(policy: str) -> None:
 def test_python_dash_m_dractl_runs_the_cli() -> None:
     """Guards: `python -m dractl` is the same CLI as the console script."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    completed = subprocess.run([sys.executable, "-m", "dractl", "explain"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    completed = subprocess.run(
+        [sys.executable, "-m", "dractl", "explain"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert completed.returncode == 2
     assert completed.stderr == "dractl explain: not yet available in this release\n"
 
@@ -261,7 +286,9 @@ def test_search_limit_reaches_the_allocator() -> None:
 
 def test_table_prints_reasons_verbatim(tmp_path: pathlib.Path) -> None:
     """Guards: brackets in a reason (CEL map access, "[bold]") are printed as written, not taken for rich markup."""
-    odd = MANIFESTS.split("---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim")[0] + """---
+    odd = (
+        MANIFESTS.split("---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim")[0]
+        + """---
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: odd}
@@ -270,6 +297,7 @@ spec:
     requests:
     - {name: gpu, exactly: {deviceClassName: gpu.example.com, selectors: [{cel: {expression: 'device.attributes["gpu.example.com"].bold == "[bold]"'}}]}}
 """
+    )
     path = tmp_path / "odd.yaml"
     path.write_text(odd)
     result = _invoke("simulate", "-f", str(path))
@@ -293,8 +321,13 @@ spec:
     )
     result = _invoke("simulate", "-f", str(path))
     assert result.exit_code == 1
-    assert result.stderr.startswith(f"{path}: DeviceClass high-memory-gpu: spec.selectors[0].cel.expression: CEL expression")
-    assert 'write instead: device.driver == "gpu.nvidia.com" && device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0' in result.stderr
+    assert result.stderr.startswith(
+        f"{path}: DeviceClass high-memory-gpu: spec.selectors[0].cel.expression: CEL expression"
+    )
+    assert (
+        'write instead: device.driver == "gpu.nvidia.com" && device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0'
+        in result.stderr
+    )
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 

@@ -71,15 +71,25 @@ def _decode(raw: dict[str, Any]) -> str | None:
 
 
 def test_relist_after_410_reports_only_the_difference_and_bad_objects_and_handler_errors_block_nothing(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Guards: a 410 relist gives one event per change (none for unchanged objects); bookmarks move the version;
     an undecodable object is left out; a handler that raises does not stop the informer."""
     script = _Script(
-        lists=[client.ListResult((_obj("a", "1"), _obj("b", "1"), _obj("bad", "1")), "10"),
-               client.ListResult((_obj("a", "2"), _obj("c", "3")), "20")],
-        watches=[_Stream([client.WatchEvent("MODIFIED", _obj("a", "2")),
-                          client.WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "12"}})],
-                         client.Gone(410, "Expired", "too old"))])
+        lists=[
+            client.ListResult((_obj("a", "1"), _obj("b", "1"), _obj("bad", "1")), "10"),
+            client.ListResult((_obj("a", "2"), _obj("c", "3")), "20"),
+        ],
+        watches=[
+            _Stream(
+                [
+                    client.WatchEvent("MODIFIED", _obj("a", "2")),
+                    client.WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "12"}}),
+                ],
+                client.Gone(410, "Expired", "too old"),
+            )
+        ],
+    )
     events: list[tuple[str, str]] = []
 
     def on_add(value: str) -> None:
@@ -88,10 +98,16 @@ def test_relist_after_410_reports_only_the_difference_and_bad_objects_and_handle
             raise RuntimeError("a handler bug")
 
     handlers: informer.Handlers[str] = informer.Handlers(
-        on_add=on_add, on_update=lambda old, new: events.append(("update", f"{old}->{new}")),
-        on_delete=lambda value: events.append(("delete", value)))
-    one = informer.Informer(script, client.RESOURCE_CLAIMS,  # type: ignore[arg-type]
-                            decode=_decode, handlers=handlers)
+        on_add=on_add,
+        on_update=lambda old, new: events.append(("update", f"{old}->{new}")),
+        on_delete=lambda value: events.append(("delete", value)),
+    )
+    one = informer.Informer(
+        script,
+        client.RESOURCE_CLAIMS,  # type: ignore[arg-type]
+        decode=_decode,
+        handlers=handlers,
+    )
     one.start()
     try:
         assert one.wait_synced(10)
@@ -107,17 +123,30 @@ def test_relist_after_410_reports_only_the_difference_and_bad_objects_and_handle
 
 def test_an_object_that_stops_decoding_is_removed_from_the_store() -> None:
     """Guards: a stored object whose update no longer decodes is deleted from the store (with a delete event)."""
-    script = _Script(lists=[client.ListResult((_obj("x", "1"),), "5")],
-                     watches=[_Stream([client.WatchEvent("MODIFIED", {"metadata": {"name": "x", "namespace": "ns",
-                                                                                   "resourceVersion": "6",
-                                                                                   "labels": {}}})], None)])
+    script = _Script(
+        lists=[client.ListResult((_obj("x", "1"),), "5")],
+        watches=[
+            _Stream(
+                [
+                    client.WatchEvent(
+                        "MODIFIED", {"metadata": {"name": "x", "namespace": "ns", "resourceVersion": "6", "labels": {}}}
+                    )
+                ],
+                None,
+            )
+        ],
+    )
     deleted: list[str] = []
 
     def decode(raw: dict[str, Any]) -> str | None:
         return None if "labels" in raw["metadata"] else _decode(raw)
 
-    one = informer.Informer(script, client.RESOURCE_CLAIMS, decode=decode,  # type: ignore[arg-type]
-                            handlers=informer.Handlers(on_delete=deleted.append))
+    one = informer.Informer(
+        script,
+        client.RESOURCE_CLAIMS,
+        decode=decode,  # type: ignore[arg-type]
+        handlers=informer.Handlers(on_delete=deleted.append),
+    )
     one.start()
     try:
         assert one.wait_synced(10)
@@ -130,10 +159,13 @@ def test_an_object_that_stops_decoding_is_removed_from_the_store() -> None:
     assert one.lists == 1
 
 
-@pytest.mark.parametrize(("raw", "key"), [
-    pytest.param({"metadata": {"name": "c", "namespace": "ns"}}, "ns/c", id="namespaced"),
-    pytest.param({"metadata": {"name": "node-a"}}, "node-a", id="cluster-scoped"),
-])
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        pytest.param({"metadata": {"name": "c", "namespace": "ns"}}, "ns/c", id="namespaced"),
+        pytest.param({"metadata": {"name": "node-a"}}, "node-a", id="cluster-scoped"),
+    ],
+)
 def test_keys(raw: dict[str, Any], key: str) -> None:
     """Guards: store keys are namespace/name, or name for cluster-scoped objects (client-go's key function)."""
     assert informer.key_of(raw) == key

@@ -11,7 +11,12 @@ def claim(**spec_devices: Any) -> dict[str, Any]:
     """A valid v1 ResourceClaim default/train with one request `gpu`; keyword arguments replace spec.devices entries."""
     devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}
     devices.update(spec_devices)
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "train"}, "spec": {"devices": devices}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "train"},
+        "spec": {"devices": devices},
+    }
 
 
 def device(name: str = "gpu-0", **fields: Any) -> dict[str, Any]:
@@ -39,7 +44,12 @@ def resource_slice(*devices: dict[str, Any], **spec: Any) -> dict[str, Any]:
         "devices": list(devices) if devices else [device()],
     }
     body.update(spec)
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-1-gpu"}, "spec": body}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "node-1-gpu"},
+        "spec": body,
+    }
 
 
 def mutated(base: dict[str, Any], change: Callable[[dict[str, Any]], object]) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import model_manifests as m
 import yaml
 
-import model_manifests as m
 from dractl import model
 from dractl.model import decode
 
@@ -19,7 +19,11 @@ def test_request_defaults() -> None:
     exactly = claim.spec.requests[0].exactly
     assert claim.meta.namespace == "default"
     assert exactly == model.ExactDeviceRequest(device_class_name="gpu.nvidia.com")
-    assert exactly.allocation_mode is model.AllocationMode.EXACT_COUNT and exactly.count == 1 and exactly.admin_access is None
+    assert (
+        exactly.allocation_mode is model.AllocationMode.EXACT_COUNT
+        and exactly.count == 1
+        and exactly.admin_access is None
+    )
 
 
 def test_explicit_count_zero_means_one() -> None:
@@ -88,16 +92,31 @@ def test_slice_defaults_and_typed_values() -> None:
     assert device.attributes["type"] == model.DeviceAttribute(model.AttributeKind.STRING, ("gpu",))
     assert device.attributes["index"] == model.DeviceAttribute(model.AttributeKind.INT, (0,))
     version = device.attributes["cudaComputeCapability"]
-    assert version.kind is model.AttributeKind.VERSION and version.scalar == model.semver.parse("8.0.0") and version.texts == ("8.0.0",)
-    assert device.capacity["memory"].value == model.quantity.parse("80Gi") and str(device.capacity["memory"].value) == "80Gi"
+    assert (
+        version.kind is model.AttributeKind.VERSION
+        and version.scalar == model.semver.parse("8.0.0")
+        and version.texts == ("8.0.0",)
+    )
+    assert (
+        device.capacity["memory"].value == model.quantity.parse("80Gi")
+        and str(device.capacity["memory"].value) == "80Gi"
+    )
 
 
 def test_list_attributes_counters_taints_and_per_device_nodes() -> None:
     """Guards: list attributes, shared counters, consumed counters, taints and per-device node selection decode."""
     counters = {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "counters"},
-        "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "node-1", "resourceSliceCount": 2}, "nodeName": "node-1",
-                 "sharedCounters": [{"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}, "multiprocessors": {"value": 98}}}]},
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "counters"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "pool": {"name": "node-1", "resourceSliceCount": 2},
+            "nodeName": "node-1",
+            "sharedCounters": [
+                {"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}, "multiprocessors": {"value": 98}}}
+            ],
+        },
     }
     mig = m.device(
         "gpu-0-mig-1g10gb-0",
@@ -113,7 +132,9 @@ def test_list_attributes_counters_taints_and_per_device_nodes() -> None:
     assert shared.name == "gpu-0-counters" and shared.counters["multiprocessors"] == model.quantity.from_int(98)
     device = objects.resource_slices[1].devices[0]
     assert objects.resource_slices[1].per_device_node_selection and device.node_name == "node-1"
-    assert device.attributes["links"] == model.DeviceAttribute(model.AttributeKind.STRING, ("nvlink-0", "nvlink-1"), is_list=True)
+    assert device.attributes["links"] == model.DeviceAttribute(
+        model.AttributeKind.STRING, ("nvlink-0", "nvlink-1"), is_list=True
+    )
     assert device.consumes_counters[0].counters["memory"] == model.quantity.parse("10Gi")
     assert device.taints == (model.DeviceTaint(key="example.com/degraded", effect="NoSchedule"),)
 
@@ -150,7 +171,9 @@ spec:
 """
     objects = decode.load_text(text)
     requests = objects.resource_claims[0].spec.requests
-    assert requests[0].exactly == model.ExactDeviceRequest(device_class_name="gpu.nvidia.com", count=2, admin_access=True, selectors=("true",))
+    assert requests[0].exactly == model.ExactDeviceRequest(
+        device_class_name="gpu.nvidia.com", count=2, admin_access=True, selectors=("true",)
+    )
     assert requests[1].first_available[0].name == "one"
     device = objects.resource_slices[0].devices[0]
     assert device.name == "gpu-0" and device.attributes["productName"].scalar == "T4"
@@ -189,7 +212,9 @@ status:
 """
     claim = _claim(text)
     assert claim.allocation is not None
-    assert claim.allocation.results == (model.DeviceRequestAllocationResult(request="gpu", driver="gpu.nvidia.com", pool="node-1", device="gpu-0"),)
+    assert claim.allocation.results == (
+        model.DeviceRequestAllocationResult(request="gpu", driver="gpu.nvidia.com", pool="node-1", device="gpu-0"),
+    )
     assert claim.allocation.config[0].opaque.parameters == {"sharing": {"strategy": "TimeSlicing"}}
     assert claim.allocation.node_selector == model.NodeSelector(
         (model.NodeSelectorTerm(match_fields=(model.NodeSelectorRequirement("metadata.name", "In", ("node-1",)),)),)

@@ -6,10 +6,10 @@ import json
 import pathlib
 from collections.abc import Callable
 
+import model_manifests as m
 import pytest
 import yaml
 
-import model_manifests as m
 from dractl.model import decode
 
 CLASS = """\
@@ -26,7 +26,9 @@ spec:
 
 def test_multi_document_yaml_keeps_order_per_kind() -> None:
     """Guards: every document of a multi-document YAML text is decoded, in input order per kind."""
-    text = yaml.safe_dump_all([m.claim(), m.resource_slice(), {**m.claim(), "metadata": {"name": "second", "namespace": "ml"}}])
+    text = yaml.safe_dump_all(
+        [m.claim(), m.resource_slice(), {**m.claim(), "metadata": {"name": "second", "namespace": "ml"}}]
+    )
     objects = decode.load_text(CLASS + "---\n" + text)
     assert [c.meta.name for c in objects.device_classes] == ["gpu.nvidia.com"]
     assert [c.key for c in objects.resource_claims] == ["default/train", "ml/second"]
@@ -44,7 +46,11 @@ def test_empty_documents_are_ignored() -> None:
 def test_json_object_and_list(tmp_path: pathlib.Path) -> None:
     """Guards: JSON input (as the API returns it), including `kind: List` and typed `*List`, decodes like YAML."""
     listed = {"apiVersion": "v1", "kind": "List", "items": [m.claim(), m.resource_slice()]}
-    typed = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList", "items": [{**m.claim(), "metadata": {"name": "b"}}]}
+    typed = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimList",
+        "items": [{**m.claim(), "metadata": {"name": "b"}}],
+    }
     (tmp_path / "list.json").write_text(json.dumps(listed))
     (tmp_path / "typed.json").write_text(json.dumps(typed))
     objects = decode.load_paths([tmp_path / "list.json", tmp_path / "typed.json"])
@@ -98,18 +104,36 @@ def test_problems_from_all_files_are_collected(tmp_path: pathlib.Path) -> None:
         decode.load_paths([tmp_path])
     assert len(caught.value.problems) == 3
     assert caught.value.problems[0].startswith(f"{tmp_path / 'a.yaml'}: line 2, column 1: YAML syntax error: ")
-    assert caught.value.problems[1] == f"{tmp_path / 'b.yaml'}: ResourceClaim default/train: spec.devices.requests[0].exactly.count: must be >= 1"
+    assert (
+        caught.value.problems[1]
+        == f"{tmp_path / 'b.yaml'}: ResourceClaim default/train: spec.devices.requests[0].exactly.count: must be >= 1"
+    )
 
 
 @pytest.mark.parametrize(
     ("document", "message"),
     [
         ("- a\n- b\n", "m.yaml: document 1: must be a Kubernetes object (a mapping with apiVersion and kind)"),
-        ("apiVersion: v1\nmetadata: {name: a}\n", "m.yaml: document 1: kind: required (for example DeviceClass, ResourceClaim, Pod)"),
-        ("kind: Pod\nmetadata: {name: a}\n", "m.yaml: document 1: apiVersion: required (for example resource.k8s.io/v1 or v1)"),
-        ("apiVersion: v1\nkind: ResourceClaim\nmetadata: {name: a}\n", "m.yaml: ResourceClaim default/a: apiVersion: ResourceClaim belongs to resource.k8s.io: write apiVersion: resource.k8s.io/v1"),
-        ("apiVersion: apps/v1\nkind: Pod\nmetadata: {name: a}\n", "m.yaml: Pod default/a: apiVersion: Pod is core/v1: write apiVersion: v1"),
-        ("apiVersion: resource.k8s.io/v2\nkind: DeviceClass\nmetadata: {name: a}\n", "m.yaml: DeviceClass a: apiVersion: resource.k8s.io/v2 is not a served version: write apiVersion: resource.k8s.io/v1"),
+        (
+            "apiVersion: v1\nmetadata: {name: a}\n",
+            "m.yaml: document 1: kind: required (for example DeviceClass, ResourceClaim, Pod)",
+        ),
+        (
+            "kind: Pod\nmetadata: {name: a}\n",
+            "m.yaml: document 1: apiVersion: required (for example resource.k8s.io/v1 or v1)",
+        ),
+        (
+            "apiVersion: v1\nkind: ResourceClaim\nmetadata: {name: a}\n",
+            "m.yaml: ResourceClaim default/a: apiVersion: ResourceClaim belongs to resource.k8s.io: write apiVersion: resource.k8s.io/v1",
+        ),
+        (
+            "apiVersion: apps/v1\nkind: Pod\nmetadata: {name: a}\n",
+            "m.yaml: Pod default/a: apiVersion: Pod is core/v1: write apiVersion: v1",
+        ),
+        (
+            "apiVersion: resource.k8s.io/v2\nkind: DeviceClass\nmetadata: {name: a}\n",
+            "m.yaml: DeviceClass a: apiVersion: resource.k8s.io/v2 is not a served version: write apiVersion: resource.k8s.io/v1",
+        ),
     ],
     ids=["not-a-mapping", "no-kind", "no-api-version", "claim-in-core", "pod-in-apps", "unknown-version"],
 )
@@ -165,7 +189,10 @@ status: {capacity: {cpu: "8"}}
         ("gpu", None, "one-gpu"),
         ("shared", "shared-gpu", None),
     ]
-    assert [(c.container, c.name, c.request) for c in pod.container_claims] == [("warm", "shared", ""), ("app", "gpu", "big")]
+    assert [(c.container, c.name, c.request) for c in pod.container_claims] == [
+        ("warm", "shared", ""),
+        ("app", "gpu", "big"),
+    ]
     assert dict(objects.nodes[0].meta.labels) == {"nvidia.com/gpu.present": "true"}
 
 
@@ -218,9 +245,13 @@ def test_workload_problems_name_the_workload(problems: Callable[..., list[str]])
 def test_replicas_are_bounded(problems: Callable[..., list[str]]) -> None:
     """Guards: a huge replica count is refused instead of materialising millions of pods."""
     text = WORKLOAD.format(api="apps/v1", kind="Deployment", count="replicas: 1000000")
-    assert problems(text) == ["m.yaml: Deployment ml/train: spec.replicas: must be at most 100000: dractl expands every replica into a Pod"]
+    assert problems(text) == [
+        "m.yaml: Deployment ml/train: spec.replicas: must be at most 100000: dractl expands every replica into a Pod"
+    ]
 
 
 def test_control_characters_are_a_syntax_error(problems: Callable[..., list[str]]) -> None:
     """Guards: a YAML reader error (a control character) is reported on one line naming the file."""
-    assert problems("a: \x00\n") == ["m.yaml: YAML syntax error: unacceptable character #x0000: control characters are not allowed"]
+    assert problems("a: \x00\n") == [
+        "m.yaml: YAML syntax error: unacceptable character #x0000: control characters are not allowed"
+    ]

@@ -77,7 +77,10 @@ spec:
 """
     pods = decode.load_text(text).pods
     assert [p.meta.name for p in pods] == ["finetune-qwen-0", "mig-inference-0", "mig-inference-1"]
-    assert [(c.container, c.request) for c in pods[1].container_claims] == [("primary-model", "large-slice"), ("embedding-model", "small-slice")]
+    assert [(c.container, c.request) for c in pods[1].container_claims] == [
+        ("primary-model", "large-slice"),
+        ("embedding-model", "small-slice"),
+    ]
 
 
 SEED_001_V1ALPHA3 = """\
@@ -119,9 +122,10 @@ def test_seed_001_v1alpha3_claim_label_selectors_and_pod_source(problems: Callab
         claim + "apiVersion: resource.k8s.io/v1alpha3 is no longer served: write apiVersion: resource.k8s.io/v1, "
         "where each request's deviceClassName, selectors, count and allocationMode move under `exactly:`",
         claim + 'spec.devices.requests[0].name: required (a DNS label such as "gpu")',
-        claim + "spec.devices.requests[0]: deviceClassName, selectors are not fields of a resource.k8s.io/v1 request: move them under `exactly:`",
+        claim
+        + "spec.devices.requests[0]: deviceClassName, selectors are not fields of a resource.k8s.io/v1 request: move them under `exactly:`",
         claim + "spec.devices.requests[0].selectors[0]: selectors take CEL, not key/operator/values: write - cel: "
-        "{expression: 'device.capacity[\"gpu.nvidia.com\"].memory.compareTo(quantity(\"16000Mi\")) > 0'}",
+        '{expression: \'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("16000Mi")) > 0\'}',
         "seed001.yaml: Pod default/inference-pod: spec.resourceClaims[0].source: source: was removed from the Pod API: "
         "write resourceClaimName: shared-gpu-claim directly on the entry",
     ]
@@ -190,15 +194,20 @@ def test_seed_002_v1alpha2_resource_class_and_claim_parameters(problems: Callabl
     assert problems(SEED_002_V1ALPHA2, file="seed002.yaml") == [
         cls + class_gone,
         cls + driver,
-        claim + "apiVersion: resource.k8s.io/v1alpha2 is no longer served: write apiVersion: resource.k8s.io/v1 with spec.devices.requests[].exactly.deviceClassName and CEL selectors",
-        claim + "spec.resourceClassName: removed: write spec.devices.requests: [{name: gpu, exactly: {deviceClassName: gpu-class}}] naming a DeviceClass",
+        claim
+        + "apiVersion: resource.k8s.io/v1alpha2 is no longer served: write apiVersion: resource.k8s.io/v1 with spec.devices.requests[].exactly.deviceClassName and CEL selectors",
+        claim
+        + "spec.resourceClassName: removed: write spec.devices.requests: [{name: gpu, exactly: {deviceClassName: gpu-class}}] naming a DeviceClass",
         claim + "spec.parametersRef: " + PARAMETERS_GONE.format(path="spec"),
-        template + "apiVersion: resource.k8s.io/v1alpha2 is no longer served: write apiVersion: resource.k8s.io/v1 with spec.spec.devices.requests[].exactly.deviceClassName and CEL selectors",
-        template + "spec.spec.resourceClassName: removed: write spec.spec.devices.requests: [{name: gpu, exactly: {deviceClassName: gpu-class}}] naming a DeviceClass",
+        template
+        + "apiVersion: resource.k8s.io/v1alpha2 is no longer served: write apiVersion: resource.k8s.io/v1 with spec.spec.devices.requests[].exactly.deviceClassName and CEL selectors",
+        template
+        + "spec.spec.resourceClassName: removed: write spec.spec.devices.requests: [{name: gpu, exactly: {deviceClassName: gpu-class}}] naming a DeviceClass",
         template + "spec.spec.parametersRef: " + PARAMETERS_GONE.format(path="spec.spec"),
         shared + class_gone,
         shared + driver,
-        shared + "suitableNodes: removed: nodes come from the driver's ResourceSlices; select devices with spec.selectors[].cel.expression",
+        shared
+        + "suitableNodes: removed: nodes come from the driver's ResourceSlices; select devices with spec.selectors[].cel.expression",
     ]
 
 
@@ -206,7 +215,8 @@ def test_seed_002_claim_parameters_objects_are_skipped_with_a_hint() -> None:
     """Guards: seed 002's GpuClaimParameters custom resources are skipped, with the hint that CEL replaces them."""
     text = "apiVersion: gpu.resource.example.com/v1alpha1\nkind: GpuClaimParameters\nmetadata: {name: high-memory-gpu}\nspec: {memory: 16Gi}\n"
     assert decode.load_text(text, file="seed002.yaml").warnings == (
-        "seed002.yaml: GpuClaimParameters default/high-memory-gpu: skipped (not used by allocation); " + PARAMETERS_GONE.format(path="the claim's spec"),
+        "seed002.yaml: GpuClaimParameters default/high-memory-gpu: skipped (not used by allocation); "
+        + PARAMETERS_GONE.format(path="the claim's spec"),
     )
 
 
@@ -282,7 +292,9 @@ spec:
 """
 
 
-def test_seed_003_v1alpha3_shapes_constraint_cel_plain_attributes_and_inline_templates(problems: Callable[..., list[str]]) -> None:
+def test_seed_003_v1alpha3_shapes_constraint_cel_plain_attributes_and_inline_templates(
+    problems: Callable[..., list[str]],
+) -> None:
     """Guards: seed 003's v1alpha3 objects, `cel:` constraint, `basic:` wrapper, plain attribute/capacity values and pod-level templates each say what to write."""
     gone = "apiVersion: resource.k8s.io/v1alpha3 is no longer served: write apiVersion: resource.k8s.io/v1"
     claim = "seed003.yaml: ResourceClaim ml-research/transformer-training-gpu: "
@@ -291,25 +303,40 @@ def test_seed_003_v1alpha3_shapes_constraint_cel_plain_attributes_and_inline_tem
     deploy = "seed003.yaml: Deployment research/research-training: "
     assert problems(SEED_003_V1ALPHA3, file="seed003.yaml") == [
         "seed003.yaml: DeviceClass high-memory-gpu: " + gone + " (spec.selectors[].cel.expression keeps its shape)",
-        claim + gone + ", where each request's deviceClassName, selectors, count and allocationMode move under `exactly:`",
-        claim + "spec.devices.requests[0]: deviceClassName, count are not fields of a resource.k8s.io/v1 request: move them under `exactly:`",
-        claim + "spec.devices.constraints[0].cel: constraints only support matchAttribute and distinctAttribute: put the expression under "
+        claim
+        + gone
+        + ", where each request's deviceClassName, selectors, count and allocationMode move under `exactly:`",
+        claim
+        + "spec.devices.requests[0]: deviceClassName, count are not fields of a resource.k8s.io/v1 request: move them under `exactly:`",
+        claim
+        + "spec.devices.constraints[0].cel: constraints only support matchAttribute and distinctAttribute: put the expression under "
         "the request's selectors, spec.devices.requests[0].exactly.selectors: [{cel: {expression: ...}}]",
-        rslice + gone + ', where the `basic:` wrapper of devices is gone (attributes and capacity sit on the device), attributes take typed values '
+        rslice
+        + gone
+        + ", where the `basic:` wrapper of devices is gone (attributes and capacity sit on the device), attributes take typed values "
         'such as {string: "..."}, {int: ...}, {version: "..."}, and capacity entries are {value: <quantity>}',
         rslice + "spec.driver: required (the DRA driver's name, e.g. gpu.nvidia.com)",
-        rslice + "spec.devices[0].basic: the basic: wrapper is gone in resource.k8s.io/v1: move its attributes and capacity up into the device",
-        rslice + f'{attrs}[memory]: "24GB" is a plain value; a size belongs in the device\'s capacity: memory: {{value: 24G}} (or write memory: {{string: "24GB"}})',
-        rslice + f"{attrs}[cuda-version]: \"cuda-version\" is not a C identifier: at most 32 letters, digits and '_', not starting with a digit (e.g. cudaVersion)",
-        rslice + f'{attrs}[cuda-version]: "12.2" is a plain value; attributes are typed: write cudaVersion: {{version: "12.2.0"}} '
+        rslice
+        + "spec.devices[0].basic: the basic: wrapper is gone in resource.k8s.io/v1: move its attributes and capacity up into the device",
+        rslice
+        + f'{attrs}[memory]: "24GB" is a plain value; a size belongs in the device\'s capacity: memory: {{value: 24G}} (or write memory: {{string: "24GB"}})',
+        rslice
+        + f"{attrs}[cuda-version]: \"cuda-version\" is not a C identifier: at most 32 letters, digits and '_', not starting with a digit (e.g. cudaVersion)",
+        rslice
+        + f'{attrs}[cuda-version]: "12.2" is a plain value; attributes are typed: write cudaVersion: {{version: "12.2.0"}} '
         "({string: ...}, {int: ...}, {bool: ...} or {version: ...})",
-        rslice + f"{attrs}[pcie-generation]: \"pcie-generation\" is not a C identifier: at most 32 letters, digits and '_', not starting with a digit (e.g. pcieGeneration)",
-        rslice + f'{attrs}[pcie-generation]: "4" is a plain value; attributes are typed: write pcieGeneration: {{int: 4}} '
+        rslice
+        + f"{attrs}[pcie-generation]: \"pcie-generation\" is not a C identifier: at most 32 letters, digits and '_', not starting with a digit (e.g. pcieGeneration)",
+        rslice
+        + f'{attrs}[pcie-generation]: "4" is a plain value; attributes are typed: write pcieGeneration: {{int: 4}} '
         "({string: ...}, {int: ...}, {bool: ...} or {version: ...})",
-        rslice + 'spec.devices[0].basic.capacity[nvidia.com/gpu]: capacity entries are objects: write nvidia.com/gpu: {value: "1"}',
-        deploy + "spec.template.spec.resourceClaimTemplates: not a Pod field: create a resource.k8s.io/v1 ResourceClaimTemplate object named "
+        rslice
+        + 'spec.devices[0].basic.capacity[nvidia.com/gpu]: capacity entries are objects: write nvidia.com/gpu: {value: "1"}',
+        deploy
+        + "spec.template.spec.resourceClaimTemplates: not a Pod field: create a resource.k8s.io/v1 ResourceClaimTemplate object named "
         "research-gpu-claim and reference it with spec.template.spec.resourceClaims: [{name: research-gpu-claim, resourceClaimTemplateName: research-gpu-claim}]",
-        deploy + 'spec.template.spec.containers[0].resources.claims[0].name: "research-gpu-claim" is not in spec.template.spec.resourceClaims: '
+        deploy
+        + 'spec.template.spec.containers[0].resources.claims[0].name: "research-gpu-claim" is not in spec.template.spec.resourceClaims: '
         "add {name: research-gpu-claim, resourceClaimTemplateName: <template>} (or resourceClaimName) there",
     ]
 
@@ -347,12 +374,17 @@ def test_seed_004_structured_parameters_driver_name_and_inline_parameters(proble
     cls = "seed004.yaml: ResourceClass gpu.nvidia.com: "
     claim = "seed004.yaml: ResourceClaim default/training-gpus: "
     assert problems(SEED_004_V1ALPHA2, file="seed004.yaml") == [
-        cls + "apiVersion: ResourceClass was removed from Kubernetes together with resource.k8s.io/v1alpha2: write a resource.k8s.io/v1 DeviceClass "
+        cls
+        + "apiVersion: ResourceClass was removed from Kubernetes together with resource.k8s.io/v1alpha2: write a resource.k8s.io/v1 DeviceClass "
         'with spec.selectors[].cel.expression, e.g. `device.driver == "gpu.nvidia.com"`',
-        cls + "driverName: DeviceClass has no driverName: select the driver in CEL: spec.selectors: [{cel: {expression: 'device.driver == \"gpu.nvidia.com\"'}}]",
-        cls + "structuredParameters: removed: every v1 driver publishes its devices in ResourceSlices; delete this field",
-        claim + "apiVersion: resource.k8s.io/v1alpha2 is no longer served: write apiVersion: resource.k8s.io/v1 with spec.devices.requests[].exactly.deviceClassName and CEL selectors",
-        claim + "spec.resourceClassName: removed: write spec.devices.requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}] naming a DeviceClass",
+        cls
+        + "driverName: DeviceClass has no driverName: select the driver in CEL: spec.selectors: [{cel: {expression: 'device.driver == \"gpu.nvidia.com\"'}}]",
+        cls
+        + "structuredParameters: removed: every v1 driver publishes its devices in ResourceSlices; delete this field",
+        claim
+        + "apiVersion: resource.k8s.io/v1alpha2 is no longer served: write apiVersion: resource.k8s.io/v1 with spec.devices.requests[].exactly.deviceClassName and CEL selectors",
+        claim
+        + "spec.resourceClassName: removed: write spec.devices.requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}] naming a DeviceClass",
         claim + "spec.parameters: " + PARAMETERS_GONE.format(path="spec"),
     ]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import pathlib
 
+import model_manifests as m
 import pytest
 
-import model_manifests as m
 from dractl import model
 from dractl.model import decode
 from dractl.model.decode import yaml11

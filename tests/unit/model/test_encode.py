@@ -72,39 +72,88 @@ def test_claim_has_the_api_shape() -> None:
             "labels": {"team": "ml"},
             "finalizers": ["resource.kubernetes.io/delete-protection"],
         },
-        "spec": {"devices": {
-            "requests": [
-                {"name": "gpus", "exactly": {
-                    "deviceClassName": "gpu.nvidia.com",
-                    "selectors": [{"cel": {"expression": 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'}}],
-                    "allocationMode": "ExactCount",
-                    "count": 2,
-                    "tolerations": [{"key": "example.com/maintenance", "operator": "Exists"}],
-                }},
-                {"name": "mig", "firstAvailable": [
-                    {"name": "big", "deviceClassName": "mig.nvidia.com", "allocationMode": "All"},
-                    {"name": "small", "deviceClassName": "mig.nvidia.com", "allocationMode": "ExactCount", "count": 1,
-                     "capacity": {"requests": {"memory": "10Gi"}}},
-                ]},
-            ],
-            "constraints": [{"requests": ["gpus"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}],
-            "config": [{"requests": ["gpus"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": {"strategy": "MPS"}}}}],
-        }},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpus",
+                        "exactly": {
+                            "deviceClassName": "gpu.nvidia.com",
+                            "selectors": [
+                                {
+                                    "cel": {
+                                        "expression": 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'
+                                    }
+                                }
+                            ],
+                            "allocationMode": "ExactCount",
+                            "count": 2,
+                            "tolerations": [{"key": "example.com/maintenance", "operator": "Exists"}],
+                        },
+                    },
+                    {
+                        "name": "mig",
+                        "firstAvailable": [
+                            {"name": "big", "deviceClassName": "mig.nvidia.com", "allocationMode": "All"},
+                            {
+                                "name": "small",
+                                "deviceClassName": "mig.nvidia.com",
+                                "allocationMode": "ExactCount",
+                                "count": 1,
+                                "capacity": {"requests": {"memory": "10Gi"}},
+                            },
+                        ],
+                    },
+                ],
+                "constraints": [{"requests": ["gpus"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}],
+                "config": [
+                    {
+                        "requests": ["gpus"],
+                        "opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": {"strategy": "MPS"}}},
+                    }
+                ],
+            }
+        },
         "status": {
             "allocation": {
                 "devices": {
                     "results": [
-                        {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0",
-                         "tolerations": [{"key": "example.com/maintenance", "operator": "Exists"}]},
-                        {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-1",
-                         "tolerations": [{"key": "example.com/maintenance", "operator": "Exists"}]},
-                        {"request": "mig/small", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-2",
-                         "shareID": "6f1c1b52-6a39-4c55-9d0f-5b8d3c2b9e11", "consumedCapacity": {"memory": "10Gi"}},
+                        {
+                            "request": "gpus",
+                            "driver": "gpu.nvidia.com",
+                            "pool": "node-1",
+                            "device": "gpu-0",
+                            "tolerations": [{"key": "example.com/maintenance", "operator": "Exists"}],
+                        },
+                        {
+                            "request": "gpus",
+                            "driver": "gpu.nvidia.com",
+                            "pool": "node-1",
+                            "device": "gpu-1",
+                            "tolerations": [{"key": "example.com/maintenance", "operator": "Exists"}],
+                        },
+                        {
+                            "request": "mig/small",
+                            "driver": "gpu.nvidia.com",
+                            "pool": "node-1",
+                            "device": "gpu-2",
+                            "shareID": "6f1c1b52-6a39-4c55-9d0f-5b8d3c2b9e11",
+                            "consumedCapacity": {"memory": "10Gi"},
+                        },
                     ],
-                    "config": [{"source": "FromClaim", "requests": ["gpus"],
-                                "opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": {"strategy": "MPS"}}}}],
+                    "config": [
+                        {
+                            "source": "FromClaim",
+                            "requests": ["gpus"],
+                            "opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": {"strategy": "MPS"}}},
+                        }
+                    ],
                 },
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}]},
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}
+                    ]
+                },
             },
             "reservedFor": [{"resource": "pods", "name": "train-0", "uid": "4a4f3c2e-1b0d-4e6f-9a8b-7c6d5e4f3a2b"}],
         },
@@ -124,12 +173,22 @@ def test_unallocated_claim_has_empty_status() -> None:
     """Guards: like the API server, a pending claim has `status: {}` and no allocation or reservedFor keys."""
     claim = model.ResourceClaim(
         meta=model.ObjectMeta(name="pending", namespace="default"),
-        spec=model.ResourceClaimSpec(requests=(model.DeviceRequest("gpu", exactly=model.ExactDeviceRequest("gpu.nvidia.com")),)),
+        spec=model.ResourceClaimSpec(
+            requests=(model.DeviceRequest("gpu", exactly=model.ExactDeviceRequest("gpu.nvidia.com")),)
+        ),
     )
     encoded = encode.resource_claim(claim)
     assert encoded["status"] == {}
-    assert encoded["spec"] == {"devices": {"requests": [
-        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}}]}}
+    assert encoded["spec"] == {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpu",
+                    "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1},
+                }
+            ]
+        }
+    }
 
 
 def test_allocation_result_for_allocator_output() -> None:
@@ -137,17 +196,34 @@ def test_allocation_result_for_allocator_output() -> None:
     result = model.AllocationResult(
         results=(
             model.DeviceRequestAllocationResult(
-                request="monitor", driver="gpu.nvidia.com", pool="node-1", device="gpu-0", admin_access=True,
-                binding_conditions=("example.com/attached",), binding_failure_conditions=("example.com/failed",)),
-            model.DeviceRequestAllocationResult(request="gpu", driver="gpu.nvidia.com", pool="node-1", device="gpu-1", admin_access=False),
+                request="monitor",
+                driver="gpu.nvidia.com",
+                pool="node-1",
+                device="gpu-0",
+                admin_access=True,
+                binding_conditions=("example.com/attached",),
+                binding_failure_conditions=("example.com/failed",),
+            ),
+            model.DeviceRequestAllocationResult(
+                request="gpu", driver="gpu.nvidia.com", pool="node-1", device="gpu-1", admin_access=False
+            ),
         ),
         allocation_timestamp="2026-11-21T13:00:00Z",
     )
     assert encode.allocation_result(result) == {
-        "devices": {"results": [
-            {"request": "monitor", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0", "adminAccess": True,
-             "bindingConditions": ["example.com/attached"], "bindingFailureConditions": ["example.com/failed"]},
-            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-1"},
-        ]},
+        "devices": {
+            "results": [
+                {
+                    "request": "monitor",
+                    "driver": "gpu.nvidia.com",
+                    "pool": "node-1",
+                    "device": "gpu-0",
+                    "adminAccess": True,
+                    "bindingConditions": ["example.com/attached"],
+                    "bindingFailureConditions": ["example.com/failed"],
+                },
+                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-1"},
+            ]
+        },
         "allocationTimestamp": "2026-11-21T13:00:00Z",
     }

@@ -63,17 +63,28 @@ def test_format_bytes() -> None:
     assert model.quantity.format_bytes(7) == "7"
 
 
-@pytest.mark.parametrize("text", ["1e100", "1e999999", "-1e999999", "9" * 5000 + "Ei", "1" + "0" * 4000], ids=lambda v: str(v)[:20])
+@pytest.mark.parametrize(
+    "text", ["1e100", "1e999999", "-1e999999", "9" * 5000 + "Ei", "1" + "0" * 4000], ids=lambda v: str(v)[:20]
+)
 def test_parse_refuses_absurd_magnitudes_in_bounded_time(text: str) -> None:
     """Guards: huge exponents or thousands of digits are refused without building the number."""
-    with pytest.raises(model.quantity.QuantityError, match=r"is too large: quantities of 10\^100 or more are not supported"):
+    with pytest.raises(
+        model.quantity.QuantityError, match=r"is too large: quantities of 10\^100 or more are not supported"
+    ):
         model.quantity.parse(text)
 
 
 @pytest.mark.parametrize(
     ("text", "fits"),
-    [("9223372036854775807", True), ("-9223372036854775807", True), ("9223372036854775808", False), ("8Ei", False),
-     ("7Ei", True), ("10E", False), ("1e30", False)],
+    [
+        ("9223372036854775807", True),
+        ("-9223372036854775807", True),
+        ("9223372036854775808", False),
+        ("8Ei", False),
+        ("7Ei", True),
+        ("10E", False),
+        ("1e30", False),
+    ],
     ids=lambda v: str(v)[:20],
 )
 def test_values_beyond_int64_stay_exact_and_are_flagged(text: str, fits: bool) -> None:

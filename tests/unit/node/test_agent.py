@@ -299,10 +299,7 @@ def test_log_format_json_writes_json_lines() -> None:
     structlog.get_logger("t").info("hello", claim="ns/c")
     record = json.loads(out.getvalue().splitlines()[-1])
     assert (
-        record["event"] == "hello"
-        and record["level"] == "info"
-        and record["claim"] == "ns/c"
-        and "timestamp" in record
+        record["event"] == "hello" and record["level"] == "info" and record["claim"] == "ns/c" and "timestamp" in record
     )
 
 

@@ -165,9 +165,7 @@ def test_nvidia_ctk_absent_or_failing_gives_no_common_edits_and_a_log_line() -> 
             "hookName 'preStart'",
             id="hook-name",
         ),
-        pytest.param(
-            lambda s: s["devices"][0].update(containerEdits={}), "non-empty containerEdits", id="empty-edits"
-        ),
+        pytest.param(lambda s: s["devices"][0].update(containerEdits={}), "non-empty containerEdits", id="empty-edits"),
         pytest.param(lambda s: s.update(extra=1), "unknown top-level field 'extra'", id="strict"),
         pytest.param(lambda s: s.update(devices=[]), "non-empty list", id="no-devices"),
     ],

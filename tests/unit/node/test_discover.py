@@ -116,8 +116,7 @@ def test_bad_node_name_is_one_line() -> None:
     result = _fake("--node-name", "GPU_Node", "--fake-profile", "t4-x2")
     assert result.exit_code == 1 and result.stdout == ""
     assert (
-        result.stderr
-        == "error: node name 'GPU_Node' is not a DNS subdomain (lowercase letters, digits, '-' and '.')\n"
+        result.stderr == "error: node name 'GPU_Node' is not a DNS subdomain (lowercase letters, digits, '-' and '.')\n"
     )
 
 
@@ -163,8 +162,7 @@ def test_nvml_failure_while_reading_is_one_line(monkeypatch: pytest.MonkeyPatch)
     assert discover.run(settings, out=out, err=err) == 1
     assert out.getvalue() == ""
     assert (
-        err.getvalue()
-        == "error: reading GPUs through NVML failed: NVML_ERROR_UNKNOWN: injected fault in driver_info\n"
+        err.getvalue() == "error: reading GPUs through NVML failed: NVML_ERROR_UNKNOWN: injected fault in driver_info\n"
     )
 
 

@@ -14,9 +14,7 @@ import yaml
 from dractl.node import backend, fakegpu, inventory
 
 
-def _fake(
-    name: str = "a100-80gb-x8", node: str = "node-a", state_file: pathlib.Path | None = None
-) -> fakegpu.FakeGpus:
+def _fake(name: str = "a100-80gb-x8", node: str = "node-a", state_file: pathlib.Path | None = None) -> fakegpu.FakeGpus:
     return fakegpu.FakeGpus(fakegpu.load_profile(name), node_name=node, state_file=state_file)
 
 

@@ -33,9 +33,7 @@ def test_time_slicing_intervals_map_to_0_to_3_and_default_to_default() -> None:
     """Guards: Default/Short/Medium/Long map to 0-3, and a TimeSlicing config without interval means Default."""
     for name, value in (("Default", 0), ("Short", 1), ("Medium", 2), ("Long", 3)):
         config = opaque.decode(_gpu({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": name}}))
-        assert config == opaque.GpuConfig(
-            sharing=opaque.Sharing(strategy=opaque.Strategy.TIME_SLICING, interval=value)
-        )
+        assert config == opaque.GpuConfig(sharing=opaque.Sharing(strategy=opaque.Strategy.TIME_SLICING, interval=value))
     assert opaque.decode(_gpu({"strategy": "TimeSlicing"})).sharing == opaque.Sharing(
         opaque.Strategy.TIME_SLICING, interval=0
     )

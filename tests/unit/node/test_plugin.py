@@ -268,9 +268,7 @@ def test_a_non_socket_at_a_socket_path_is_a_clear_error(
     assert path.read_text() == "not a socket"
 
 
-def test_stop_removes_both_sockets_and_probe_reports_them_gone(
-    sockets: plugin.Sockets, preparer: FakePreparer
-) -> None:
+def test_stop_removes_both_sockets_and_probe_reports_them_gone(sockets: plugin.Sockets, preparer: FakePreparer) -> None:
     """Guards: stop() removes both sockets (the kubelet deregisters) and is idempotent; probe() then fails."""
     p = plugin.Plugin(driver_name=DRIVER, sockets=sockets, preparer=preparer)
     p.start()

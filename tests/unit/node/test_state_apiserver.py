@@ -20,19 +20,38 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _allocated(kube: client.Client, namespace: str, name: str, *, config: list[dict[str, Any]]) -> state.ClaimRef:
-    created = kube.create(client.RESOURCE_CLAIMS, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
-    kube.update_status(client.RESOURCE_CLAIMS, {**created, "status": {"allocation": {"devices": {
-        "results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-1"}],
-        "config": config}}}})
+    created = kube.create(
+        client.RESOURCE_CLAIMS,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        },
+    )
+    kube.update_status(
+        client.RESOURCE_CLAIMS,
+        {
+            **created,
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-1"}],
+                        "config": config,
+                    }
+                }
+            },
+        },
+    )
     return state.ClaimRef(namespace=namespace, name=name, uid=created["metadata"]["uid"])
 
 
 def _time_slicing(interval: str) -> list[dict[str, Any]]:
-    parameters = {"apiVersion": API, "kind": "GpuConfig",
-                  "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}
+    parameters = {
+        "apiVersion": API,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}},
+    }
     return [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}]
 
 

@@ -39,14 +39,24 @@ def dev(name: str, **kw: object) -> model.Device:
 
 
 def uses(counter_set: str, **counters: int) -> model.DeviceCounterConsumption:
-    return model.DeviceCounterConsumption(counter_set=counter_set, counters={k: model.quantity.from_int(v) for k, v in counters.items()})
+    return model.DeviceCounterConsumption(
+        counter_set=counter_set, counters={k: model.quantity.from_int(v) for k, v in counters.items()}
+    )
 
 
 def counters(name: str, **values: int) -> model.CounterSet:
     return model.CounterSet(name=name, counters={k: model.quantity.from_int(v) for k, v in values.items()})
 
 
-def rslice(name: str, *devices: model.Device, driver: str = GPU, pool: str = "pool", generation: int = 1, count: int = 1, **kw: object) -> model.ResourceSlice:
+def rslice(
+    name: str,
+    *devices: model.Device,
+    driver: str = GPU,
+    pool: str = "pool",
+    generation: int = 1,
+    count: int = 1,
+    **kw: object,
+) -> model.ResourceSlice:
     if not any(k in kw for k in ("node_name", "node_selector", "all_nodes", "per_device_node_selection")):
         kw["node_name"] = "node-0"
     return model.ResourceSlice(
@@ -58,7 +68,16 @@ def rslice(name: str, *devices: model.Device, driver: str = GPU, pool: str = "po
     )
 
 
-def request(name: str = "r0", *, cls: str = "any", count: int = 1, all_mode: bool = False, admin: bool = False, selectors: tuple[str, ...] = (), **kw: object) -> model.DeviceRequest:
+def request(
+    name: str = "r0",
+    *,
+    cls: str = "any",
+    count: int = 1,
+    all_mode: bool = False,
+    admin: bool = False,
+    selectors: tuple[str, ...] = (),
+    **kw: object,
+) -> model.DeviceRequest:
     return model.DeviceRequest(
         name=name,
         exactly=model.ExactDeviceRequest(
@@ -72,7 +91,9 @@ def request(name: str = "r0", *, cls: str = "any", count: int = 1, all_mode: boo
     )
 
 
-def sub(name: str, *, cls: str = "any", count: int = 1, all_mode: bool = False, selectors: tuple[str, ...] = ()) -> model.DeviceSubRequest:
+def sub(
+    name: str, *, cls: str = "any", count: int = 1, all_mode: bool = False, selectors: tuple[str, ...] = ()
+) -> model.DeviceSubRequest:
     return model.DeviceSubRequest(
         name=name,
         device_class_name=cls,
@@ -82,7 +103,9 @@ def sub(name: str, *, cls: str = "any", count: int = 1, all_mode: bool = False, 
     )
 
 
-def claim(name: str, *requests: model.DeviceRequest, constraints: tuple[model.DeviceConstraint, ...] = ()) -> model.ResourceClaim:
+def claim(
+    name: str, *requests: model.DeviceRequest, constraints: tuple[model.DeviceConstraint, ...] = ()
+) -> model.ResourceClaim:
     return model.ResourceClaim(
         meta=model.ObjectMeta(name=name, namespace="ns"),
         spec=model.ResourceClaimSpec(requests=requests or (request(),), constraints=constraints),
@@ -93,7 +116,9 @@ def held(name: str, *results: model.DeviceRequestAllocationResult) -> model.Reso
     return dataclasses.replace(claim(name), allocation=model.AllocationResult(results=results))
 
 
-def result(device: str, *, req: str = "r0", driver: str = GPU, pool: str = "pool", **kw: object) -> model.DeviceRequestAllocationResult:
+def result(
+    device: str, *, req: str = "r0", driver: str = GPU, pool: str = "pool", **kw: object
+) -> model.DeviceRequestAllocationResult:
     return model.DeviceRequestAllocationResult(request=req, driver=driver, pool=pool, device=device, **kw)  # type: ignore[arg-type]
 
 
@@ -128,7 +153,11 @@ def test_single_local_device_is_allocated_with_the_api_shape() -> None:
     (a,) = found
     assert a.results == (result("d0"),)
     assert a.node_selector == model.NodeSelector(
-        terms=(model.NodeSelectorTerm(match_fields=(model.NodeSelectorRequirement(key="metadata.name", operator="In", values=("node-0",)),)),)
+        terms=(
+            model.NodeSelectorTerm(
+                match_fields=(model.NodeSelectorRequirement(key="metadata.name", operator="In", values=("node-0",)),)
+            ),
+        )
     )
     assert oracle.check(s, [claim("c")], "node-0", found) == []
 
@@ -143,7 +172,13 @@ def test_other_nodes_devices_are_invisible() -> None:
 
 def test_node_selector_and_all_nodes_slices_use_node_labels() -> None:
     """nodeSelector slices match Node labels; allNodes slices contribute no selector."""
-    zone_a = model.NodeSelector(terms=(model.NodeSelectorTerm(match_expressions=(model.NodeSelectorRequirement(key="zone", operator="In", values=("a",)),)),))
+    zone_a = model.NodeSelector(
+        terms=(
+            model.NodeSelectorTerm(
+                match_expressions=(model.NodeSelectorRequirement(key="zone", operator="In", values=("a",)),)
+            ),
+        )
+    )
     s = snap(rslice("s", dev("d0"), node_selector=zone_a, pool="p1"), rslice("t", dev("d1"), all_nodes=True, pool="p2"))
     both = claim("c", request(count=2))
     found = oracle.find_allocation(s, [both], "node-0")
@@ -176,12 +211,21 @@ def test_check_reports_shape_errors() -> None:
 
     def alloc_of(*results: model.DeviceRequestAllocationResult) -> tuple[model.AllocationResult, ...]:
         o = oracle.Oracle(s, "node-0")
-        return (model.AllocationResult(results=results, node_selector=sel([o.visible[oracle.Ref(GPU, "pool", r.device)] for r in results])),)
+        return (
+            model.AllocationResult(
+                results=results, node_selector=sel([o.visible[oracle.Ref(GPU, "pool", r.device)] for r in results])
+            ),
+        )
 
     assert oracle.check(s, [c], "node-0", alloc_of(result("d0"), result("d1"))) == []
     assert any("count is 2" in v for v in oracle.check(s, [c], "node-0", alloc_of(result("d0"))))
-    assert any("no request" in v for v in oracle.check(s, [c], "node-0", alloc_of(result("d0"), result("d1", req="r9"))))
-    assert any("adminAccess" in v for v in oracle.check(s, [c], "node-0", alloc_of(result("d0"), result("d1", admin_access=True))))
+    assert any(
+        "no request" in v for v in oracle.check(s, [c], "node-0", alloc_of(result("d0"), result("d1", req="r9")))
+    )
+    assert any(
+        "adminAccess" in v
+        for v in oracle.check(s, [c], "node-0", alloc_of(result("d0"), result("d1", admin_access=True)))
+    )
     assert any("twice" in v for v in oracle.check(s, [c], "node-0", alloc_of(result("d0"), result("d0"))))
     no_selector = (model.AllocationResult(results=(result("d0"), result("d1"))),)
     assert any("nodeSelector" in v for v in oracle.check(s, [c], "node-0", no_selector))
@@ -193,7 +237,9 @@ def test_selectors_of_class_and_request_both_apply() -> None:
     s = snap(rslice("s", dev("d0", attrs={"numa": 1})), rslice("t", dev("n0", attrs={"numa": 0}), driver=NIC))
     numa0 = ("device.attributes[device.driver].?numa.orValue(-1) == 0",)
     assert oracle.find_allocation(s, [claim("c", request(cls="gpu", selectors=numa0))], "node-0") is None
-    assert devices_of(oracle.find_allocation(s, [claim("c", request(cls="nic", selectors=numa0))], "node-0")) == [["r0=n0"]]
+    assert devices_of(oracle.find_allocation(s, [claim("c", request(cls="nic", selectors=numa0))], "node-0")) == [
+        ["r0=n0"]
+    ]
 
 
 # --- In use, admin access --------------------------------------------------------------------
@@ -260,9 +306,17 @@ def test_admin_access_does_not_bypass_taints() -> None:
 # --- Counters (partitionable devices) ------------------------------------------------------------
 
 
-def mig_pool(*, pool: str = "pool", driver: str = GPU, allocated: tuple[model.ResourceClaim, ...] = ()) -> alloc.Snapshot:
+def mig_pool(
+    *, pool: str = "pool", driver: str = GPU, allocated: tuple[model.ResourceClaim, ...] = ()
+) -> alloc.Snapshot:
     return snap(
-        rslice("a-counters", driver=driver, pool=pool, count=2, shared_counters=(counters("gpu-0", mem=8, sm=7), counters("gpu-1", mem=8, sm=7))),
+        rslice(
+            "a-counters",
+            driver=driver,
+            pool=pool,
+            count=2,
+            shared_counters=(counters("gpu-0", mem=8, sm=7), counters("gpu-1", mem=8, sm=7)),
+        ),
         rslice(
             "b-devices",
             dev("gpu-0", consumes_counters=(uses("gpu-0", mem=8, sm=7),)),
@@ -326,7 +380,10 @@ def test_admin_access_needs_and_consumes_no_counters() -> None:
     s = mig_pool(allocated=(held("h", result("gpu-0")),))
     o = oracle.Oracle(s, "node-0")
     admin_a = claim("m", request(admin=True))
-    assert o.check([admin_a], (model.AllocationResult(results=(result("gpu-0-a", admin_access=True),)),), complete=False) == []
+    assert (
+        o.check([admin_a], (model.AllocationResult(results=(result("gpu-0-a", admin_access=True),)),), complete=False)
+        == []
+    )
     fresh = oracle.Oracle(mig_pool(), "node-0")
     admin_then_whole = [claim("m", request(admin=True)), claim("w")]
     allocation = (
@@ -347,7 +404,13 @@ def test_counter_sets_on_another_nodes_slice_still_count() -> None:
     """A complete pool whose counter slice targets another node still supplies the counters."""
     s = snap(
         rslice("a", pool="p", count=2, node_name="node-1", shared_counters=(counters("cs", mem=4),)),
-        rslice("b", dev("x", consumes_counters=(uses("cs", mem=3),)), dev("y", consumes_counters=(uses("cs", mem=2),)), pool="p", count=2),
+        rslice(
+            "b",
+            dev("x", consumes_counters=(uses("cs", mem=3),)),
+            dev("y", consumes_counters=(uses("cs", mem=2),)),
+            pool="p",
+            count=2,
+        ),
     )
     assert devices_of(oracle.find_allocation(s, [claim("c")], "node-0")) == [["r0=x"]]
     assert oracle.find_allocation(s, [claim("c", request(count=2))], "node-0") is None
@@ -373,7 +436,12 @@ def test_match_attribute_refuses_devices_without_it() -> None:
 def test_match_attribute_scoped_to_one_request() -> None:
     """A constraint naming r0 leaves r1 free to take a different value."""
     s = snap(rslice("s", dev("d0", attrs={"numa": 0}), dev("d1", attrs={"numa": 1})))
-    c = claim("c", request("r0"), request("r1"), constraints=(model.DeviceConstraint(requests=("r0",), match_attribute=f"{GPU}/numa"),))
+    c = claim(
+        "c",
+        request("r0"),
+        request("r1"),
+        constraints=(model.DeviceConstraint(requests=("r0",), match_attribute=f"{GPU}/numa"),),
+    )
     assert devices_of(oracle.find_allocation(s, [c], "node-0")) == [["r0=d0", "r1=d1"]]
 
 
@@ -389,17 +457,32 @@ def test_match_attribute_types_must_agree() -> None:
 def test_versions_compare_as_strings_in_constraints() -> None:
     """1.2.0 and 1.2.0+b7 are equal versions but different strings: no match (upstream rule)."""
     v = model.AttributeKind.VERSION
-    s = snap(rslice("s", model.Device(name="d0", attributes={"ver": attr("1.2.0", kind=v)}), model.Device(name="d1", attributes={"ver": attr("1.2.0+b7", kind=v)})))
+    s = snap(
+        rslice(
+            "s",
+            model.Device(name="d0", attributes={"ver": attr("1.2.0", kind=v)}),
+            model.Device(name="d1", attributes={"ver": attr("1.2.0+b7", kind=v)}),
+        )
+    )
     c = claim("c", request(count=2), constraints=(model.DeviceConstraint(match_attribute=f"{GPU}/ver"),))
     assert oracle.find_allocation(s, [c], "node-0") is None
 
 
 def test_list_match_attribute_needs_a_common_element_of_all() -> None:
     """DESIGN (4): [p0,p1], [p1,p2], [p0,p2] overlap pairwise but share nothing all three."""
-    s = snap(rslice("s", dev("a", attrs={"roots": ["p0", "p1"]}), dev("b", attrs={"roots": ["p1", "p2"]}), dev("c", attrs={"roots": ["p0", "p2"]})))
+    s = snap(
+        rslice(
+            "s",
+            dev("a", attrs={"roots": ["p0", "p1"]}),
+            dev("b", attrs={"roots": ["p1", "p2"]}),
+            dev("c", attrs={"roots": ["p0", "p2"]}),
+        )
+    )
     match = (model.DeviceConstraint(match_attribute=f"{GPU}/roots"),)
     assert oracle.find_allocation(s, [claim("c", request(count=3), constraints=match)], "node-0") is None
-    assert devices_of(oracle.find_allocation(s, [claim("c", request(count=2), constraints=match)], "node-0")) == [["r0=a", "r0=b"]]
+    assert devices_of(oracle.find_allocation(s, [claim("c", request(count=2), constraints=match)], "node-0")) == [
+        ["r0=a", "r0=b"]
+    ]
 
 
 def test_list_match_recomputes_intersection_on_backtracking() -> None:
@@ -413,7 +496,13 @@ def test_list_match_recomputes_intersection_on_backtracking() -> None:
             dev("d", attrs={"roots": ["p0", "p2"]}),
         )
     )
-    c = claim("c", request("r0"), request("r1"), request("r2", selectors=('device.attributes[device.driver].roots.includes("p2")',)), constraints=(model.DeviceConstraint(match_attribute=f"{GPU}/roots"),))
+    c = claim(
+        "c",
+        request("r0"),
+        request("r1"),
+        request("r2", selectors=('device.attributes[device.driver].roots.includes("p2")',)),
+        constraints=(model.DeviceConstraint(match_attribute=f"{GPU}/roots"),),
+    )
     assert devices_of(oracle.find_allocation(s, [c], "node-0")) == [["r0=a", "r1=c", "r2=d"]]
 
 
@@ -429,7 +518,14 @@ def test_distinct_attribute_is_pairwise_even_within_one_request() -> None:
 
 def test_distinct_list_attributes_must_be_disjoint() -> None:
     """distinctAttribute over lists: [p0,p1] and [p1] collide; [p0,p1] and [p2] do not."""
-    s = snap(rslice("s", dev("a", attrs={"roots": ["p0", "p1"]}), dev("b", attrs={"roots": ["p1"]}), dev("c", attrs={"roots": ["p2"]})))
+    s = snap(
+        rslice(
+            "s",
+            dev("a", attrs={"roots": ["p0", "p1"]}),
+            dev("b", attrs={"roots": ["p1"]}),
+            dev("c", attrs={"roots": ["p2"]}),
+        )
+    )
     c = claim("c", request(count=2), constraints=(model.DeviceConstraint(distinct_attribute=f"{GPU}/roots"),))
     assert devices_of(oracle.find_allocation(s, [c], "node-0")) == [["r0=a", "r0=c"]]
 
@@ -443,7 +539,9 @@ def test_all_mode_takes_every_match_and_needs_them_free() -> None:
     assert devices_of(oracle.find_allocation(s, [claim("c", request(all_mode=True))], "node-0")) == [["r0=d0", "r0=d1"]]
     busy = snap(rslice("s", dev("d0"), dev("d1")), allocated=(held("h", result("d1")),))
     assert oracle.find_allocation(busy, [claim("c", request(all_mode=True))], "node-0") is None
-    assert devices_of(oracle.find_allocation(busy, [claim("c", request(all_mode=True, admin=True))], "node-0")) == [["r0=d0", "r0=d1"]]
+    assert devices_of(oracle.find_allocation(busy, [claim("c", request(all_mode=True, admin=True))], "node-0")) == [
+        ["r0=d0", "r0=d1"]
+    ]
 
 
 def test_all_mode_with_no_match_fails() -> None:
@@ -458,7 +556,9 @@ def test_all_mode_fails_on_a_node_with_an_incomplete_pool() -> None:
     assert oracle.find_allocation(s, [claim("c", request(all_mode=True))], "node-0") is None
     all_first = claim("c", model.DeviceRequest(name="r0", first_available=(sub("s0", all_mode=True), sub("s1"))))
     assert devices_of(oracle.find_allocation(s, [all_first], "node-0")) == [["r0/s1=d0"]]
-    nothing_else = claim("c", model.DeviceRequest(name="r0", first_available=(sub("s0", cls="nic"), sub("s1", all_mode=True))))
+    nothing_else = claim(
+        "c", model.DeviceRequest(name="r0", first_available=(sub("s0", cls="nic"), sub("s1", all_mode=True)))
+    )
     assert oracle.find_allocation(s, [nothing_else], "node-0") is None
     forced = (model.AllocationResult(results=(result("d0", req="r0/s1"),)),)
     assert any("unusable pools" in v for v in oracle.check(s, [nothing_else], "node-0", forced))
@@ -487,7 +587,10 @@ def test_only_the_newest_generation_counts() -> None:
 
 def test_newer_generation_elsewhere_makes_a_pool_obsolete() -> None:
     """A half-published newer generation on another node hides this node's old slice."""
-    s = snap(rslice("old", dev("d0"), generation=1, count=2), rslice("new", dev("d1"), generation=2, count=2, node_name="node-1"))
+    s = snap(
+        rslice("old", dev("d0"), generation=1, count=2),
+        rslice("new", dev("d1"), generation=2, count=2, node_name="node-1"),
+    )
     assert oracle.find_allocation(s, [claim("c")], "node-0") is None
 
 
@@ -495,7 +598,11 @@ def test_newer_generation_elsewhere_makes_a_pool_obsolete() -> None:
 
 
 def shared_dev(name: str, value: str, policy: model.CapacityRequestPolicy | None = None) -> model.Device:
-    return model.Device(name=name, allow_multiple_allocations=True, capacity={"memory": model.DeviceCapacity(value=Q(value), request_policy=policy)})
+    return model.Device(
+        name=name,
+        allow_multiple_allocations=True,
+        capacity={"memory": model.DeviceCapacity(value=Q(value), request_policy=policy)},
+    )
 
 
 @pytest.mark.parametrize(
@@ -504,16 +611,54 @@ def shared_dev(name: str, value: str, policy: model.CapacityRequestPolicy | None
         pytest.param(None, None, "40Gi", False, id="no-policy-no-request-takes-all"),
         pytest.param(None, "10Gi", "10Gi", False, id="no-policy-request-as-is"),
         pytest.param(model.CapacityRequestPolicy(default=Q("8Gi")), None, "8Gi", False, id="default"),
-        pytest.param(model.CapacityRequestPolicy(default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"), step=Q("4Gi"))), "10Gi", "12Gi", False, id="range-step-rounds-up"),
-        pytest.param(model.CapacityRequestPolicy(default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"))), "1Gi", "4Gi", False, id="range-below-min"),
-        pytest.param(model.CapacityRequestPolicy(default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"), max=Q("32Gi"))), "33Gi", "33Gi", True, id="range-over-max"),
-        pytest.param(model.CapacityRequestPolicy(default=Q("8Gi"), valid_values=(Q("8Gi"), Q("16Gi"))), "10Gi", "16Gi", False, id="values-round-up"),
-        pytest.param(model.CapacityRequestPolicy(default=Q("8Gi"), valid_values=(Q("8Gi"), Q("16Gi"))), "20Gi", "20Gi", True, id="values-none-big-enough"),
+        pytest.param(
+            model.CapacityRequestPolicy(
+                default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"), step=Q("4Gi"))
+            ),
+            "10Gi",
+            "12Gi",
+            False,
+            id="range-step-rounds-up",
+        ),
+        pytest.param(
+            model.CapacityRequestPolicy(default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"))),
+            "1Gi",
+            "4Gi",
+            False,
+            id="range-below-min",
+        ),
+        pytest.param(
+            model.CapacityRequestPolicy(
+                default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"), max=Q("32Gi"))
+            ),
+            "33Gi",
+            "33Gi",
+            True,
+            id="range-over-max",
+        ),
+        pytest.param(
+            model.CapacityRequestPolicy(default=Q("8Gi"), valid_values=(Q("8Gi"), Q("16Gi"))),
+            "10Gi",
+            "16Gi",
+            False,
+            id="values-round-up",
+        ),
+        pytest.param(
+            model.CapacityRequestPolicy(default=Q("8Gi"), valid_values=(Q("8Gi"), Q("16Gi"))),
+            "20Gi",
+            "20Gi",
+            True,
+            id="values-none-big-enough",
+        ),
     ],
 )
-def test_consumed_capacity_follows_the_request_policy(policy: model.CapacityRequestPolicy | None, requested: str | None, consumed: str, violation: bool) -> None:
+def test_consumed_capacity_follows_the_request_policy(
+    policy: model.CapacityRequestPolicy | None, requested: str | None, consumed: str, violation: bool
+) -> None:
     """Rounding and policy violations of one share (k8s-dra-core.md 3.7)."""
-    amount, problem = oracle.consumed_amount(model.DeviceCapacity(value=Q("40Gi"), request_policy=policy), None if requested is None else Q(requested))
+    amount, problem = oracle.consumed_amount(
+        model.DeviceCapacity(value=Q("40Gi"), request_policy=policy), None if requested is None else Q(requested)
+    )
     assert amount == Q(consumed).value
     assert bool(problem) is violation
 
@@ -536,7 +681,9 @@ def test_existing_shares_reduce_free_capacity() -> None:
     holder = held("h", result("d0", share_id="x", consumed_capacity={"memory": Q("32Gi")}))
     s = snap(rslice("s", shared_dev("d0", "40Gi")), allocated=(holder,))
     assert oracle.find_allocation(s, [claim("c", request(capacity_requests={"memory": Q("16Gi")}))], "node-0") is None
-    assert oracle.find_allocation(s, [claim("c", request(capacity_requests={"memory": Q("8Gi")}))], "node-0") is not None
+    assert (
+        oracle.find_allocation(s, [claim("c", request(capacity_requests={"memory": Q("8Gi")}))], "node-0") is not None
+    )
 
 
 def test_dedicated_holder_blocks_sharing() -> None:
@@ -547,7 +694,14 @@ def test_dedicated_holder_blocks_sharing() -> None:
 
 def test_capacity_request_filters_dedicated_devices() -> None:
     """On a dedicated device a capacity request is a filter: the key must exist and fit."""
-    s = snap(rslice("s", model.Device(name="small", capacity={"memory": model.DeviceCapacity(value=Q("16Gi"))}), dev("none"), model.Device(name="big", capacity={"memory": model.DeviceCapacity(value=Q("80Gi"))})))
+    s = snap(
+        rslice(
+            "s",
+            model.Device(name="small", capacity={"memory": model.DeviceCapacity(value=Q("16Gi"))}),
+            dev("none"),
+            model.Device(name="big", capacity={"memory": model.DeviceCapacity(value=Q("80Gi"))}),
+        )
+    )
     found = oracle.find_allocation(s, [claim("c", request(capacity_requests={"memory": Q("40Gi")}))], "node-0")
     assert devices_of(found) == [["r0=big"]]
     assert found is not None and found[0].results[0].share_id is None and not found[0].results[0].consumed_capacity
@@ -560,16 +714,26 @@ def test_same_shared_device_twice_breaks_distinct_attribute() -> None:
     mem = {"memory": Q("8Gi")}
     c = claim("c", request("r0", capacity_requests=mem), request("r1", capacity_requests=mem))
     assert devices_of(oracle.find_allocation(s, [c], "node-0")) == [["r0=d0", "r1=d0"]]
-    distinct = claim("c", request("r0", capacity_requests=mem), request("r1", capacity_requests=mem), constraints=(model.DeviceConstraint(distinct_attribute=f"{GPU}/numa"),))
+    distinct = claim(
+        "c",
+        request("r0", capacity_requests=mem),
+        request("r1", capacity_requests=mem),
+        constraints=(model.DeviceConstraint(distinct_attribute=f"{GPU}/numa"),),
+    )
     assert oracle.find_allocation(s, [distinct], "node-0") is None
 
 
 def test_shared_device_counters_are_charged_once() -> None:
     """Every share of a counter-consuming shareable device charges its counters only once."""
     d = dataclasses.replace(shared_dev("d0", "40Gi"), consumes_counters=(uses("cs", mem=5),))
-    s = snap(rslice("a", pool="p", count=2, shared_counters=(counters("cs", mem=8),)), rslice("b", d, pool="p", count=2))
+    s = snap(
+        rslice("a", pool="p", count=2, shared_counters=(counters("cs", mem=8),)), rslice("b", d, pool="p", count=2)
+    )
     mem = {"memory": Q("8Gi")}
-    assert oracle.find_allocation(s, [claim(n, request(capacity_requests=mem)) for n in ("a", "b", "c")], "node-0") is not None
+    assert (
+        oracle.find_allocation(s, [claim(n, request(capacity_requests=mem)) for n in ("a", "b", "c")], "node-0")
+        is not None
+    )
 
 
 # --- Ledger ------------------------------------------------------------------------------------------------
@@ -590,8 +754,18 @@ def test_node_selectors_of_network_slices_are_united() -> None:
     zone = model.NodeSelectorRequirement(key="zone", operator="In", values=("a",))
     tier = model.NodeSelectorRequirement(key="tier", operator="DoesNotExist")
     s = snap(
-        rslice("s", dev("d0"), pool="p1", node_selector=model.NodeSelector(terms=(model.NodeSelectorTerm(match_expressions=(zone,)),))),
-        rslice("t", dev("d1"), pool="p2", node_selector=model.NodeSelector(terms=(model.NodeSelectorTerm(match_expressions=(tier,)),))),
+        rslice(
+            "s",
+            dev("d0"),
+            pool="p1",
+            node_selector=model.NodeSelector(terms=(model.NodeSelectorTerm(match_expressions=(zone,)),)),
+        ),
+        rslice(
+            "t",
+            dev("d1"),
+            pool="p2",
+            node_selector=model.NodeSelector(terms=(model.NodeSelectorTerm(match_expressions=(tier,)),)),
+        ),
     )
     found = oracle.find_allocation(s, [claim("c", request(count=2))], "node-0")
     assert found is not None and found[0].node_selector is not None
@@ -601,13 +775,19 @@ def test_node_selectors_of_network_slices_are_united() -> None:
 
 def test_check_reports_wrong_share_fields() -> None:
     """A share without shareID, or with consumedCapacity that ignores the policy, is rejected."""
-    policy = model.CapacityRequestPolicy(default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"), step=Q("4Gi")))
+    policy = model.CapacityRequestPolicy(
+        default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"), step=Q("4Gi"))
+    )
     s = snap(rslice("s", shared_dev("d0", "40Gi", policy)))
     c = claim("c", request(capacity_requests={"memory": Q("10Gi")}))
     o = oracle.Oracle(s, "node-0")
     good = o.find([c])
     assert good is not None and good[0].results[0].consumed_capacity == {"memory": Q("12Gi")}
-    unrounded = (dataclasses.replace(good[0], results=(dataclasses.replace(good[0].results[0], consumed_capacity={"memory": Q("10Gi")}),)),)
+    unrounded = (
+        dataclasses.replace(
+            good[0], results=(dataclasses.replace(good[0].results[0], consumed_capacity={"memory": Q("10Gi")}),)
+        ),
+    )
     assert any("consumedCapacity" in v for v in o.check([c], unrounded))
     no_share = (dataclasses.replace(good[0], results=(dataclasses.replace(good[0].results[0], share_id=None),)),)
     assert any("shareID" in v for v in o.check([c], no_share))

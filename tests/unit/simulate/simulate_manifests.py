@@ -95,7 +95,9 @@ def template(name: str, *, count: int = 1, selector: str | None = None) -> str:
     )
 
 
-def pod(name: str, *, claims: dict[str, str] | None = None, templates: dict[str, str] | None = None, extra: str = "") -> str:
+def pod(
+    name: str, *, claims: dict[str, str] | None = None, templates: dict[str, str] | None = None, extra: str = ""
+) -> str:
     """A Pod manifest; `claims` maps pod claim names to ResourceClaim names, `templates` to
     ResourceClaimTemplate names. `extra` is more of the pod spec, as YAML flow entries."""
     entries = [f"{{name: {k}, resourceClaimName: {v}}}" for k, v in (claims or {}).items()]

@@ -85,7 +85,11 @@ def test_full_gpu_leaves_no_mig_profile_placeable() -> None:
     """A GPU whose full-GPU device is allocated is full: all its memory allocated, no MIG device placeable."""
     gpu = gpu0([claim("whole", "gpu-0")])
     assert (gpu.state, gpu.allocated_memory, gpu.largest, gpu.holders) == (
-        metrics.State.FULL, A100_MEMORY, None, ("default/whole",))
+        metrics.State.FULL,
+        A100_MEMORY,
+        None,
+        ("default/whole",),
+    )
 
 
 def test_partitioned_and_full_gpus_are_counted_apart() -> None:
@@ -145,12 +149,24 @@ def test_mig_device_without_parent_uuid_belongs_to_the_gpu_of_its_counter_set() 
     stripped = []
     for s in a100():
         devices = tuple(
-            model.Device(name=d.name, capacity=d.capacity, consumes_counters=d.consumes_counters,
-                         attributes={k: v for k, v in d.attributes.items() if k != "parentUUID"})
+            model.Device(
+                name=d.name,
+                capacity=d.capacity,
+                consumes_counters=d.consumes_counters,
+                attributes={k: v for k, v in d.attributes.items() if k != "parentUUID"},
+            )
             for d in s.devices
         )
-        stripped.append(model.ResourceSlice(meta=s.meta, driver=s.driver, pool=s.pool, node_name=s.node_name,
-                                            devices=devices, shared_counters=s.shared_counters))
+        stripped.append(
+            model.ResourceSlice(
+                meta=s.meta,
+                driver=s.driver,
+                pool=s.pool,
+                node_name=s.node_name,
+                devices=devices,
+                shared_counters=s.shared_counters,
+            )
+        )
     gpus = metrics.measure(stripped, []).gpus
     assert [len(g.placements) for g in gpus] == [18] * 8
 
@@ -161,19 +177,28 @@ def _static_mig_device(name: str, profile: str, memory: str, slices: range) -> m
     capacity |= {f"memorySlice{i}": model.DeviceCapacity(value=model.quantity.parse("1")) for i in slices}
     return model.Device(
         name=name,
-        attributes={"type": model.DeviceAttribute(kind=text, values=("mig",)),
-                    "profile": model.DeviceAttribute(kind=text, values=(profile,)),
-                    "parentUUID": model.DeviceAttribute(kind=text, values=("GPU-static",))},
+        attributes={
+            "type": model.DeviceAttribute(kind=text, values=("mig",)),
+            "profile": model.DeviceAttribute(kind=text, values=(profile,)),
+            "parentUUID": model.DeviceAttribute(kind=text, values=("GPU-static",)),
+        },
         capacity=capacity,
     )
 
 
 def test_static_mig_devices_form_their_gpu() -> None:
     """Static MIG devices without a published full GPU are one GPU, placed by their memorySlice capacities."""
-    devices = (_static_mig_device("gpu-0-mig-1g10gb-19-0", "1g.10gb", "9728Mi", range(1)),
-               _static_mig_device("gpu-0-mig-3g40gb-9-4", "3g.40gb", "40192Mi", range(4, 8)))
-    static = model.ResourceSlice(meta=model.ObjectMeta(name="s"), driver="gpu.nvidia.com",
-                                 pool=model.ResourcePool(name="n1"), node_name="n1", devices=devices)
+    devices = (
+        _static_mig_device("gpu-0-mig-1g10gb-19-0", "1g.10gb", "9728Mi", range(1)),
+        _static_mig_device("gpu-0-mig-3g40gb-9-4", "3g.40gb", "40192Mi", range(4, 8)),
+    )
+    static = model.ResourceSlice(
+        meta=model.ObjectMeta(name="s"),
+        driver="gpu.nvidia.com",
+        pool=model.ResourcePool(name="n1"),
+        node_name="n1",
+        devices=devices,
+    )
     (gpu,) = metrics.measure([static], [claim("small", "gpu-0-mig-1g10gb-19-0", pool="n1")]).gpus
     assert (gpu.device, gpu.uuid, gpu.state, gpu.slices) == ("gpu-0", "GPU-static", metrics.State.PARTITIONED, 8)
     assert [(p.start, p.size) for p in gpu.placements] == [(0, 1), (4, 4)]
@@ -282,9 +307,12 @@ def test_compare_table_needs_a_metric_set() -> None:
 
 
 @hypothesis.settings(max_examples=40, deadline=None)
-@hypothesis.given(picks=st.lists(st.integers(min_value=0, max_value=17), max_size=10),
-                  shapes=st.lists(st.sampled_from(["gpu", "mig:1g.10gb", "mig:2g.20gb", "mig:3g.40gb", "mig:7g.80gb",
-                                                   "mig@20Gi"]), max_size=3))
+@hypothesis.given(
+    picks=st.lists(st.integers(min_value=0, max_value=17), max_size=10),
+    shapes=st.lists(
+        st.sampled_from(["gpu", "mig:1g.10gb", "mig:2g.20gb", "mig:3g.40gb", "mig:7g.80gb", "mig@20Gi"]), max_size=3
+    ),
+)
 def test_layouts_built_from_placeable_devices_keep_the_invariants(picks: list[int], shapes: list[str]) -> None:
     """Allocating only what metrics call placeable never overlaps memory slices, and the sums stay within bounds."""
     names = [p.device for p in gpu0([]).placements]
@@ -299,6 +327,7 @@ def test_layouts_built_from_placeable_devices_keep_the_invariants(picks: list[in
     assert gpu.state is (metrics.State.PARTITIONED if claims else metrics.State.FREE)
     if gpu.largest is not None:
         assert gpu.largest.placeable and not set(range(gpu.largest.start, gpu.largest.start + gpu.largest.size)) & set(
-            covered)
+            covered
+        )
     whole = metrics.measure(a100(), claims).cluster
     assert whole.full + whole.partitioned + whole.free == whole.gpus == 8

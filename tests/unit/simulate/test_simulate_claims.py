@@ -38,13 +38,22 @@ def test_generated_claim_name_is_deterministic_and_fits_a_name() -> None:
 def test_claim_from_template_copies_metadata_and_spec() -> None:
     """Guards: a generated claim carries the template's claim labels/annotations, the pod-claim-name annotation and a controller ownerReference."""
     objects = load(template("tmpl"), pod("trainer", templates={"gpu": "tmpl"}))
-    made = claims.claim_from_template(objects.resource_claim_templates[0], pod=objects.pods[0], uid="uid-1", pod_claim_name="gpu")
+    made = claims.claim_from_template(
+        objects.resource_claim_templates[0], pod=objects.pods[0], uid="uid-1", pod_claim_name="gpu"
+    )
     assert made.meta.name.startswith("trainer-gpu-") and made.meta.generate_name == "trainer-gpu-"
     assert made.meta.namespace == "default"
     assert made.meta.labels == {"claim-label": "x"}
     assert made.meta.annotations == {"claim-note": "noted", "resource.kubernetes.io/pod-claim-name": "gpu"}
     assert made.meta.owner_references == (
-        {"apiVersion": "v1", "kind": "Pod", "name": "trainer", "uid": "uid-1", "controller": True, "blockOwnerDeletion": True},
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": "trainer",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        },
     )
     assert made.spec == objects.resource_claim_templates[0].spec
     assert made.allocation is None and made.reserved_for == ()
@@ -67,7 +76,9 @@ def test_plan_splits_standalone_claims_from_pod_claims_in_input_order() -> None:
     first = plan.pods[0].claims
     assert [item.pod_claim_name for item in first] == ["shared", "own"]
     assert first[0].claim is not None and first[0].claim.meta.name == "shared"
-    assert first[1].claim is not None and first[1].name == claims.generated_claim_name("first", "own", namespace="default")
+    assert first[1].claim is not None and first[1].name == claims.generated_claim_name(
+        "first", "own", namespace="default"
+    )
 
 
 def test_plan_reports_missing_templates_and_claims() -> None:
@@ -75,8 +86,14 @@ def test_plan_reports_missing_templates_and_claims() -> None:
     objects = load(CLUSTER, pod("lonely", claims={"shared": "nope"}, templates={"own": "absent"}))
     items = claims.plan(objects).pods[0].claims
     assert [item.claim for item in items] == [None, None]
-    assert items[0].problem == "ResourceClaim default/nope does not exist (used by pod default/lonely spec.resourceClaims[0] (shared))"
-    assert items[1].problem == "ResourceClaimTemplate default/absent does not exist (used by pod default/lonely spec.resourceClaims[1] (own))"
+    assert (
+        items[0].problem
+        == "ResourceClaim default/nope does not exist (used by pod default/lonely spec.resourceClaims[0] (shared))"
+    )
+    assert (
+        items[1].problem
+        == "ResourceClaimTemplate default/absent does not exist (used by pod default/lonely spec.resourceClaims[1] (own))"
+    )
     assert items[1].name == claims.generated_claim_name("lonely", "own", namespace="default")
 
 

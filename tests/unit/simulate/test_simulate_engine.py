@@ -111,28 +111,42 @@ status:
 
 def test_missing_template_and_claim_are_reasons_on_the_pods_claims() -> None:
     """Guards: a missing template or named claim is a reason on that claim, and the pod's other claims are not allocated."""
-    objects = load(CLUSTER, template("tmpl"), pod("broken", claims={"shared": "nope"}, templates={"own": "tmpl", "gone": "absent"}))
+    objects = load(
+        CLUSTER, template("tmpl"), pod("broken", claims={"shared": "nope"}, templates={"own": "tmpl", "gone": "absent"})
+    )
     outcomes = _run(objects)
     assert outcomes["default/nope"].reasons == (
         "ResourceClaim default/nope does not exist (used by pod default/broken spec.resourceClaims[0] (shared))",
     )
     gone = outcomes[f"default/{claims.generated_claim_name('broken', 'gone', namespace='default')}"]
     assert gone.claim is None and not gone.allocated
-    assert gone.reasons == ("ResourceClaimTemplate default/absent does not exist (used by pod default/broken spec.resourceClaims[2] (gone))",)
+    assert gone.reasons == (
+        "ResourceClaimTemplate default/absent does not exist (used by pod default/broken spec.resourceClaims[2] (gone))",
+    )
     own = outcomes[f"default/{claims.generated_claim_name('broken', 'own', namespace='default')}"]
     assert not own.allocated
-    assert own.reasons[0].startswith("not allocated: pod default/broken cannot be scheduled: ResourceClaim default/nope does not exist")
+    assert own.reasons[0].startswith(
+        "not allocated: pod default/broken cannot be scheduled: ResourceClaim default/nope does not exist"
+    )
 
 
 def test_a_claim_serves_at_most_256_pods() -> None:
     """Guards: a pod that would be the 257th consumer of a shared claim is not placed (status.reservedFor holds 256)."""
     pods = [pod(f"p{i:03d}", claims={"gpu": "shared"}) for i in range(256)]
-    objects = load(CLUSTER, claim("shared"), template("tmpl"), *pods, pod("late", claims={"gpu": "shared"}, templates={"own": "tmpl"}))
+    objects = load(
+        CLUSTER,
+        claim("shared"),
+        template("tmpl"),
+        *pods,
+        pod("late", claims={"gpu": "shared"}, templates={"own": "tmpl"}),
+    )
     outcomes = _run(objects)
     shared = outcomes["default/shared"].claim
     assert shared is not None and len(shared.reserved_for) == 256
     late = outcomes[f"default/{claims.generated_claim_name('late', 'own', namespace='default')}"]
-    assert late.reasons == ("not allocated: default/shared already has 256 consumers in status.reservedFor, the most the API allows",)
+    assert late.reasons == (
+        "not allocated: default/shared already has 256 consumers in status.reservedFor, the most the API allows",
+    )
 
 
 def test_pod_claims_are_allocated_jointly_on_one_node() -> None:
@@ -143,13 +157,18 @@ def test_pod_claims_are_allocated_jointly_on_one_node() -> None:
     b = outcomes[f"default/{claims.generated_claim_name('greedy', 'b', namespace='default')}"]
     assert not a.allocated and not b.allocated
     each = "gpu: device class gpu.example.com matches 4 devices; 4 pass the request's selectors; 4 of those are free on the candidate nodes (2 needed)"
-    assert a.reasons == (each, "every request has devices on its own, but none of the 2 candidate nodes has devices for all requests together")
+    assert a.reasons == (
+        each,
+        "every request has devices on its own, but none of the 2 candidate nodes has devices for all requests together",
+    )
     assert b.reasons == (each,)
 
 
 def test_pod_node_selector_is_respected() -> None:
     """Guards: spec.nodeSelector against Node labels steers the pod's claims to the matching node."""
-    objects = load(CLUSTER, template("any"), pod("picky", templates={"gpu": "any"}, extra="nodeSelector: {pool: large}"))
+    objects = load(
+        CLUSTER, template("any"), pod("picky", templates={"gpu": "any"}, extra="nodeSelector: {pool: large}")
+    )
     outcome = _run(objects)[f"default/{claims.generated_claim_name('picky', 'gpu', namespace='default')}"]
     assert outcome.node == "node-b"
 
@@ -159,7 +178,9 @@ def test_unknown_class_is_a_reason_not_an_error() -> None:
     unknown = claim("lost").replace("deviceClassName: gpu.example.com", "deviceClassName: no-such-class")
     outcome = _run(load(CLUSTER, unknown))["default/lost"]
     assert not outcome.allocated
-    assert outcome.reasons == ("gpu: device class no-such-class does not exist; create it or name one of: gpu.example.com",)
+    assert outcome.reasons == (
+        "gpu: device class no-such-class does not exist; create it or name one of: gpu.example.com",
+    )
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -176,7 +197,10 @@ def test_example_cluster_allocates_every_claim(policy: alloc.Policy) -> None:
         parents = {attributes[device]["parentUUID"].scalar for device in _devices(outcome)}
         assert len(parents) == 1
     shared = next(o for o in outcomes if o.name == "shared-inference-gpu")
-    assert shared.claim is not None and [r.name for r in shared.claim.reserved_for] == ["qwen-inference", "embedding-service"]
+    assert shared.claim is not None and [r.name for r in shared.claim.reserved_for] == [
+        "qwen-inference",
+        "embedding-service",
+    ]
     nvlink = next(o for o in outcomes if o.name == "nvlink-4x-h100")
     assert len({attributes[device]["partition4"].scalar for device in _devices(nvlink)}) == 1
 
@@ -185,7 +209,13 @@ def test_engine_copies_every_field_of_an_allocated_claim() -> None:
     """Guards: the engine builds allocated ResourceClaims field by field (faster than dataclasses.replace): a new field must be copied there too."""
     import dataclasses
 
-    assert [f.name for f in dataclasses.fields(model.ResourceClaim)] == ["meta", "spec", "allocation", "reserved_for", "source"]
+    assert [f.name for f in dataclasses.fields(model.ResourceClaim)] == [
+        "meta",
+        "spec",
+        "allocation",
+        "reserved_for",
+        "source",
+    ]
     objects = load(CLUSTER, claim("one"))
     (outcome,) = engine.simulate(objects, policy=alloc.Policy.FIRST_FIT, search_limit=1000).claims
     assert outcome.claim is not None and outcome.claim.allocation is not None

@@ -216,7 +216,10 @@ def test_shared_device_capacity_overdrawn_is_a_conflict() -> None:
 def test_allocation_that_cannot_be_valid_is_invalid(allocation: str, reason: str) -> None:
     """Guards: a device that does not exist, a pool nobody publishes, or a node selector where the device is not usable: status invalid, the reason names claim and device, nothing is held."""
     result = _simulate(
-        CLUSTER, FLOATING, allocation, claim("fresh", count=2, selector='device.attributes["gpu.example.com"].model == "small"')
+        CLUSTER,
+        FLOATING,
+        allocation,
+        claim("fresh", count=2, selector='device.attributes["gpu.example.com"].model == "small"'),
     )
     outcomes = _by_name(result)
     assert (outcomes["ghost"].status, outcomes["ghost"].reasons, result.warnings) == (

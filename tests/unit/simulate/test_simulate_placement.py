@@ -20,12 +20,18 @@ def _on(node: str) -> model.AllocationResult:
 def test_no_constraints_means_any_node() -> None:
     """Guards: a pod without nodeName, nodeSelector or allocated shared claims may use any node (None)."""
     objects = load(CLUSTER, pod("p", templates={"g": "t"}))
-    assert placement.candidates(objects.pods[0], allocated={}, cluster=placement.known_nodes(objects)) == placement.Candidates(nodes=None)
+    assert placement.candidates(
+        objects.pods[0], allocated={}, cluster=placement.known_nodes(objects)
+    ) == placement.Candidates(nodes=None)
 
 
 def test_node_name_and_node_selector_narrow_the_nodes() -> None:
     """Guards: spec.nodeName pins the pod; spec.nodeSelector keeps the Nodes whose labels match."""
-    objects = load(CLUSTER, pod("named", templates={"g": "t"}, extra="nodeName: node-b"), pod("selected", templates={"g": "t"}, extra="nodeSelector: {pool: large}"))
+    objects = load(
+        CLUSTER,
+        pod("named", templates={"g": "t"}, extra="nodeName: node-b"),
+        pod("selected", templates={"g": "t"}, extra="nodeSelector: {pool: large}"),
+    )
     cluster = placement.known_nodes(objects)
     named, selected = objects.pods
     assert placement.candidates(named, allocated={}, cluster=cluster).nodes == ("node-b",)
@@ -50,14 +56,22 @@ def test_node_selector_is_ignored_without_nodes() -> None:
 
 def test_allocated_shared_claim_pins_the_pod() -> None:
     """Guards: a claim already allocated on a node pins the pod there, and a conflicting nodeName is explained."""
-    objects = load(CLUSTER, pod("p", claims={"s": "shared"}), pod("q", claims={"s": "shared"}, extra="nodeName: node-a"))
+    objects = load(
+        CLUSTER, pod("p", claims={"s": "shared"}), pod("q", claims={"s": "shared"}, extra="nodeName: node-a")
+    )
     cluster = placement.known_nodes(objects)
     free, named = objects.pods
     assert placement.candidates(free, allocated={"default/shared": _on("node-b")}, cluster=cluster).nodes == ("node-b",)
-    assert placement.candidates(free, allocated={"default/shared": model.AllocationResult()}, cluster=cluster).nodes is None
+    assert (
+        placement.candidates(free, allocated={"default/shared": model.AllocationResult()}, cluster=cluster).nodes
+        is None
+    )
     conflict = placement.candidates(named, allocated={"default/shared": _on("node-b")}, cluster=cluster)
     assert conflict.nodes == ()
-    assert conflict.problem == "pod default/q shares ResourceClaim default/shared, which is allocated on node-b, where the pod cannot run"
+    assert (
+        conflict.problem
+        == "pod default/q shares ResourceClaim default/shared, which is allocated on node-b, where the pod cannot run"
+    )
 
 
 def test_cluster_without_nodes_takes_node_names_from_slices() -> None:

@@ -7,7 +7,9 @@ from simulate_manifests import CLASS, CLUSTER, claim, load
 from dractl import alloc
 from dractl.simulate import engine, report
 
-PARTITIONED = CLASS + """
+PARTITIONED = (
+    CLASS
+    + """
 ---
 apiVersion: resource.k8s.io/v1
 kind: ResourceSlice
@@ -35,6 +37,7 @@ spec:
     consumesCounters:
     - {counterSet: gpu-0-counter-set, counters: {memory: {value: 30Gi}, memory-slice-1: {value: "1"}}}
 """
+)
 
 
 def _usage(*documents: str) -> tuple[report.NodeUsage, ...]:
@@ -45,8 +48,13 @@ def _usage(*documents: str) -> tuple[report.NodeUsage, ...]:
 
 def test_devices_used_and_offered_per_node() -> None:
     """Guards: each node's devices are counted, a device held by a claim once, nodes in name order."""
-    nodes = _usage(CLUSTER, claim("one"), claim("two", count=2, selector='device.attributes["gpu.example.com"].model == "large"'))
-    assert [(n.node, n.devices_used, n.devices_total, n.counters) for n in nodes] == [("node-a", 1, 2, ()), ("node-b", 2, 2, ())]
+    nodes = _usage(
+        CLUSTER, claim("one"), claim("two", count=2, selector='device.attributes["gpu.example.com"].model == "large"')
+    )
+    assert [(n.node, n.devices_used, n.devices_total, n.counters) for n in nodes] == [
+        ("node-a", 1, 2, ()),
+        ("node-b", 2, 2, ()),
+    ]
 
 
 def test_counters_are_summed_by_name_with_indexed_counters_grouped() -> None:
@@ -61,20 +69,31 @@ def test_counters_are_summed_by_name_with_indexed_counters_grouped() -> None:
 
 def test_counter_usage_in_a_unit_that_divides_the_total() -> None:
     """Guards: used memory is shown in the total's unit, with decimals when needed (30.5Gi / 80Gi)."""
-    (node,) = _usage(PARTITIONED.replace("memory: {value: 30Gi}, memory-slice-0", "memory: {value: 31232Mi}, memory-slice-0"), claim("part"))
+    (node,) = _usage(
+        PARTITIONED.replace("memory: {value: 30Gi}, memory-slice-0", "memory: {value: 31232Mi}, memory-slice-0"),
+        claim("part"),
+    )
     assert node.counters[0] == report.CounterUsage(name="memory", used="30.5Gi", total="80Gi")
 
 
 def test_incomplete_pool_offers_no_devices_like_the_allocator_sees_it() -> None:
     """Guards: the report and the allocator agree on an incomplete pool: its devices are not offered (the report used to count them), and the pool is listed as a problem."""
-    incomplete = CLUSTER.replace("pool: {name: node-a, generation: 1, resourceSliceCount: 1}", "pool: {name: node-a, generation: 1, resourceSliceCount: 2}")
+    incomplete = CLUSTER.replace(
+        "pool: {name: node-a, generation: 1, resourceSliceCount: 1}",
+        "pool: {name: node-a, generation: 1, resourceSliceCount: 2}",
+    )
     objects = load(incomplete, claim("one", selector='device.attributes["gpu.example.com"].model == "small"'))
     result = engine.simulate(objects, policy=alloc.Policy.FIRST_FIT, search_limit=100_000)
     assert not result.claims[0].allocated
-    assert "resource pool gpu.example.com/node-a is currently being updated: 1 of 2 slices of generation 1 are published" in result.claims[0].reasons
+    assert (
+        "resource pool gpu.example.com/node-a is currently being updated: 1 of 2 slices of generation 1 are published"
+        in result.claims[0].reasons
+    )
     nodes = report.usage(objects.resource_slices, result.claims, nodes=("node-a", "node-b"))
     assert [(n.node, n.devices_used, n.devices_total) for n in nodes] == [("node-a", 0, 0), ("node-b", 0, 2)]
-    assert report.problems(objects.resource_slices) == ("resource pool gpu.example.com/node-a is currently being updated: 1 of 2 slices of generation 1 are published",)
+    assert report.problems(objects.resource_slices) == (
+        "resource pool gpu.example.com/node-a is currently being updated: 1 of 2 slices of generation 1 are published",
+    )
 
 
 def test_newest_generation_incomplete_means_no_fallback_to_the_older_one() -> None:

@@ -68,8 +68,10 @@ def test_reference_cluster_is_twenty_example_nodes_with_136_gpus() -> None:
     """8 A100 (dynamic MIG), 8 H100 and 4 T4 nodes, renamed, with GPU uuids unique across nodes."""
     cluster = reference().cluster
     assert [n.meta.name for n in cluster.nodes] == [
-        *(f"a100-{i:02d}" for i in range(1, 9)), *(f"h100-{i:02d}" for i in range(1, 9)),
-        *(f"t4-{i:02d}" for i in range(1, 5))]
+        *(f"a100-{i:02d}" for i in range(1, 9)),
+        *(f"h100-{i:02d}" for i in range(1, 9)),
+        *(f"t4-{i:02d}" for i in range(1, 5)),
+    ]
     measured = metrics.measure(cluster.resource_slices, [])
     assert (measured.cluster.gpus, len(measured.nodes)) == (136, 20)
     assert len({g.uuid for g in measured.gpus}) == 136
@@ -85,8 +87,13 @@ def test_reference_mix_has_the_issue_shares() -> None:
     """Over 2,000 claims each kind of the reference mix is within 3 points of its share."""
     generated = trace.generate("mix=reference,seed=7,claims=2000")
     counts = collections.Counter(a.object.meta.labels["dractl.io/mix"] for a in trace.arrivals(generated))
-    shares = {"gpu-memory-floor": 0.40, "one-mig-slice": 0.30, "two-mig-slices-one-parent": 0.10,
-              "nvlink-gpus": 0.15, "eight-gpus": 0.05}
+    shares = {
+        "gpu-memory-floor": 0.40,
+        "one-mig-slice": 0.30,
+        "two-mig-slices-one-parent": 0.10,
+        "nvlink-gpus": 0.15,
+        "eight-gpus": 0.05,
+    }
     for kind, share in shares.items():
         assert abs(counts[kind] / 2000 - share) < 0.03, (kind, counts[kind])
 
@@ -103,7 +110,7 @@ def test_thirty_percent_of_present_claims_depart_at_each_later_round() -> None:
         leaving = [e for e in events if isinstance(e, trace.Departure) and e.at == at]
         assert len(leaving) == round(len(present) * 0.3)
         first = next(i for i, e in enumerate(events) if e.at == at)
-        assert all(isinstance(e, trace.Departure) for e in events[first:first + len(leaving)])
+        assert all(isinstance(e, trace.Departure) for e in events[first : first + len(leaving)])
         rounds += 1
     assert rounds == 19
 
@@ -120,17 +127,23 @@ def test_generated_claims_declare_their_shapes() -> None:
 def _trace(events: str, *, cluster: str = "") -> str:
     if events == "[]":
         return _trace("", cluster=cluster).replace("  events:\n", "  events: []\n")
-    return textwrap.dedent("""\
+    return (
+        textwrap.dedent("""\
         apiVersion: dractl.io/v1alpha1
         kind: Trace
         metadata: {name: t}
         spec:
-        """) + textwrap.indent(textwrap.dedent(cluster), "  ") + "  events:\n" + textwrap.indent(
-            textwrap.dedent(events), "  ")
+        """)
+        + textwrap.indent(textwrap.dedent(cluster), "  ")
+        + "  events:\n"
+        + textwrap.indent(textwrap.dedent(events), "  ")
+    )
 
 
-CLAIM = "{apiVersion: resource.k8s.io/v1, kind: ResourceClaim, metadata: {name: %s}, " \
-        "spec: {devices: {requests: [{name: g, exactly: {deviceClassName: gpu.nvidia.com}}]}}}"
+CLAIM = (
+    "{apiVersion: resource.k8s.io/v1, kind: ResourceClaim, metadata: {name: %s}, "
+    "spec: {devices: {requests: [{name: g, exactly: {deviceClassName: gpu.nvidia.com}}]}}}"
+)
 
 
 def test_departs_after_annotation_implies_a_departure_ordered_before_arrivals() -> None:
@@ -149,8 +162,11 @@ def test_departs_after_annotation_implies_a_departure_ordered_before_arrivals() 
         """)
     loaded = trace.parse_text(text, file="t.yaml")
     assert [(type(e).__name__, e.at, e.key) for e in loaded.events] == [
-        ("Arrival", 0.0, "default/a"), ("Departure", 10.0, "default/a"), ("Arrival", 10.0, "default/b"),
-        ("Departure", 20.0, "default/b")]
+        ("Arrival", 0.0, "default/a"),
+        ("Departure", 10.0, "default/a"),
+        ("Arrival", 10.0, "default/b"),
+        ("Departure", 20.0, "default/b"),
+    ]
     implied = loaded.events[1]
     assert isinstance(implied, trace.Departure) and implied.implied and implied.index == 1
 
@@ -158,56 +174,93 @@ def test_departs_after_annotation_implies_a_departure_ordered_before_arrivals() 
 @pytest.mark.parametrize(
     ("events", "message"),
     [
-        pytest.param(f"- at: -1\n  arrive: {CLAIM % 'a'}\n",
-                     "t.yaml: events[0].at: must be a number of seconds >= 0, got -1", id="negative-time"),
-        pytest.param(f"- at: soon\n  arrive: {CLAIM % 'a'}\n",
-                     't.yaml: events[0].at: must be a number of seconds >= 0, got "soon"', id="time-not-a-number"),
-        pytest.param(f"- arrive: {CLAIM % 'a'}\n",
-                     "t.yaml: events[0].at: must be a number of seconds >= 0, got nothing", id="time-missing"),
-        pytest.param(f"- at: .nan\n  arrive: {CLAIM % 'a'}\n", "t.yaml: events[0].at: must be a number",
-                     id="time-nan"),
-        pytest.param("- at: 1\n  depart: {kind: ResourceClaim, name: ghost}\n",
-                     "t.yaml: events[0].depart: ResourceClaim default/ghost departs at 1s but is not present then",
-                     id="departure-of-unknown-object"),
-        pytest.param(f"- at: 5\n  arrive: {CLAIM % 'a'}\n- at: 1\n  depart: {{kind: ResourceClaim, name: a}}\n",
-                     "t.yaml: events[1].depart: ResourceClaim default/a departs at 1s but is not present",
-                     id="departure-before-arrival"),
-        pytest.param(f"- at: 0\n  arrive: {CLAIM % 'a'}\n- at: 1\n  depart: {{kind: ResourceClaim, name: a}}\n"
-                     "- at: 2\n  depart: {kind: ResourceClaim, name: a}\n",
-                     "t.yaml: events[2].depart: ResourceClaim default/a departs at 2s", id="departs-twice"),
-        pytest.param(f"- at: 0\n  arrive: {CLAIM % 'a'}\n- at: 1\n  arrive: {CLAIM % 'a'}\n",
-                     "t.yaml: events[1].arrive: ResourceClaim default/a arrives at 1s while it is still present",
-                     id="arrives-twice"),
-        pytest.param("- at: 0\n  arrive: {apiVersion: v1, metadata: {name: a}}\n",
-                     "t.yaml: events[0].arrive.kind: only a ResourceClaim or a Pod arrives, got no kind",
-                     id="missing-kind"),
-        pytest.param("- at: 0\n  arrive: {apiVersion: v1, kind: Service, metadata: {name: a}}\n",
-                     't.yaml: events[0].arrive.kind: only a ResourceClaim or a Pod arrives, got kind "Service"',
-                     id="wrong-kind"),
-        pytest.param("- at: 0\n  depart: {name: a}\n",
-                     "t.yaml: events[0].depart.kind: must be ResourceClaim or Pod, got nothing",
-                     id="departure-without-kind"),
-        pytest.param(f"- at: 0\n  arrive: {CLAIM % 'a'}\n  depart: {{kind: ResourceClaim, name: a}}\n",
-                     "t.yaml: events[0]: needs exactly one of arrive (a ResourceClaim or Pod) and depart",
-                     id="arrive-and-depart"),
-        pytest.param(f"- at: 0\n  when: later\n  arrive: {CLAIM % 'a'}\n",
-                     "t.yaml: events[0].when: unknown field", id="unknown-event-field"),
-        pytest.param("- at: 0\n  arrive: {apiVersion: resource.k8s.io/v1, kind: ResourceClaim, metadata: {name: a}, "
-                     "spec: {devices: {requests: [{name: g, exactly: {deviceClassName: gpu.nvidia.com, "
-                     "count: x}}]}}}\n",
-                     "t.yaml: events[0].arrive: ResourceClaim default/a: spec.devices.requests[0].exactly.count",
-                     id="invalid-claim-names-event-and-field"),
-        pytest.param("- at: 0\n  arrive: {apiVersion: resource.k8s.io/v1, kind: ResourceClaim, metadata: {name: a, "
-                     "annotations: {dractl.io/departs-after: soon}}, spec: {devices: {requests: [{name: g, exactly: "
-                     "{deviceClassName: gpu.nvidia.com}}]}}}\n",
-                     "t.yaml: events[0].arrive.metadata.annotations[dractl.io/departs-after]: must be a number of "
-                     'seconds > 0, got "soon"', id="bad-departs-after"),
-        pytest.param("- at: 0\n  arrive: {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: {resourceClaims: "
-                     "[{name: g, resourceClaimTemplateName: missing}], containers: [{name: c, image: i}]}}\n",
-                     "t.yaml: events[0].arrive: Pod default/p: spec.resourceClaims[0].resourceClaimTemplateName: "
-                     "no ResourceClaimTemplate default/missing in spec.cluster", id="pod-with-missing-template"),
-        pytest.param("- 3\n", "t.yaml: events[0]: must be a mapping with at, and arrive or depart",
-                     id="event-not-a-mapping"),
+        pytest.param(
+            f"- at: -1\n  arrive: {CLAIM % 'a'}\n",
+            "t.yaml: events[0].at: must be a number of seconds >= 0, got -1",
+            id="negative-time",
+        ),
+        pytest.param(
+            f"- at: soon\n  arrive: {CLAIM % 'a'}\n",
+            't.yaml: events[0].at: must be a number of seconds >= 0, got "soon"',
+            id="time-not-a-number",
+        ),
+        pytest.param(
+            f"- arrive: {CLAIM % 'a'}\n",
+            "t.yaml: events[0].at: must be a number of seconds >= 0, got nothing",
+            id="time-missing",
+        ),
+        pytest.param(f"- at: .nan\n  arrive: {CLAIM % 'a'}\n", "t.yaml: events[0].at: must be a number", id="time-nan"),
+        pytest.param(
+            "- at: 1\n  depart: {kind: ResourceClaim, name: ghost}\n",
+            "t.yaml: events[0].depart: ResourceClaim default/ghost departs at 1s but is not present then",
+            id="departure-of-unknown-object",
+        ),
+        pytest.param(
+            f"- at: 5\n  arrive: {CLAIM % 'a'}\n- at: 1\n  depart: {{kind: ResourceClaim, name: a}}\n",
+            "t.yaml: events[1].depart: ResourceClaim default/a departs at 1s but is not present",
+            id="departure-before-arrival",
+        ),
+        pytest.param(
+            f"- at: 0\n  arrive: {CLAIM % 'a'}\n- at: 1\n  depart: {{kind: ResourceClaim, name: a}}\n"
+            "- at: 2\n  depart: {kind: ResourceClaim, name: a}\n",
+            "t.yaml: events[2].depart: ResourceClaim default/a departs at 2s",
+            id="departs-twice",
+        ),
+        pytest.param(
+            f"- at: 0\n  arrive: {CLAIM % 'a'}\n- at: 1\n  arrive: {CLAIM % 'a'}\n",
+            "t.yaml: events[1].arrive: ResourceClaim default/a arrives at 1s while it is still present",
+            id="arrives-twice",
+        ),
+        pytest.param(
+            "- at: 0\n  arrive: {apiVersion: v1, metadata: {name: a}}\n",
+            "t.yaml: events[0].arrive.kind: only a ResourceClaim or a Pod arrives, got no kind",
+            id="missing-kind",
+        ),
+        pytest.param(
+            "- at: 0\n  arrive: {apiVersion: v1, kind: Service, metadata: {name: a}}\n",
+            't.yaml: events[0].arrive.kind: only a ResourceClaim or a Pod arrives, got kind "Service"',
+            id="wrong-kind",
+        ),
+        pytest.param(
+            "- at: 0\n  depart: {name: a}\n",
+            "t.yaml: events[0].depart.kind: must be ResourceClaim or Pod, got nothing",
+            id="departure-without-kind",
+        ),
+        pytest.param(
+            f"- at: 0\n  arrive: {CLAIM % 'a'}\n  depart: {{kind: ResourceClaim, name: a}}\n",
+            "t.yaml: events[0]: needs exactly one of arrive (a ResourceClaim or Pod) and depart",
+            id="arrive-and-depart",
+        ),
+        pytest.param(
+            f"- at: 0\n  when: later\n  arrive: {CLAIM % 'a'}\n",
+            "t.yaml: events[0].when: unknown field",
+            id="unknown-event-field",
+        ),
+        pytest.param(
+            "- at: 0\n  arrive: {apiVersion: resource.k8s.io/v1, kind: ResourceClaim, metadata: {name: a}, "
+            "spec: {devices: {requests: [{name: g, exactly: {deviceClassName: gpu.nvidia.com, "
+            "count: x}}]}}}\n",
+            "t.yaml: events[0].arrive: ResourceClaim default/a: spec.devices.requests[0].exactly.count",
+            id="invalid-claim-names-event-and-field",
+        ),
+        pytest.param(
+            "- at: 0\n  arrive: {apiVersion: resource.k8s.io/v1, kind: ResourceClaim, metadata: {name: a, "
+            "annotations: {dractl.io/departs-after: soon}}, spec: {devices: {requests: [{name: g, exactly: "
+            "{deviceClassName: gpu.nvidia.com}}]}}}\n",
+            "t.yaml: events[0].arrive.metadata.annotations[dractl.io/departs-after]: must be a number of "
+            'seconds > 0, got "soon"',
+            id="bad-departs-after",
+        ),
+        pytest.param(
+            "- at: 0\n  arrive: {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: {resourceClaims: "
+            "[{name: g, resourceClaimTemplateName: missing}], containers: [{name: c, image: i}]}}\n",
+            "t.yaml: events[0].arrive: Pod default/p: spec.resourceClaims[0].resourceClaimTemplateName: "
+            "no ResourceClaimTemplate default/missing in spec.cluster",
+            id="pod-with-missing-template",
+        ),
+        pytest.param(
+            "- 3\n", "t.yaml: events[0]: must be a mapping with at, and arrive or depart", id="event-not-a-mapping"
+        ),
     ],
 )
 def test_bad_trace_events_get_their_message(events: str, message: str) -> None:
@@ -220,25 +273,47 @@ def test_bad_trace_events_get_their_message(events: str, message: str) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        pytest.param("apiVersion: v1\nkind: Trace\nspec: {events: []}\n",
-                     't.yaml: apiVersion: must be dractl.io/v1alpha1, got "v1"', id="wrong-api-version"),
+        pytest.param(
+            "apiVersion: v1\nkind: Trace\nspec: {events: []}\n",
+            't.yaml: apiVersion: must be dractl.io/v1alpha1, got "v1"',
+            id="wrong-api-version",
+        ),
         pytest.param("apiVersion: dractl.io/v1alpha1\nkind: Trace\n", "t.yaml: spec: required", id="no-spec"),
-        pytest.param("apiVersion: dractl.io/v1alpha1\nkind: Trace\nspec: {}\n", "t.yaml: spec.events: required",
-                     id="no-events"),
+        pytest.param(
+            "apiVersion: dractl.io/v1alpha1\nkind: Trace\nspec: {}\n", "t.yaml: spec.events: required", id="no-events"
+        ),
         pytest.param("- just\n- a list\n", "t.yaml: must be a mapping", id="not-a-mapping"),
         pytest.param("a: [1,\n", "t.yaml: not valid YAML or JSON", id="not-yaml"),
         pytest.param("kind: Trace\n---\nkind: Trace\n", "t.yaml: a trace is one YAML document", id="two-documents"),
-        pytest.param("{\"a\": " + "[" * 100000 + "]" * 100000 + "}", "t.yaml: nested too deeply to read",
-                     id="json-nested-too-deeply"),
-        pytest.param("a: " + "[" * 100000 + "]" * 100000 + "\n", "t.yaml: not valid YAML or JSON: nested too deeply",
-                     id="yaml-nested-too-deeply"),
-        pytest.param(_trace("[]", cluster="cluster:\n  examples: [{file: ../../etc/passwd, node: a}]\n"),
-                     "t.yaml: spec.cluster.examples[0].file: must be one of the example nodes", id="bad-example"),
-        pytest.param(_trace("[]", cluster="cluster:\n  examples: [{file: 22-t4-node-01.yaml, node: T4}]\n"),
-                     "t.yaml: spec.cluster.examples[0].node: must be a DNS label", id="bad-node-name"),
-        pytest.param(_trace("[]", cluster="cluster:\n  objects: [{apiVersion: resource.k8s.io/v1, "
-                                            "kind: DeviceClass, metadata: {name: Bad_Name}}]\n"),
-                     "t.yaml: spec.cluster.objects: DeviceClass Bad_Name: metadata.name", id="invalid-cluster-object"),
+        pytest.param(
+            '{"a": ' + "[" * 100000 + "]" * 100000 + "}",
+            "t.yaml: nested too deeply to read",
+            id="json-nested-too-deeply",
+        ),
+        pytest.param(
+            "a: " + "[" * 100000 + "]" * 100000 + "\n",
+            "t.yaml: not valid YAML or JSON: nested too deeply",
+            id="yaml-nested-too-deeply",
+        ),
+        pytest.param(
+            _trace("[]", cluster="cluster:\n  examples: [{file: ../../etc/passwd, node: a}]\n"),
+            "t.yaml: spec.cluster.examples[0].file: must be one of the example nodes",
+            id="bad-example",
+        ),
+        pytest.param(
+            _trace("[]", cluster="cluster:\n  examples: [{file: 22-t4-node-01.yaml, node: T4}]\n"),
+            "t.yaml: spec.cluster.examples[0].node: must be a DNS label",
+            id="bad-node-name",
+        ),
+        pytest.param(
+            _trace(
+                "[]",
+                cluster="cluster:\n  objects: [{apiVersion: resource.k8s.io/v1, "
+                "kind: DeviceClass, metadata: {name: Bad_Name}}]\n",
+            ),
+            "t.yaml: spec.cluster.objects: DeviceClass Bad_Name: metadata.name",
+            id="invalid-cluster-object",
+        ),
     ],
 )
 def test_bad_trace_files_get_their_message(text: str, message: str) -> None:
@@ -258,7 +333,12 @@ def test_spec_string_round_trips_and_applies_defaults() -> None:
     """A spec string parses into the documented defaults and prints back in full."""
     spec = trace.parse_spec("mix=reference,seed=3,claims=50")
     assert (spec.seed, spec.claims, dict(spec.nodes), spec.round, spec.departures) == (
-        3, 50, {"a100": 8, "h100": 8, "t4": 4}, 10, 0.3)
+        3,
+        50,
+        {"a100": 8, "h100": 8, "t4": 4},
+        10,
+        0.3,
+    )
     assert trace.parse_spec(str(spec)) == spec
     assert dict(trace.parse_spec("mix=reference,h100=2").nodes) == {"h100": 2}
 
