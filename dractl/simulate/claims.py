@@ -14,11 +14,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from dractl import model
+from dractl.model import podclaims
 
-POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+# The naming rule lives in `model.podclaims`, shared with the claim lifecycle controller.
+POD_CLAIM_NAME_ANNOTATION = podclaims.POD_CLAIM_NAME_ANNOTATION
+generate_name = podclaims.generate_name
 
-# Upstream leaves room for the API server's five random characters in a 63-character name.
-_MAX_BASE_LEN = 57
 # The API server's random suffix alphabet (k8s.io/apimachinery/pkg/util/rand): no vowels, so
 # generated names never spell words.
 _SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -66,19 +67,6 @@ class Plan:
     pods: tuple[PodWork, ...]
 
 
-def generate_name(pod_name: str, pod_claim_name: str) -> str:
-    """The `metadata.generateName` upstream gives a claim made from a template for a pod.
-
-    `<pod>-<podClaim>-`, and when that exceeds 57 characters both parts are cut in
-    proportion to their length and joined with one hyphen (no trailing hyphen), exactly as
-    kube-controller-manager does. Pure.
-    """
-    base = f"{pod_name}-{pod_claim_name}-"
-    if len(base) <= _MAX_BASE_LEN:
-        return base
-    return pod_name[: len(pod_name) * _MAX_BASE_LEN // len(base)] + "-" + pod_claim_name[: len(pod_claim_name) * _MAX_BASE_LEN // len(base)]
-
-
 def generated_claim_name(pod_name: str, pod_claim_name: str, *, namespace: str) -> str:
     """`generate_name(...)` plus five characters from the API server's alphabet, derived
     from a hash of namespace, pod and pod claim so that every run names claims alike. Pure."""
@@ -92,7 +80,9 @@ def pod_uid(pod: model.Pod) -> str:
     return pod.meta.uid or str(uuid.uuid5(_UID_NAMESPACE, f"pods/{pod.meta.namespace}/{pod.meta.name}"))
 
 
-def claim_from_template(template: model.ResourceClaimTemplate, *, pod: model.Pod, uid: str, pod_claim_name: str) -> model.ResourceClaim:
+def claim_from_template(
+    template: model.ResourceClaimTemplate, *, pod: model.Pod, uid: str, pod_claim_name: str
+) -> model.ResourceClaim:
     """The claim the resourceclaim controller creates for `pod` from `template`: its labels and
     annotations plus the pod-claim-name annotation, a controller owner reference to the pod,
     and the template's spec verbatim. Pure."""
@@ -105,7 +95,14 @@ def claim_from_template(template: model.ResourceClaimTemplate, *, pod: model.Pod
             labels=dict(template.claim_labels),
             annotations={**template.claim_annotations, POD_CLAIM_NAME_ANNOTATION: pod_claim_name},
             owner_references=(
-                {"apiVersion": "v1", "kind": "Pod", "name": pod.meta.name, "uid": uid, "controller": True, "blockOwnerDeletion": True},
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod.meta.name,
+                    "uid": uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                },
             ),
         ),
         spec=template.spec,
@@ -141,8 +138,14 @@ def _resolve(
     where = f"pod {namespace}/{pod.meta.name} spec.resourceClaims[{index}] ({entry.name})"
     if entry.resource_claim_name is not None:
         claim = claims.get(f"{namespace}/{entry.resource_claim_name}")
-        problem = None if claim is not None else f"ResourceClaim {namespace}/{entry.resource_claim_name} does not exist (used by {where})"
-        return PodClaim(pod_claim_name=entry.name, namespace=namespace, name=entry.resource_claim_name, claim=claim, problem=problem)
+        problem = (
+            None
+            if claim is not None
+            else f"ResourceClaim {namespace}/{entry.resource_claim_name} does not exist (used by {where})"
+        )
+        return PodClaim(
+            pod_claim_name=entry.name, namespace=namespace, name=entry.resource_claim_name, claim=claim, problem=problem
+        )
     template_name = entry.resource_claim_template_name or ""
     existing = owned.get((namespace, pod.meta.name, entry.name))
     if existing is not None:

@@ -1,0 +1,19 @@
+"""The control-plane operator: level-triggered controllers over the Kubernetes API.
+
+What it does: `claims.ClaimController` is the claim lifecycle controller, speaking the same
+protocol as kube-controller-manager's resourceclaim controller so that both can run side by
+side: it creates ResourceClaims from ResourceClaimTemplates for pods and records them in
+`pod.status.resourceClaimStatuses` (adopting claims that already exist rather than making a
+second one), keeps `status.reservedFor` current (removes pods that are gone or finished, adds
+bound pods), deallocates claims carrying the `resource.kubernetes.io/delete-protection`
+finalizer once nothing reserves them, and deletes generated claims whose pod is done. Each
+controller follows the sample-controller loop: informers -> a key-only work queue -> an
+idempotent sync of one key that computes the desired state with pure functions and writes
+only the difference.
+
+What it must not do: talk to the API except through `dractl.kube` (client, informers, work
+queue, events); import `dractl.node`; write a whole object it read (it patches the fields it
+owns with a resourceVersion precondition); deallocate a claim that another component
+allocated without the delete-protection finalizer; or retry invalid user input in a hot loop
+(that gets a Warning Event).
+"""

@@ -1,0 +1,867 @@
+"""The claim lifecycle controller: kube-controller-manager's resourceclaim controller, in dractl.
+
+What it does: watches Pods, ResourceClaims and ResourceClaimTemplates through informers and
+feeds one rate-limited work queue with two kinds of key, `pod:<ns>/<name>` and
+`claim:<ns>/<name>`. `sync_pod` creates the claims a pod's `resourceClaimTemplateName` entries
+ask for (generateName `<pod>-<podClaim>-` with upstream's truncation, the template's labels and
+annotations plus `resource.kubernetes.io/pod-claim-name`, a controller owner reference to the
+pod, the template's spec verbatim), records them in `pod.status.resourceClaimStatuses`, and
+reserves allocated claims for a pod already bound to a node. `sync_claim` removes `reservedFor`
+entries of pods that are gone (confirmed by a live GET; another UID means gone) or finished,
+deallocates the claim when the last entry goes and the claim carries the delete-protection
+finalizer, removes that finalizer, and deletes generated claims nobody reserves once their pod
+is done, gone, or records another claim for the same pod claim (a duplicate from a race with
+kube-controller-manager).
+
+Deallocation rule (decided as upstream): only a claim with the finalizer
+`resource.kubernetes.io/delete-protection` is ever deallocated. kube-scheduler adds it before
+it writes an allocation, and dractl's own allocator will do the same, so "has the finalizer" is
+exactly "allocated by a scheduler that expects the claim controller to clean up". A claim that
+something else allocated without it is never deallocated here.
+
+How it writes: desired states come from pure functions (`plan_pod`, `status_entries`,
+`reservations_to_add`, `plan_claim`); the sync methods only gather inputs and write the
+difference. Every write of an existing object is a merge patch carrying the resourceVersion it
+was computed from, so a concurrent change fails with 409, the key is requeued with backoff, and
+the next sync decides again from fresh state. Creates are preceded by a search for an existing
+claim (the cache, then a live list of the namespace), so a restart between "claim created" and
+"status written", or kube-controller-manager having been faster, leads to adoption, not a
+second claim. A second sync over unchanged state writes nothing.
+
+What it must not do: import `dractl.node`, talk to the API except through `dractl.kube`, write
+fields it does not own, deallocate claims without the finalizer, or delete a claim that is
+reserved or not controlled by a pod.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import threading
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import prometheus_client
+
+from dractl import model
+from dractl.kube import client as kube_client
+from dractl.kube import events, informer, workqueue
+from dractl.model import limits, podclaims
+
+log = logging.getLogger(__name__)
+
+POD_PREFIX = "pod:"
+CLAIM_PREFIX = "claim:"
+DELETE_PROTECTION_FINALIZER = "resource.kubernetes.io/delete-protection"
+FAILED_CREATION = "FailedResourceClaimCreation"
+"""Warning Event reason on a pod whose claim could not be created (upstream's reason)."""
+RESERVATION_FAILED = "FailedResourceClaimReservation"
+"""Warning Event reason on a bound pod that cannot be added to its claim's `reservedFor`."""
+_DONE_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class RetryLater(Exception):
+    """A sync could not finish for a reason that may go away (a missing template, a full claim); retry with backoff."""
+
+
+class InvalidInput(Exception):
+    """User input the controller cannot use (a template the model refuses). Reported by a Warning Event and not
+    retried: fixing the object is an informer event that syncs the pod again."""
+
+
+# --- Values --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodState:
+    """A pod as the controller sees it: the model's pod plus the status fields the controller reads.
+
+    `claim_statuses` maps a pod claim name to the recorded claim name, or to None when the
+    pod recorded that no claim is needed; a pod claim absent from it has no claim yet.
+    """
+
+    pod: model.Pod
+    phase: str = ""
+    claim_statuses: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+
+    @property
+    def namespace(self) -> str:
+        return self.pod.meta.namespace
+
+    @property
+    def name(self) -> str:
+        return self.pod.meta.name
+
+    @property
+    def uid(self) -> str:
+        return self.pod.meta.uid
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def deleting(self) -> bool:
+        return self.pod.meta.deletion_timestamp is not None
+
+    @property
+    def done(self) -> bool:
+        """No longer needs its claims: finished, or deleted before it was scheduled (as upstream's podutil)."""
+        return self.phase in _DONE_PHASES or (self.deleting and not self.pod.node_name)
+
+
+def decode_pod(raw: Mapping[str, Any]) -> PodState | None:
+    """One raw pod as a `PodState`, or None (logged by the kube layer) when the model refuses it. Pure.
+
+    The model's Pod carries what allocation needs; the two status fields this controller
+    also reads (`phase`, `resourceClaimStatuses`) are taken from the raw object here, leniently:
+    entries without a name are ignored.
+    """
+    pod = kube_client.decode(raw)
+    if not isinstance(pod, model.Pod):
+        return None
+    status = raw.get("status") or {}
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    recorded: dict[str, str | None] = {}
+    entries = status.get("resourceClaimStatuses") if isinstance(status, Mapping) else None
+    for entry in entries if isinstance(entries, list) else ():
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+            claim_name = entry.get("resourceClaimName")
+            recorded[entry["name"]] = claim_name if isinstance(claim_name, str) and claim_name else None
+    return PodState(pod=pod, phase=phase if isinstance(phase, str) else "", claim_statuses=recorded)
+
+
+def _decode_claim(raw: Mapping[str, Any]) -> model.ResourceClaim | None:
+    value = kube_client.decode(raw)
+    return value if isinstance(value, model.ResourceClaim) else None
+
+
+def _decode_template(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The raw template when the model accepts it (the spec is copied verbatim from the raw object), else None."""
+    return raw if isinstance(kube_client.decode(raw), model.ResourceClaimTemplate) else None
+
+
+# --- Pure: what a pod needs --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Create:
+    """A claim to create for `pod_claim_name` from the template `template_name`."""
+
+    pod_claim_name: str
+    template_name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodPlan:
+    """What a pod's template claims need: existing claims to record and claims to create.
+
+    `adopt` maps a pod claim name to the existing claim to record for it.
+    """
+
+    adopt: Mapping[str, str]
+    create: tuple[Create, ...]
+
+
+def controller_of(claim: model.ResourceClaim) -> Mapping[str, Any] | None:
+    """The claim's controlling owner reference if it is a core/v1 Pod, else None. Pure."""
+    for ref in claim.meta.owner_references:
+        if ref.get("controller") is True:
+            if ref.get("apiVersion") == "v1" and ref.get("kind") == "Pod":
+                return ref
+            return None
+    return None
+
+
+def controlled_by(claim: model.ResourceClaim, pod_uid: str) -> bool:
+    """Whether `claim` is controlled by the pod with `pod_uid`. Pure."""
+    ref = controller_of(claim)
+    return ref is not None and bool(pod_uid) and ref.get("uid") == pod_uid
+
+
+def find_generated(claims: Iterable[model.ResourceClaim], *, pod_uid: str, pod_claim_name: str) -> str | None:
+    """The name of a claim made for this pod claim (controlled by the pod, annotated with the pod claim name).
+
+    When there are several (two controllers raced), the first by name, so every caller picks
+    the same one. Claims being deleted do not count. Pure.
+    """
+    names = sorted(
+        claim.meta.name
+        for claim in claims
+        if claim.meta.deletion_timestamp is None
+        and controlled_by(claim, pod_uid)
+        and claim.meta.annotations.get(podclaims.POD_CLAIM_NAME_ANNOTATION) == pod_claim_name
+    )
+    return names[0] if names else None
+
+
+def plan_pod(pod: PodState, claims: Mapping[str, model.ResourceClaim]) -> PodPlan:
+    """What `pod`'s `resourceClaimTemplateName` entries need, given the claims of its namespace by name. Pure.
+
+    Per entry, as upstream: a pod claim recorded as not needed is skipped; one recorded with a
+    claim that exists and is controlled by the pod is done; otherwise a claim already made for
+    it (controlled by the pod, with the pod-claim-name annotation) is adopted; otherwise one is
+    to be created. Finished or deleted pods need nothing.
+    """
+    if pod.done or pod.deleting:
+        return PodPlan(adopt={}, create=())
+    adopt: dict[str, str] = {}
+    create: list[Create] = []
+    for entry in pod.pod.resource_claims:
+        if entry.resource_claim_template_name is None:
+            continue
+        if entry.name in pod.claim_statuses:
+            recorded = pod.claim_statuses[entry.name]
+            if recorded is None:
+                continue
+            claim = claims.get(recorded)
+            if claim is not None and controlled_by(claim, pod.uid):
+                continue  # Even while it is being deleted (as upstream): a new one is made once it is gone.
+        found = find_generated(claims.values(), pod_uid=pod.uid, pod_claim_name=entry.name)
+        if found is not None:
+            adopt[entry.name] = found
+        else:
+            create.append(Create(pod_claim_name=entry.name, template_name=entry.resource_claim_template_name))
+    return PodPlan(adopt=adopt, create=tuple(create))
+
+
+def status_entries(pod: PodState, recorded: Mapping[str, str]) -> list[dict[str, str]] | None:
+    """The full `status.resourceClaimStatuses` once `recorded` (pod claim -> claim name) is in, or None if unchanged.
+
+    Entries are kept in the pod's order; entries of other pod claims (written by whoever made
+    them) are kept as they are. Pure.
+    """
+    merged: dict[str, str | None] = dict(pod.claim_statuses)
+    changed = False
+    for pod_claim_name, claim_name in recorded.items():
+        if merged.get(pod_claim_name) != claim_name:
+            merged[pod_claim_name] = claim_name
+            changed = True
+    if not changed:
+        return None
+    order = [entry.name for entry in pod.pod.resource_claims]
+    names = sorted(merged, key=lambda name: (order.index(name) if name in order else len(order), name))
+    entries: list[dict[str, str]] = []
+    for name in names:
+        value = merged[name]
+        entries.append({"name": name, "resourceClaimName": value} if value else {"name": name})
+    return entries
+
+
+def claim_body(pod: PodState, *, pod_claim_name: str, template: Mapping[str, Any]) -> dict[str, Any]:
+    """The ResourceClaim to create for `pod_claim_name` of `pod` from the raw `template`, as upstream makes it. Pure.
+
+    generateName `<pod>-<podClaim>-` (truncated as upstream), the template's labels and
+    annotations plus the pod-claim-name annotation, a controller owner reference to the pod
+    (with blockOwnerDeletion), and the template's spec copied verbatim (deep-copied: the template
+    is shared with the informer's store).
+    """
+    template_spec = template.get("spec") or {}
+    template_meta = template_spec.get("metadata") or {}
+    return {
+        "apiVersion": kube_client.RESOURCE_CLAIMS.api_version,
+        "kind": kube_client.RESOURCE_CLAIMS.kind,
+        "metadata": {
+            "generateName": podclaims.generate_name(pod.name, pod_claim_name),
+            "namespace": pod.namespace,
+            "labels": dict(template_meta.get("labels") or {}),
+            "annotations": {
+                **(template_meta.get("annotations") or {}),
+                podclaims.POD_CLAIM_NAME_ANNOTATION: pod_claim_name,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod.name,
+                    "uid": pod.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": copy.deepcopy(template_spec.get("spec") or {}),
+    }
+
+
+def claim_names(pod: PodState) -> list[str]:
+    """The names of the claims `pod` uses that are known now (direct names and recorded generated ones). Pure."""
+    names: list[str] = []
+    for entry in pod.pod.resource_claims:
+        name = entry.resource_claim_name or pod.claim_statuses.get(entry.name)
+        if name and name not in names:
+            names.append(name)
+    return names
+
+
+def reservations_to_add(pod: PodState, claims: Mapping[str, model.ResourceClaim]) -> list[str]:
+    """Names of allocated claims that a pod already bound to a node uses but that do not list it in `reservedFor`.
+
+    Only for bound pods that still run (the scheduler reserves for pods it binds; a pod bound
+    by someone else would otherwise never start). Unallocated claims and claims being
+    deleted are left alone. Pure.
+    """
+    if not pod.pod.node_name or pod.done or pod.deleting:
+        return []
+    missing: list[str] = []
+    for name in claim_names(pod):
+        claim = claims.get(name)
+        if claim is None or claim.allocation is None or claim.meta.deletion_timestamp is not None:
+            continue
+        if not any(ref.uid == pod.uid for ref in claim.reserved_for):
+            missing.append(name)
+    return missing
+
+
+def consumer_entry(ref: model.ResourceClaimConsumerReference) -> dict[str, str]:
+    """A `reservedFor` entry in the API's shape. Pure."""
+    entry = {"resource": ref.resource, "name": ref.name, "uid": ref.uid}
+    if ref.api_group:
+        entry["apiGroup"] = ref.api_group
+    return entry
+
+
+# --- Pure: what a claim needs ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimPlan:
+    """The writes a claim needs, in order: status (`reserved_for` not None or `deallocate`), finalizer, delete."""
+
+    reserved_for: tuple[model.ResourceClaimConsumerReference, ...] | None = None
+    deallocate: bool = False
+    remove_finalizer: bool = False
+    delete: bool = False
+
+    @property
+    def status_write(self) -> bool:
+        return self.reserved_for is not None or self.deallocate
+
+    @property
+    def empty(self) -> bool:
+        return not (self.status_write or self.remove_finalizer or self.delete)
+
+
+def _pod_gone_or_done(pod: PodState | None, uid: str) -> bool:
+    return pod is None or pod.uid != uid or pod.done
+
+
+def plan_claim(
+    claim: model.ResourceClaim,
+    pods: Mapping[str, PodState | None],
+    *,
+    existing: Mapping[str, model.ResourceClaim] | None = None,
+    finalizer_pending: bool = False,
+) -> ClaimPlan:
+    """The cleanup `claim` needs. Pure.
+
+    `pods` maps each pod name the claim refers to (its `reservedFor` pods and its controlling
+    pod) to the pod as it is now, or None when it is confirmed gone; a name missing from it is
+    treated as unknown and kept. `existing` holds the claims now in the namespace by
+    name (to recognise a duplicate: its pod records another existing claim that it controls).
+    `finalizer_pending` says an earlier sync deallocated this claim but its finalizer removal
+    failed, so the removal is retried even though no entry is dropped now.
+
+    Rules (upstream's syncClaim): a pod entry is dropped when its pod is gone, replaced (another
+    UID) or done; entries of other resources are kept. When entries were dropped and none
+    remain, a claim with the delete-protection finalizer is deallocated in the same status
+    write, and the finalizer is then removed once nothing is allocated. A claim being deleted
+    that nothing reserves has its allocation cleared and finalizer removed. A claim nothing
+    reserves that is controlled by a pod is deleted when that pod is done, gone or replaced,
+    or when the pod records another existing claim for the same pod claim.
+    """
+    keep = tuple(
+        ref
+        for ref in claim.reserved_for
+        if ref.resource != "pods"
+        or ref.api_group
+        or ref.name not in pods
+        or not _pod_gone_or_done(pods[ref.name], ref.uid)
+    )
+    dropped = len(keep) != len(claim.reserved_for)
+    protected = DELETE_PROTECTION_FINALIZER in claim.meta.finalizers
+    deleting = claim.meta.deletion_timestamp is not None
+    deallocate = bool(protected and not keep and claim.allocation is not None and (dropped or deleting))
+    allocated_after = claim.allocation is not None and not deallocate
+    remove_finalizer = (
+        protected and not keep and not allocated_after and (dropped or deleting or deallocate or finalizer_pending)
+    )
+    delete = False
+    owner = controller_of(claim)
+    if not keep and owner is not None and not deleting:
+        owner_name, owner_uid = str(owner.get("name") or ""), str(owner.get("uid") or "")
+        if owner_name in pods:
+            pod = pods[owner_name]
+            if _pod_gone_or_done(pod, owner_uid):
+                delete = True
+            elif pod is not None:
+                pod_claim_name = claim.meta.annotations.get(podclaims.POD_CLAIM_NAME_ANNOTATION)
+                recorded = pod.claim_statuses.get(pod_claim_name) if pod_claim_name else None
+                other = (existing or {}).get(recorded or "")
+                delete = bool(
+                    recorded
+                    and recorded != claim.meta.name
+                    and other is not None
+                    and controlled_by(other, owner_uid)
+                    and other.meta.deletion_timestamp is None
+                )
+    return ClaimPlan(
+        reserved_for=keep if dropped else None, deallocate=deallocate, remove_finalizer=remove_finalizer, delete=delete
+    )
+
+
+# --- The controller ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Metrics:
+    creates: prometheus_client.Counter
+    errors: prometheus_client.Counter
+    depth: prometheus_client.Gauge
+
+
+# One set of metrics per registry: a controller made again on the same registry (after leadership
+# was lost and regained) reuses them instead of failing on a duplicate registration.
+_METRICS: weakref.WeakKeyDictionary[prometheus_client.CollectorRegistry, _Metrics] = weakref.WeakKeyDictionary()
+_METRICS_LOCK = threading.Lock()
+
+
+def _metrics_for(registry: prometheus_client.CollectorRegistry) -> _Metrics:
+    with _METRICS_LOCK:
+        found = _METRICS.get(registry)
+        if found is None:
+            found = _Metrics(
+                creates=prometheus_client.Counter(
+                    "dractl_claim_controller_creates",
+                    "ResourceClaims created from templates, by outcome.",
+                    ["status"],
+                    registry=registry,
+                ),
+                errors=prometheus_client.Counter(
+                    "dractl_claim_controller_sync_errors",
+                    "Syncs that failed and were requeued, by key kind.",
+                    ["kind"],
+                    registry=registry,
+                ),
+                depth=prometheus_client.Gauge(
+                    "dractl_claim_controller_queue_depth",
+                    "Keys waiting in the claim controller's work queue.",
+                    registry=registry,
+                ),
+            )
+            _METRICS[registry] = found
+        return found
+
+
+def _split(key: str) -> tuple[str, str]:
+    namespace, _, name = key.partition("/")
+    return namespace, name
+
+
+class ClaimController:
+    """The claim lifecycle controller. `start()` runs it in daemon threads; `stop()` ends them (once:
+    a stopped controller is not started again; make a new one, e.g. on each leadership gain).
+
+    Constructor:
+    - `client`: the API client (every request the controller makes goes through it).
+    - `registry`: the prometheus registry for its metrics (a private one when None):
+      `dractl_claim_controller_creates_total{status}`, `dractl_claim_controller_sync_errors_total{kind}`,
+      `dractl_claim_controller_queue_depth`.
+    - `recorder`: where Warning Events go (a `events.Recorder` on `client` when None).
+    - `namespace`: watch one namespace only ("" = all).
+    - `workers`: worker threads (keys are never processed by two at once).
+    - `queue`: the work queue (a fresh one when None; tests inject one with their own backoff).
+    - `sync_timeout`: seconds `start()` waits for the informers' first lists.
+
+    `sync(key)`, `sync_pod(namespace, name)` and `sync_claim(namespace, name)` may also be
+    called directly (tests do); they are idempotent and safe to call from any thread, though
+    one key should be synced by one thread at a time (the work queue guarantees that).
+    """
+
+    def __init__(
+        self,
+        client: kube_client.Client,
+        *,
+        registry: prometheus_client.CollectorRegistry | None = None,
+        recorder: events.Recorder | None = None,
+        namespace: str = "",
+        workers: int = 2,
+        queue: workqueue.WorkQueue | None = None,
+        sync_timeout: float = 60.0,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.workers = workers
+        self.sync_timeout = sync_timeout
+        self.recorder = recorder or events.Recorder(client)
+        self.queue = queue or workqueue.WorkQueue()
+        self.registry = prometheus_client.CollectorRegistry() if registry is None else registry
+        self.metrics = _metrics_for(self.registry)
+        self.metrics.depth.set_function(lambda: float(len(self.queue)))
+        self.pods: informer.Informer[PodState] = informer.Informer(
+            client,
+            kube_client.PODS,
+            decode=decode_pod,
+            namespace=namespace,
+            handlers=informer.Handlers(
+                on_add=self._pod_changed, on_update=lambda _, new: self._pod_changed(new), on_delete=self._pod_deleted
+            ),
+        )
+        self.claims: informer.Informer[model.ResourceClaim] = informer.Informer(
+            client,
+            kube_client.RESOURCE_CLAIMS,
+            decode=_decode_claim,
+            namespace=namespace,
+            handlers=informer.Handlers(
+                on_add=lambda new: self._claim_changed(None, new),
+                on_update=self._claim_changed,
+                on_delete=self._claim_deleted,
+            ),
+        )
+        self.templates: informer.Informer[dict[str, Any]] = informer.Informer(
+            client,
+            kube_client.RESOURCE_CLAIM_TEMPLATES,
+            decode=_decode_template,
+            namespace=namespace,
+            handlers=informer.Handlers(
+                on_add=self._template_changed, on_update=lambda _, new: self._template_changed(new)
+            ),
+        )
+        # Claims deallocated by this controller whose finalizer removal has not succeeded yet (by UID).
+        self._finalizer_pending: set[str] = set()
+        self._lock = threading.Lock()
+        # Claim keys by the UID of their controlling pod, kept by the claim handlers, so a pod event
+        # reaches the claims made for it (recorded or not) without a scan.
+        self._owned: dict[str, set[str]] = {}
+        self._threads: list[threading.Thread] = []
+
+    # --- Running ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the informers, wait for their first lists (up to `sync_timeout`), then the workers.
+
+        Raises TimeoutError when the informers do not sync in time (the informers are stopped again).
+        """
+        for source in (self.templates, self.claims, self.pods):
+            source.start()
+        if not self.wait_synced(self.sync_timeout):
+            for source in (self.templates, self.claims, self.pods):
+                source.stop()
+            raise TimeoutError(f"the claim controller's informers did not sync within {self.sync_timeout:g}s")
+        for index in range(self.workers):
+            thread = threading.Thread(target=self._work, name=f"claim-controller-{index}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return all(source.wait_synced(timeout) for source in (self.templates, self.claims, self.pods))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop taking keys, let the workers finish the key in hand, stop the informers. Idempotent."""
+        self.queue.shutdown()
+        for source in (self.pods, self.claims, self.templates):
+            source.stop(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads.clear()
+
+    def _work(self) -> None:
+        while True:
+            key = self.queue.get()
+            if key is None:
+                return
+            try:
+                self.sync(key)
+                self.queue.forget(key)
+            except Exception as error:  # noqa: BLE001 (one key's failure must never stop a worker)
+                self.metrics.errors.labels(kind=key.partition(":")[0]).inc()
+                if isinstance(error, (kube_client.ApiError, RetryLater)):
+                    log.info("%s: %s; retrying with backoff", key, error)
+                else:
+                    log.exception("%s: the sync failed; retrying with backoff", key)
+                self.queue.add_rate_limited(key)
+            finally:
+                self.queue.done(key)
+
+    # --- Event handlers: they only enqueue keys ---------------------------------------------
+
+    def _pod_changed(self, pod: PodState) -> None:
+        if not pod.pod.resource_claims:
+            return
+        self.queue.add(POD_PREFIX + pod.key)
+        # Its claims too: a finished pod releases them, and a new record may leave a duplicate behind.
+        self._enqueue_claims_of(pod)
+
+    def _pod_deleted(self, pod: PodState) -> None:
+        self._enqueue_claims_of(pod)
+
+    def _enqueue_claims_of(self, pod: PodState) -> None:
+        keys = {f"{pod.namespace}/{name}" for name in claim_names(pod)}
+        with self._lock:
+            keys |= self._owned.get(pod.uid, set())
+        for key in sorted(keys):
+            self.queue.add(CLAIM_PREFIX + key)
+
+    def _claim_changed(self, old: model.ResourceClaim | None, claim: model.ResourceClaim) -> None:
+        self.queue.add(CLAIM_PREFIX + claim.key)
+        owner = controller_of(claim)
+        if owner is not None:
+            with self._lock:
+                self._owned.setdefault(str(owner.get("uid") or ""), set()).add(claim.key)
+            self.queue.add(f"{POD_PREFIX}{claim.meta.namespace}/{owner.get('name')}")
+        if claim.allocation is not None and (old is None or old.allocation is None):
+            # A bound pod may be waiting for this claim to be reserved for it. A scan, not an
+            # index: a claim becomes allocated once, next to many pod events.
+            for pod in self.pods.store.values():
+                if pod.namespace == claim.meta.namespace and pod.pod.node_name and claim.meta.name in claim_names(pod):
+                    self.queue.add(POD_PREFIX + pod.key)
+
+    def _claim_deleted(self, claim: model.ResourceClaim) -> None:
+        with self._lock:
+            self._finalizer_pending.discard(claim.meta.uid)
+        owner = controller_of(claim)
+        if owner is not None:
+            uid = str(owner.get("uid") or "")
+            with self._lock:
+                owned = self._owned.get(uid, set())
+                owned.discard(claim.key)
+                if not owned:
+                    self._owned.pop(uid, None)
+            # The pod may need the claim made again (it was deleted while the pod still runs).
+            self.queue.add(f"{POD_PREFIX}{claim.meta.namespace}/{owner.get('name')}")
+
+    def _template_changed(self, raw: dict[str, Any]) -> None:
+        namespace, name = _split(informer.key_of(raw))
+        for pod in self.pods.store.values():
+            if pod.namespace == namespace and any(
+                entry.resource_claim_template_name == name for entry in pod.pod.resource_claims
+            ):
+                self.queue.add(POD_PREFIX + pod.key)
+
+    # --- Syncs ------------------------------------------------------------------------------
+
+    def sync(self, key: str) -> None:
+        """Sync one queue key (`pod:<ns>/<name>` or `claim:<ns>/<name>`). Raises to have the key retried."""
+        kind, _, rest = key.partition(":")
+        namespace, name = _split(rest)
+        if kind == "pod":
+            self.sync_pod(namespace, name)
+        elif kind == "claim":
+            self.sync_claim(namespace, name)
+        else:
+            log.error("claim controller: ignoring the malformed queue key %r", key)
+
+    def _namespace_claims(self, namespace: str) -> dict[str, model.ResourceClaim]:
+        return {claim.meta.name: claim for claim in self.claims.store.values() if claim.meta.namespace == namespace}
+
+    def sync_pod(self, namespace: str, name: str) -> None:
+        """Create and record the pod's template claims, and reserve allocated claims for it if it is bound.
+
+        Idempotent: over unchanged state it writes nothing. Raises `RetryLater` (a template is
+        missing, a claim is full) or `ApiError` (a write failed, e.g. 409) to be retried. A
+        template the model refuses gets a Warning Event and no retry (fixing it syncs the pod).
+        """
+        pod = self.pods.store.get(f"{namespace}/{name}")
+        if pod is None or not pod.pod.resource_claims:
+            return
+        claims = self._namespace_claims(namespace)
+        plan = plan_pod(pod, claims)
+        recorded = dict(plan.adopt)
+        problems: list[str] = []
+        failure: kube_client.ApiError | None = None
+        if plan.create:
+            # The cache may lag behind a create (ours before a restart, or kube-controller-manager's):
+            # look at the namespace as it is now before making anything.
+            live = self._list_claims(namespace)
+            for item in plan.create:
+                found = find_generated(live, pod_uid=pod.uid, pod_claim_name=item.pod_claim_name)
+                if found is not None:
+                    recorded[item.pod_claim_name] = found
+                    continue
+                try:
+                    recorded[item.pod_claim_name] = self._create_claim(pod, item)
+                except RetryLater as error:
+                    problems.append(str(error))
+                except InvalidInput as error:
+                    log.warning("pod %s: %s", pod.key, error)
+                except kube_client.ApiError as error:
+                    failure = failure or error  # Record the claims made so far first, then retry.
+        entries = status_entries(pod, recorded)
+        if entries is not None:
+            self.client.patch(
+                kube_client.PODS,
+                name,
+                namespace=namespace,
+                subresource="status",
+                patch={
+                    "metadata": {"resourceVersion": pod.pod.meta.resource_version},
+                    "status": {"resourceClaimStatuses": entries},
+                },
+            )
+        if failure is not None:
+            raise failure
+        for claim_name in reservations_to_add(pod, claims):
+            problem = self._reserve(pod, claims[claim_name])
+            if problem:
+                problems.append(problem)
+        if problems:
+            raise RetryLater("; ".join(problems))
+
+    def _list_claims(self, namespace: str) -> list[model.ResourceClaim]:
+        result = self.client.list(kube_client.RESOURCE_CLAIMS, namespace=namespace)
+        return [claim for claim in map(_decode_claim, result.items) if claim is not None]
+
+    def _template(self, namespace: str, name: str, *, pod: PodState, pod_claim_name: str) -> dict[str, Any]:
+        """The raw template, from the cache or else the API.
+
+        Raises `RetryLater` (it does not exist) or `InvalidInput` (the model refuses it), each after
+        a Warning Event on the pod naming the template and the pod's field.
+        """
+        raw = self.templates.store.get(f"{namespace}/{name}")
+        if raw is not None:
+            return raw
+        where = f"pod {pod.key} spec.resourceClaims[{pod_claim_name}].resourceClaimTemplateName"
+        try:
+            fetched = self.client.get(kube_client.RESOURCE_CLAIM_TEMPLATES, name, namespace=namespace)
+            fetched.setdefault("apiVersion", kube_client.RESOURCE_CLAIM_TEMPLATES.api_version)
+            fetched.setdefault("kind", kube_client.RESOURCE_CLAIM_TEMPLATES.kind)
+            kube_client.decode(fetched, strict=True)
+        except kube_client.NotFound:
+            message = f"ResourceClaimTemplate {namespace}/{name} does not exist ({where})"
+            self._warn(pod, FAILED_CREATION, message)
+            raise RetryLater(message) from None
+        except kube_client.BadObject as error:
+            message = f"ResourceClaimTemplate {namespace}/{name} is invalid ({where}): {error}"
+            self._warn(pod, FAILED_CREATION, message)
+            raise InvalidInput(message) from None
+        return fetched
+
+    def _create_claim(self, pod: PodState, item: Create) -> str:
+        """Create the claim for one pod claim from its template; returns the name the API server gave it."""
+        template = self._template(pod.namespace, item.template_name, pod=pod, pod_claim_name=item.pod_claim_name)
+        body = claim_body(pod, pod_claim_name=item.pod_claim_name, template=template)
+        try:
+            created = self.client.create(kube_client.RESOURCE_CLAIMS, body, namespace=pod.namespace)
+        except kube_client.ApiError as error:
+            self.metrics.creates.labels(status="error").inc()
+            self._warn(
+                pod,
+                FAILED_CREATION,
+                f"creating a ResourceClaim for pod claim {item.pod_claim_name} from ResourceClaimTemplate "
+                f"{pod.namespace}/{item.template_name}: {error}",
+            )
+            raise
+        self.metrics.creates.labels(status="success").inc()
+        claim_name = str(created["metadata"]["name"])
+        log.info(
+            "created ResourceClaim %s/%s for pod %s claim %s", pod.namespace, claim_name, pod.key, item.pod_claim_name
+        )
+        return claim_name
+
+    def _reserve(self, pod: PodState, claim: model.ResourceClaim) -> str | None:
+        """Add `pod` to the claim's `reservedFor`; returns a problem (after a Warning Event) when the list is full."""
+        if len(claim.reserved_for) >= limits.MAX_RESERVED_FOR:
+            message = (
+                f"ResourceClaim {claim.key} already has {limits.MAX_RESERVED_FOR} entries in "
+                f"status.reservedFor (the API's limit); pod {pod.key} cannot be added"
+            )
+            self._warn(pod, RESERVATION_FAILED, message)
+            return message
+        entries = [consumer_entry(ref) for ref in claim.reserved_for]
+        entries.append({"resource": "pods", "name": pod.name, "uid": pod.uid})
+        self.client.patch(
+            kube_client.RESOURCE_CLAIMS,
+            claim.meta.name,
+            namespace=claim.meta.namespace,
+            subresource="status",
+            patch={"metadata": {"resourceVersion": claim.meta.resource_version}, "status": {"reservedFor": entries}},
+        )
+        return None
+
+    def _warn(self, pod: PodState, reason: str, message: str) -> None:
+        ref = events.ObjectRef.of(pod.pod.meta, api_version="v1", kind="Pod")
+        self.recorder.event(ref, type=events.WARNING, reason=reason, message=message)
+
+    def _lookup_pod(self, namespace: str, name: str) -> PodState | None:
+        """The pod from the cache, else from a live GET (the cache may not have seen it yet); None when it is gone."""
+        cached = self.pods.store.get(f"{namespace}/{name}")
+        if cached is not None:
+            return cached
+        try:
+            raw = self.client.get(kube_client.PODS, name, namespace=namespace)
+        except kube_client.NotFound:
+            return None
+        raw.setdefault("apiVersion", "v1")
+        raw.setdefault("kind", "Pod")
+        pod = decode_pod(raw)
+        if pod is None:
+            # It exists but the model refuses it: treat it as present and running, never as gone.
+            meta = raw.get("metadata") or {}
+            pod = PodState(
+                pod=model.Pod(meta=model.ObjectMeta(name=name, namespace=namespace, uid=str(meta.get("uid") or "")))
+            )
+        return pod
+
+    def sync_claim(self, namespace: str, name: str) -> None:
+        """Clean up one claim: drop reservations of gone or finished pods, deallocate, unprotect, delete.
+
+        Idempotent: over unchanged state it writes nothing. Raises `ApiError` (409 when the
+        claim changed since it was read) to be retried.
+        """
+        claim = self.claims.store.get(f"{namespace}/{name}")
+        if claim is None:
+            return
+        names = {ref.name for ref in claim.reserved_for if ref.resource == "pods" and not ref.api_group}
+        owner = controller_of(claim)
+        if owner is not None and owner.get("name"):
+            names.add(str(owner["name"]))
+        pods = {pod_name: self._lookup_pod(namespace, pod_name) for pod_name in sorted(names)}
+        with self._lock:
+            if claim.allocation is not None:
+                self._finalizer_pending.discard(claim.meta.uid)  # Allocated again: nothing is pending.
+            pending = claim.meta.uid in self._finalizer_pending
+        plan = plan_claim(claim, pods, existing=self._namespace_claims(namespace), finalizer_pending=pending)
+        if plan.empty:
+            return
+        version = claim.meta.resource_version
+        if plan.status_write:
+            status: dict[str, Any] = {}
+            if plan.reserved_for is not None:
+                status["reservedFor"] = [consumer_entry(ref) for ref in plan.reserved_for] or None
+            if plan.deallocate:
+                # Devices' status entries describe allocated devices: they go with the allocation.
+                status["allocation"] = None
+                status["devices"] = None
+            stored = self.client.patch(
+                kube_client.RESOURCE_CLAIMS,
+                name,
+                namespace=namespace,
+                subresource="status",
+                patch={"metadata": {"resourceVersion": version}, "status": status},
+            )
+            version = str(stored["metadata"]["resourceVersion"])
+            if plan.deallocate:
+                log.info("deallocated ResourceClaim %s/%s: nothing reserves it", namespace, name)
+        if plan.remove_finalizer:
+            with self._lock:
+                self._finalizer_pending.add(claim.meta.uid)
+            finalizers = [item for item in claim.meta.finalizers if item != DELETE_PROTECTION_FINALIZER]
+            stored = self.client.patch(
+                kube_client.RESOURCE_CLAIMS,
+                name,
+                namespace=namespace,
+                patch={"metadata": {"resourceVersion": version, "finalizers": finalizers or None}},
+            )
+            version = str(stored["metadata"]["resourceVersion"])
+            with self._lock:
+                self._finalizer_pending.discard(claim.meta.uid)
+        if plan.delete:
+            try:
+                self.client.delete(
+                    kube_client.RESOURCE_CLAIMS, name, namespace=namespace, uid=claim.meta.uid, resource_version=version
+                )
+            except kube_client.NotFound:
+                return  # Gone already (the garbage collector or another controller was faster).
+            log.info("deleted ResourceClaim %s/%s: its pod no longer needs it", namespace, name)

@@ -1,0 +1,93 @@
+"""Builders of the model values the claim controller's pure functions take (shared by its unit tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dractl import model
+from dractl.controller import claims as controller
+from dractl.model import podclaims
+
+ALLOCATION = model.AllocationResult(
+    results=(
+        model.DeviceRequestAllocationResult(request="gpu", driver="gpu.nvidia.com", pool="node-a", device="gpu-0"),
+    )
+)
+
+
+def pod(
+    name: str = "trainer",
+    *,
+    uid: str = "",
+    templates: Mapping[str, str] | None = None,
+    direct: Mapping[str, str] | None = None,
+    phase: str = "Running",
+    node: str = "",
+    recorded: Mapping[str, str | None] | None = None,
+    deleting: bool = False,
+) -> controller.PodState:
+    """A pod with template entries (`templates`: pod claim -> template) and direct ones (pod claim -> claim)."""
+    entries = [
+        model.PodResourceClaim(name=key, resource_claim_template_name=value) for key, value in (templates or {}).items()
+    ]
+    entries += [model.PodResourceClaim(name=key, resource_claim_name=value) for key, value in (direct or {}).items()]
+    meta = model.ObjectMeta(
+        name=name,
+        namespace="ns",
+        uid=uid or f"uid-{name}",
+        resource_version="7",
+        deletion_timestamp="2026-01-01T00:00:00Z" if deleting else None,
+    )
+    return controller.PodState(
+        pod=model.Pod(meta=meta, resource_claims=tuple(entries), node_name=node),
+        phase=phase,
+        claim_statuses=dict(recorded or {}),
+    )
+
+
+def ref(owner: controller.PodState) -> model.ResourceClaimConsumerReference:
+    return model.ResourceClaimConsumerReference(resource="pods", name=owner.name, uid=owner.uid)
+
+
+def claim(
+    name: str,
+    *,
+    owner: controller.PodState | None = None,
+    pod_claim: str = "gpu",
+    reserved: tuple[model.ResourceClaimConsumerReference, ...] = (),
+    allocated: bool = False,
+    finalizer: bool = False,
+    deleting: bool = False,
+) -> model.ResourceClaim:
+    """A claim, generated for `owner`'s `pod_claim` when `owner` is given."""
+    owners: tuple[Mapping[str, object], ...] = ()
+    annotations: dict[str, str] = {}
+    if owner is not None:
+        owners = (
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            },
+        )
+        annotations[podclaims.POD_CLAIM_NAME_ANNOTATION] = pod_claim
+    meta = model.ObjectMeta(
+        name=name,
+        namespace="ns",
+        uid=f"uid-{name}",
+        resource_version="3",
+        annotations=annotations,
+        owner_references=owners,
+        finalizers=(controller.DELETE_PROTECTION_FINALIZER,) if finalizer else (),
+        deletion_timestamp="2026-01-01T00:00:00Z" if deleting else None,
+    )
+    return model.ResourceClaim(
+        meta=meta, spec=model.ResourceClaimSpec(), allocation=ALLOCATION if allocated else None, reserved_for=reserved
+    )
+
+
+def by_name(*claims: model.ResourceClaim) -> dict[str, model.ResourceClaim]:
+    return {item.meta.name: item for item in claims}

@@ -1,0 +1,154 @@
+"""The exact API writes of one claim-controller sync, over a stub client (paths the real API server cannot
+produce: a stored template the model refuses, a claim with 256 reservations)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import helpers_claims as build
+import prometheus_client
+import pytest
+
+from dractl.controller import claims as controller
+from dractl.kube import client
+
+
+class StubClient:
+    """Answers reads from fixed objects and records every write as (method, plural, name or body)."""
+
+    def __init__(self, *, templates: dict[str, dict[str, Any]] | None = None) -> None:
+        self.templates = templates or {}
+        self.writes: list[tuple[str, str, Any]] = []
+
+    def get(self, resource: client.Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
+        if resource is client.RESOURCE_CLAIM_TEMPLATES and name in self.templates:
+            return copy.deepcopy(self.templates[name])
+        raise client.NotFound(404, "NotFound", f"{resource.plural} {name!r} not found")
+
+    def list(self, resource: client.Resource, *, namespace: str = "", **_: Any) -> client.ListResult:
+        return client.ListResult((), "1")
+
+    def create(self, resource: client.Resource, body: dict[str, Any], *, namespace: str = "") -> dict[str, Any]:
+        self.writes.append(("POST", resource.plural, body))
+        return {**body, "metadata": {**body["metadata"], "name": "made", "resourceVersion": "8"}}
+
+    def patch(
+        self, resource: client.Resource, name: str, patch: dict[str, Any], *, namespace: str = "", subresource: str = ""
+    ) -> dict[str, Any]:
+        self.writes.append(("PATCH", f"{resource.plural}/{subresource}".rstrip("/"), patch))
+        return {"metadata": {"name": name, "resourceVersion": str(len(self.writes) + 10)}}
+
+    def delete(
+        self, resource: client.Resource, name: str, *, namespace: str = "", resource_version: str = "", uid: str = ""
+    ) -> None:
+        self.writes.append(("DELETE", resource.plural, {"name": name, "resourceVersion": resource_version, "uid": uid}))
+
+
+def _controller(
+    stub: StubClient, *, pods: tuple[controller.PodState, ...] = (), claims: tuple[Any, ...] = ()
+) -> controller.ClaimController:
+    ctl = controller.ClaimController(stub, registry=prometheus_client.CollectorRegistry())  # type: ignore[arg-type]
+    # Fill the caches as the informers would after their first list (the stub serves no list or watch).
+    for pod in pods:
+        ctl.pods.store._put(pod.key, pod.pod.meta.resource_version, pod)
+    for item in claims:
+        ctl.claims.store._put(item.key, item.meta.resource_version, item)
+    return ctl
+
+
+def _events(stub: StubClient) -> list[tuple[str, str]]:
+    return [
+        (body["reason"], body["message"])
+        for method, plural, body in stub.writes
+        if method == "POST" and plural == "events"
+    ]
+
+
+def test_a_template_the_model_refuses_gets_one_warning_and_no_retry() -> None:
+    """Guards: an invalid stored template gives a Warning Event naming the template, the pod's field and the bad
+    field, creates nothing, and does not raise (no retry loop)."""
+    bad = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "bad", "namespace": "ns"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {"deviceClassName": "c"},
+                            "firstAvailable": [{"name": "a", "deviceClassName": "c"}],
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    stub = StubClient(templates={"bad": bad})
+    pod = build.pod(templates={"gpu": "bad"})
+    _controller(stub, pods=(pod,)).sync_pod("ns", "trainer")
+    [(reason, message)] = _events(stub)
+    assert reason == controller.FAILED_CREATION
+    assert "ResourceClaimTemplate ns/bad is invalid" in message
+    assert "pod ns/trainer spec.resourceClaims[gpu].resourceClaimTemplateName" in message
+    assert "firstAvailable" in message
+    assert [w for w in stub.writes if w[1] != "events"] == []
+
+
+def test_a_missing_template_gets_a_warning_and_a_retry() -> None:
+    """Guards: a template that does not exist gives a Warning Event and RetryLater (retried with backoff)."""
+    stub = StubClient()
+    with pytest.raises(controller.RetryLater, match="ResourceClaimTemplate ns/absent does not exist"):
+        _controller(stub, pods=(build.pod(templates={"gpu": "absent"}),)).sync_pod("ns", "trainer")
+    assert [reason for reason, _ in _events(stub)] == [controller.FAILED_CREATION]
+
+
+def test_a_pod_sync_creates_then_records_in_that_order() -> None:
+    """Guards: the writes of a first pod sync are exactly: create the claim, then patch the pod's status with the
+    pod's resourceVersion as precondition."""
+    template = {"metadata": {"name": "t", "namespace": "ns"}, "spec": {"spec": {"devices": {}}}}
+    stub = StubClient(templates={"t": template})
+    _controller(stub, pods=(build.pod(templates={"gpu": "t"}),)).sync_pod("ns", "trainer")
+    assert [(method, plural) for method, plural, _ in stub.writes] == [
+        ("POST", "resourceclaims"),
+        ("PATCH", "pods/status"),
+    ]
+    assert stub.writes[1][2] == {
+        "metadata": {"resourceVersion": "7"},
+        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "made"}]},
+    }
+
+
+def test_a_full_claim_gets_a_warning_instead_of_a_257th_reservation() -> None:
+    """Guards: a bound pod is not added to a claim that already has 256 reservedFor entries: Warning Event, retry."""
+    others = tuple(build.ref(build.pod(f"p{i}")) for i in range(256))
+    full = build.claim("shared", allocated=True, reserved=others)
+    pod = build.pod("late", node="node-a", direct={"gpu": "shared"})
+    stub = StubClient()
+    with pytest.raises(controller.RetryLater, match="256"):
+        _controller(stub, pods=(pod,), claims=(full,)).sync_pod("ns", "late")
+    assert [reason for reason, _ in _events(stub)] == [controller.RESERVATION_FAILED]
+    assert [w for w in stub.writes if w[1] != "events"] == []
+
+
+def test_a_finished_pods_claim_is_unreserved_deallocated_unprotected_and_deleted_in_order() -> None:
+    """Guards: the writes of the cleanup are exactly: status (reservedFor and allocation cleared) at the read
+    resourceVersion, finalizer removal at the new one, delete with the UID and the newest resourceVersion."""
+    job = build.pod("job", phase="Succeeded")
+    claim = build.claim("job-gpu-abcde", owner=job, reserved=(build.ref(job),), allocated=True, finalizer=True)
+    stub = StubClient()
+    _controller(stub, pods=(job,), claims=(claim,)).sync_claim("ns", "job-gpu-abcde")
+    assert stub.writes == [
+        (
+            "PATCH",
+            "resourceclaims/status",
+            {
+                "metadata": {"resourceVersion": "3"},
+                "status": {"reservedFor": None, "allocation": None, "devices": None},
+            },
+        ),
+        ("PATCH", "resourceclaims", {"metadata": {"resourceVersion": "11", "finalizers": None}}),
+        ("DELETE", "resourceclaims", {"name": "job-gpu-abcde", "resourceVersion": "12", "uid": "uid-job-gpu-abcde"}),
+    ]
