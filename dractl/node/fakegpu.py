@@ -5,6 +5,11 @@ What it does: `FakeGpus` implements `backend.NvmlBackend` over a `Profile` (buil
 GPU-instance profiles with NVML's valid placements, creation only at an allowed placement
 that overlaps no existing GPU instance, NVML's return codes for every refusal, MIG devices
 with UUIDs, XID and GPU-lost events, and fault injection (`fail`, `mark_lost`) for tests.
+A profile file may list `faults:` that are injected from the start through the same `fail`,
+so a separate process (a node agent under test) can be made to fail or hang at one exact
+NVML call: `{operation: create_compute_instance, action: hang}` blocks that call (with the
+fake's lock released) until the fake is closed or the process dies, which leaves the GPU
+instance made just before it for a crash test to find.
 UUIDs are stable per node name and minor (UUIDv5), so the same profile on the same node
 always yields the same devices. With `state_file` the mutable state (MIG mode, GPU and
 compute instances, compute mode, time-slice) is written to JSON after every change and read
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import json
 import os
 import pathlib
@@ -35,6 +41,8 @@ __all__ = [
     "PROFILES_DIR",
     "ProfileError",
     "StateFileError",
+    "FaultAction",
+    "FaultSpec",
     "MigProfileSpec",
     "GpuModel",
     "GpuSpec",
@@ -96,12 +104,31 @@ class GpuSpec:
     fabric: backend.FabricInfo | None = None
 
 
+class FaultAction(enum.Enum):
+    """What an injected fault does to the call it hits."""
+
+    FAIL = "fail"  # raise NvmlError(code) at once
+    HANG = "hang"  # block until the fake is closed (or the process dies)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FaultSpec:
+    """A fault a profile file injects from the start: the arguments of one `FakeGpus.fail` call."""
+
+    operation: str
+    action: FaultAction = FaultAction.FAIL
+    code: int = backend.Return.UNKNOWN
+    minor: int | None = None
+    times: int = 1
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Profile:
     name: str
     driver_version: str
     cuda_driver_version: str
     gpus: tuple[GpuSpec, ...]
+    faults: tuple[FaultSpec, ...] = ()
 
 
 # --- Profiles ---------------------------------------------------------------------------------
@@ -150,11 +177,15 @@ def parse_profile(raw: object, *, name: str, file: str = "<profile>") -> Profile
     `models` (optional: more GPU models, keyed by name, beside the built-in ones), and
     `gpus` (required, non-empty list) of `{model, pciBusID, pcieRoot?, numaNode?, minor?,
     migMode? (enabled|disabled), migDevices? [{profile, start}], fabric? {clusterUUID?,
-    cliqueID?, moduleID?, partitions? {<GPU count>: <partition id>}}}`.
+    cliqueID?, moduleID?, partitions? {<GPU count>: <partition id>}}}`, and `faults`
+    (optional list, for tests) of `{operation, action? (fail|hang, default fail), code? (an
+    NVML return code name such as INSUFFICIENT_RESOURCES, required for fail, refused for
+    hang), minor? (only the GPU with that minor; not for driver_info, gpus, wait_events),
+    times? (how many calls it hits, default 1)}`, each applied as one `FakeGpus.fail` call.
     """
     p = _Parser(file)
     top = p.mapping(raw, "")
-    p.keys(top, "", {"driverVersion", "cudaDriverVersion", "models", "gpus"})
+    p.keys(top, "", {"driverVersion", "cudaDriverVersion", "models", "gpus", "faults"})
     driver = p.string(top, "driverVersion", "", required=True, pattern=_VERSION, example="580.126.20")
     cuda = p.string(top, "cudaDriverVersion", "", required=True, pattern=_MAJOR_MINOR, example='"13.0"')
     models = _builtin_models()
@@ -170,7 +201,8 @@ def parse_profile(raw: object, *, name: str, file: str = "<profile>") -> Profile
             if (what, value) in seen:
                 raise ProfileError(f"{file}: gpus[{i}].{what}: {value} repeats {seen[(what, value)]}")
             seen[(what, value)] = f"gpus[{i}]"
-    return Profile(name=name, driver_version=driver, cuda_driver_version=cuda, gpus=tuple(gpus))
+    faults = p.faults(top.get("faults"), "faults", minors={gpu.minor for gpu in gpus})
+    return Profile(name=name, driver_version=driver, cuda_driver_version=cuda, gpus=tuple(gpus), faults=faults)
 
 
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
@@ -441,6 +473,48 @@ class _Parser:
             partitions=tuple(sorted(partitions, reverse=True)),
         )
 
+    def faults(self, raw: object, path: str, *, minors: set[int]) -> tuple[FaultSpec, ...]:
+        result = []
+        for i, item in enumerate(self.list(raw, path)):
+            ipath = f"{path}[{i}]"
+            m = self.mapping(item, ipath)
+            self.keys(m, ipath, {"operation", "action", "code", "minor", "times"})
+            operation = self.string(m, "operation", ipath, required=True, example="create_compute_instance")
+            if operation not in OPERATIONS:
+                raise self.fail(
+                    f"{ipath}.operation", f"unknown operation {operation!r} (known: {', '.join(sorted(OPERATIONS))})"
+                )
+            action_text = self.string(m, "action", ipath) or FaultAction.FAIL.value
+            if action_text not in {a.value for a in FaultAction}:
+                raise self.fail(f"{ipath}.action", f"must be fail or hang, got {action_text!r}")
+            action = FaultAction(action_text)
+            code: int = backend.Return.UNKNOWN
+            if action is FaultAction.HANG:
+                if m.get("code") is not None:
+                    raise self.fail(f"{ipath}.code", "only for action: fail (a hung call returns no code)")
+            else:
+                name = self.string(m, "code", ipath, required=True, example="INSUFFICIENT_RESOURCES")
+                if name not in backend.Return.__members__ or name == backend.Return.SUCCESS.name:
+                    raise self.fail(
+                        f"{ipath}.code", f"{name!r} is not an NVML error code name (e.g. INSUFFICIENT_RESOURCES)"
+                    )
+                code = backend.Return[name]
+            minor = self.integer(m, "minor", ipath)
+            if minor is not None and operation in _NO_MINOR_OPERATIONS:
+                raise self.fail(
+                    f"{ipath}.minor", f"{operation} is not called on one GPU, so the fault would never fire"
+                )
+            if minor is not None and minor not in minors:
+                known = ", ".join(str(n) for n in sorted(minors))
+                raise self.fail(f"{ipath}.minor", f"no GPU in this profile has minor {minor} (minors: {known})")
+            times = self.integer(m, "times", ipath, minimum=1)
+            result.append(
+                FaultSpec(
+                    operation=operation, action=action, code=code, minor=minor, times=1 if times is None else times
+                )
+            )
+        return tuple(result)
+
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
@@ -491,6 +565,7 @@ class _Fault:
     code: int
     minor: int | None
     times: int
+    action: FaultAction = FaultAction.FAIL
 
 
 # The operations `fail` can target: every NvmlBackend method.
@@ -513,6 +588,8 @@ OPERATIONS = frozenset(
         "wait_events",
     }
 )
+# The operations not called on one GPU: a fault on them cannot be limited to a minor.
+_NO_MINOR_OPERATIONS = frozenset({"driver_info", "gpus", "wait_events"})
 
 
 class FakeGpus:
@@ -532,6 +609,9 @@ class FakeGpus:
         self._events_ready = threading.Condition(self._lock)
         self._events: collections.deque[backend.Event] = collections.deque()
         self._faults: dict[str, list[_Fault]] = {}
+        # Calls blocked by a hang fault wait here; close() wakes them.
+        self._unhang = threading.Condition(self._lock)
+        self._hung: list[str] = []
         self._closed = False
         # NVML enumerates GPUs in PCI bus order; the minor number is the driver's own.
         by_bus = sorted(profile.gpus, key=lambda g: g.pci_bus_id)
@@ -551,15 +631,42 @@ class FakeGpus:
                     gi = self._new_gi(gpu, profile_, placement)
                     gpu.gis[gi].cis.append(0)
             self._save()
+        for fault in profile.faults:
+            self.fail(fault.operation, fault.code, minor=fault.minor, times=fault.times, action=fault.action)
 
     # --- Test controls (not part of NvmlBackend) ---
 
-    def fail(self, operation: str, code: int, *, minor: int | None = None, times: int = 1) -> None:
-        """Make the next `times` calls of `operation` (on `minor`, or any GPU) raise NvmlError(code)."""
+    def fail(
+        self,
+        operation: str,
+        code: int = backend.Return.UNKNOWN,
+        *,
+        minor: int | None = None,
+        times: int = 1,
+        action: FaultAction = FaultAction.FAIL,
+    ) -> None:
+        """Make the next `times` calls of `operation` (on `minor`, or any GPU) raise NvmlError(code),
+        or with `FaultAction.HANG` block until `close()` (then raise NvmlError(UNINITIALIZED)).
+
+        A hung call has done nothing (it hangs before its checks), and it releases the fake's
+        lock while it waits, so other threads keep using the fake. Faults stack per operation;
+        the oldest one with calls left fires first. Profile files' `faults:` come through here.
+        """
         if operation not in OPERATIONS:
             raise ValueError(f"unknown operation {operation!r} (known: {', '.join(sorted(OPERATIONS))})")
+        if minor is not None and operation in _NO_MINOR_OPERATIONS:
+            raise ValueError(f"{operation} is not called on one GPU: a fault on minor {minor} would never fire")
+        if times < 1:
+            raise ValueError(f"times must be >= 1, got {times}")
         with self._lock:
-            self._faults.setdefault(operation, []).append(_Fault(code=int(code), minor=minor, times=times))
+            self._faults.setdefault(operation, []).append(
+                _Fault(code=int(code), minor=minor, times=times, action=FaultAction(action))
+            )
+
+    def hung(self) -> tuple[str, ...]:
+        """The operations blocked in a hang fault right now, oldest first (for tests to wait on)."""
+        with self._lock:
+            return tuple(self._hung)
 
     def mark_lost(self, minor: int) -> None:
         """The GPU falls off the bus: every later call on it raises GPU_IS_LOST; one GPU_LOST event."""
@@ -736,9 +843,11 @@ class FakeGpus:
             return events
 
     def close(self) -> None:
+        """End event waits and hung calls. Idempotent."""
         with self._lock:
             self._closed = True
             self._events_ready.notify_all()
+            self._unhang.notify_all()
 
     # --- Internals ---
 
@@ -746,7 +855,22 @@ class FakeGpus:
         for fault in self._faults.get(operation, ()):
             if fault.times > 0 and (fault.minor is None or fault.minor == minor):
                 fault.times -= 1
+                if fault.action is FaultAction.HANG:
+                    self._hang(operation)
                 raise backend.NvmlError(fault.code, f"injected fault in {operation}")
+
+    def _hang(self, operation: str) -> None:
+        """Block the calling thread until close(). Called with the lock held; waiting on a
+        condition of the lock releases it (every recursion level of the RLock), so the rest
+        of the process goes on as it would beside one stuck driver call."""
+        self._hung.append(operation)
+        try:
+            self._unhang.wait_for(lambda: self._closed)
+        finally:
+            self._hung.remove(operation)
+        raise backend.NvmlError(
+            backend.Return.UNINITIALIZED, f"injected hang in {operation} ended: the fake was closed"
+        )
 
     def _gpu(self, minor: int, *, check_lost: bool = True) -> _Gpu:
         gpu = self._gpus.get(minor)

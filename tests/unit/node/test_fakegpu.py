@@ -322,6 +322,65 @@ def test_custom_profile_file_loads(tmp_path: pathlib.Path) -> None:
             id="bad-memory",
         ),
         pytest.param(["not", "a", "mapping"], "(top level)", "must be a mapping", id="list"),
+        pytest.param(_with("faults", {"operation": "gpus"}), "faults", "must be a list", id="faults-not-list"),
+        pytest.param(
+            _with("faults", [{"operation": "create_gi", "action": "hang"}]),
+            "faults[0].operation",
+            "unknown operation 'create_gi' (known: compute_instances, ",
+            id="fault-unknown-operation",
+        ),
+        pytest.param(_with("faults", [{"action": "hang"}]), "faults[0].operation", "required", id="fault-no-operation"),
+        pytest.param(
+            _with("faults", [{"operation": "gpus", "action": "crash"}]),
+            "faults[0].action",
+            "must be fail or hang, got 'crash'",
+            id="fault-bad-action",
+        ),
+        pytest.param(
+            _with("faults", [{"operation": "gpus", "action": "hang", "code": "TIMEOUT"}]),
+            "faults[0].code",
+            "only for action: fail",
+            id="fault-hang-with-code",
+        ),
+        pytest.param(
+            _with("faults", [{"operation": "gpus"}]), "faults[0].code", "required", id="fault-fail-without-code"
+        ),
+        pytest.param(
+            _with("faults", [{"operation": "gpus", "code": "OUT_OF_CHEESE"}]),
+            "faults[0].code",
+            "'OUT_OF_CHEESE' is not an NVML error code name",
+            id="fault-bad-code",
+        ),
+        pytest.param(
+            _with("faults", [{"operation": "gpus", "code": "SUCCESS"}]),
+            "faults[0].code",
+            "not an NVML error code name",
+            id="fault-success-code",
+        ),
+        pytest.param(
+            _with("faults", [{"operation": "gpus", "code": "TIMEOUT", "minor": 0}]),
+            "faults[0].minor",
+            "would never fire",
+            id="fault-minor-on-gpus",
+        ),
+        pytest.param(
+            _with("faults", [{"operation": "set_mig_mode", "code": "TIMEOUT", "minor": 5}]),
+            "faults[0].minor",
+            "no GPU in this profile has minor 5 (minors: 0)",
+            id="fault-unknown-minor",
+        ),
+        pytest.param(
+            _with("faults", [{"operation": "gpus", "code": "TIMEOUT", "times": 0}]),
+            "faults[0].times",
+            "must be >= 1",
+            id="fault-zero-times",
+        ),
+        pytest.param(
+            _with("faults", [{"operation": "gpus", "code": "TIMEOUT", "when": "later"}]),
+            "faults[0].when",
+            "unknown field",
+            id="fault-unknown-field",
+        ),
     ],
 )
 def test_bad_profile_names_file_and_field(tmp_path: pathlib.Path, document: object, field: str, problem: str) -> None:
@@ -350,3 +409,98 @@ def test_invalid_yaml_names_the_file(tmp_path: pathlib.Path) -> None:
     with pytest.raises(fakegpu.ProfileError) as caught:
         fakegpu.load_profile(str(path))
     assert str(caught.value).startswith(f"{path}: not valid YAML: ") and "\n" not in str(caught.value)
+
+
+def _profile_with_faults(tmp_path: pathlib.Path, faults: list[dict[str, Any]]) -> fakegpu.Profile:
+    path = tmp_path / "faulty.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {**GOOD, "gpus": [*GOOD["gpus"], {"model": "a100-sxm4-80gb", "pciBusID": "0000:0f:00.0"}], "faults": faults}
+        )
+    )
+    return fakegpu.load_profile(str(path))
+
+
+def test_profile_fail_fault_hits_the_named_gpu_the_given_number_of_times(tmp_path: pathlib.Path) -> None:
+    """Guards the file-level fail fault: the code, the minor filter and `times`, then the call works."""
+    profile = _profile_with_faults(
+        tmp_path, [{"operation": "create_gpu_instance", "code": "INSUFFICIENT_RESOURCES", "minor": 0, "times": 2}]
+    )
+    assert profile.faults == (
+        fakegpu.FaultSpec(
+            operation="create_gpu_instance", code=backend.Return.INSUFFICIENT_RESOURCES, minor=0, times=2
+        ),
+    )
+    fake = fakegpu.FakeGpus(profile, node_name="node-a")
+    for minor in (0, 1):
+        fake.set_mig_mode(minor, backend.MigMode.ENABLED)
+    codes = []
+    for _ in range(2):
+        with pytest.raises(backend.NvmlError) as caught:
+            fake.create_gpu_instance(0, profile_id=19, placement=backend.Placement(0, 1))
+        codes.append(caught.value.code)
+    assert codes == [backend.Return.INSUFFICIENT_RESOURCES] * 2
+    assert fake.create_gpu_instance(1, profile_id=19, placement=backend.Placement(0, 1)).gi_id == 1
+    assert fake.create_gpu_instance(0, profile_id=19, placement=backend.Placement(0, 1)).gi_id == 1
+
+
+def test_profile_hang_fault_blocks_after_the_gpu_instance_until_close(tmp_path: pathlib.Path) -> None:
+    """Guards the hang fault: the compute-instance call blocks with the GPU instance saved, other threads
+    keep using the fake, and close() ends the hung call with an NVML error."""
+    profile = _profile_with_faults(tmp_path, [{"operation": "create_compute_instance", "action": "hang"}])
+    state = tmp_path / "fake-gpus.json"
+    fake = fakegpu.FakeGpus(profile, node_name="node-a", state_file=state)
+    fake.set_mig_mode(0, backend.MigMode.ENABLED)
+    gi = fake.create_gpu_instance(0, profile_id=9, placement=backend.Placement(4, 4))
+    errors: list[BaseException] = []
+
+    def make_ci() -> None:
+        try:
+            fake.create_compute_instance(0, gi_id=gi.gi_id)
+        except BaseException as error:  # noqa: BLE001 - the test inspects whatever ended the call
+            errors.append(error)
+
+    worker = threading.Thread(target=make_ci, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 10.0
+    while fake.hung() != ("create_compute_instance",) and time.monotonic() < deadline:
+        worker.join(timeout=0.01)
+    assert fake.hung() == ("create_compute_instance",) and worker.is_alive()
+    # The lock is free while the call hangs: reads and changes on other GPUs go through.
+    assert [g.gi_id for g in fake.gpu_instances(0)] == [gi.gi_id] and fake.mig_devices(0) == ()
+    fake.set_mig_mode(1, backend.MigMode.ENABLED)
+    saved = json.loads(state.read_text())["gpus"]["0"]["gpuInstances"]
+    assert saved == [{"computeInstances": [], "giId": gi.gi_id, "profileId": 9, "start": 4}]
+    fake.close()
+    worker.join(timeout=10.0)
+    assert not worker.is_alive() and fake.hung() == ()
+    assert len(errors) == 1 and isinstance(errors[0], backend.NvmlError)
+    assert errors[0].code == backend.Return.UNINITIALIZED and "injected hang" in str(errors[0])
+
+
+def test_a_restart_without_the_fault_finds_the_gpu_instance_the_hang_left(tmp_path: pathlib.Path) -> None:
+    """Guards what the crash test relies on: faults are not persisted, the leaked GPU instance is."""
+    state = tmp_path / "fake-gpus.json"
+    hanging = fakegpu.FakeGpus(
+        _profile_with_faults(tmp_path, [{"operation": "create_compute_instance", "action": "hang"}]),
+        node_name="node-a",
+        state_file=state,
+    )
+    hanging.set_mig_mode(0, backend.MigMode.ENABLED)
+    gi = hanging.create_gpu_instance(0, profile_id=9, placement=backend.Placement(0, 4))
+    restarted = fakegpu.FakeGpus(_profile_with_faults(tmp_path, []), node_name="node-a", state_file=state)
+    assert restarted.gpu_instances(0) == (gi,)
+    assert restarted.create_compute_instance(0, gi_id=gi.gi_id).gi_id == gi.gi_id
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        pytest.param({"operation": "gpus", "minor": 0}, "would never fire", id="minor-on-gpus"),
+        pytest.param({"operation": "set_mig_mode", "times": 0}, "times must be >= 1", id="zero-times"),
+    ],
+)
+def test_fail_refuses_a_fault_that_cannot_fire(kwargs: dict[str, Any], problem: str) -> None:
+    """Guards the in-process API: a fault that would never fire is a ValueError, not a silent no-op."""
+    with pytest.raises(ValueError, match=problem):
+        _fake().fail(code=backend.Return.TIMEOUT, **kwargs)
