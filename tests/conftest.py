@@ -7,17 +7,12 @@ line saying how to get the binaries when they are absent.
 
 from __future__ import annotations
 
-import pathlib
-import sys
 import uuid
 from collections.abc import Iterator
 
-import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
 import controlplane
 import faultproxy
+import pytest
 
 from dractl.kube import client
 

@@ -15,7 +15,8 @@ PACKAGE = ROOT / "dractl"
 
 
 def test_import_linter_contracts_are_kept() -> None:
-    """Guards: every [tool.importlinter] contract (cli -> modes -> alloc -> cel -> model, the model's isolation) is kept."""
+    """Guards: every [tool.importlinter] contract (cli -> modes -> alloc -> cel -> model,
+    the model's isolation) is kept."""
     lint_imports = pathlib.Path(sys.executable).parent / "lint-imports"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     completed = subprocess.run(

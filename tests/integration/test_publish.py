@@ -185,7 +185,8 @@ def test_slices_for_another_node_are_refused(kube_client: client.Client) -> None
 
 
 def test_a_recreated_node_gets_its_slices_owned_by_the_new_uid(kube_client: client.Client) -> None:
-    """Guards: after the Node is deleted and registered again, republishing points the owner reference at the new uid."""
+    """Guards: after the Node is deleted and registered again,
+    republishing points the owner reference at the new uid."""
     node, old_uid = _node(kube_client)
     publisher = publish.Publisher(kube_client, driver=DRIVER, node_name=node)
     desired = _desired("t4-x2", node)

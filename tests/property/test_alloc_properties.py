@@ -19,10 +19,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import oracle
 import pytest
-import strategies
 from hypothesis import example, given
+from support import oracle, strategies
 
 from dractl import alloc, model
 
@@ -149,7 +148,8 @@ def test_policies_agree_on_which_claims_are_allocatable_in_isolation(instance: s
             ]
             pytest.fail(
                 _report(
-                    f"{claim.key}: first-fit ok={first_fit.ok}, binpack ok={binpack.ok}; oracle: allocatable on {nodes or 'no node'}",
+                    f"{claim.key}: first-fit ok={first_fit.ok}, binpack ok={binpack.ok}; oracle: allocatable on "
+                    f"{nodes or 'no node'}",
                     instance.snapshot,
                     [claim],
                     "first-fit " + _outcome(first_fit),
@@ -183,7 +183,8 @@ def test_sequences_never_double_allocate_or_overdraw(policy: alloc.Policy, insta
                 found = answers[feasible[0]]
                 pytest.fail(
                     _report(
-                        f"{policy.value}: {claim.key} refused without an error, but the oracle answers {_verdict(found)} on {feasible[0]}",
+                        f"{policy.value}: {claim.key} refused without an error, but the oracle answers "
+                        f"{_verdict(found)} on {feasible[0]}",
                         instance.snapshot,
                         instance.claims,
                         "committed before:",

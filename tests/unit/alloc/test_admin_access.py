@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from alloc_inputs import allocator, claim, counter_set, device, devices, held, picked, reasons, request, rslice, taint
+from support.alloc_inputs import allocator, claim, held, picked, reasons, request
+from support.devices import counter_set, device, devices, rslice, taint
 
 
 def test_admin_access_enabled() -> None:

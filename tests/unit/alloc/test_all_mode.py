@@ -2,21 +2,8 @@
 
 from __future__ import annotations
 
-from alloc_inputs import (
-    DRIVER_B,
-    allocator,
-    claim,
-    counter_set,
-    device,
-    devices,
-    held,
-    match,
-    picked,
-    reasons,
-    request,
-    rslice,
-    taint,
-)
+from support.alloc_inputs import DRIVER_B, allocator, claim, held, match, picked, reasons, request
+from support.devices import counter_set, device, devices, rslice, taint
 
 
 def test_all_devices_single() -> None:

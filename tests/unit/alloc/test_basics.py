@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import pytest
-from alloc_inputs import (
-    DRIVER,
+from support.alloc_inputs import (
     DRIVER_B,
     allocator,
     claim,
-    device,
-    device_class,
-    devices,
     held,
     name_selector,
     node,
     picked,
     reasons,
     request,
-    rslice,
     selector,
 )
+from support.devices import DRIVER, device, device_class, devices, rslice
 
 from dractl import _alloc, alloc, model
 

@@ -2,20 +2,8 @@
 
 from __future__ import annotations
 
-from alloc_inputs import (
-    allocator,
-    claim,
-    counter_set,
-    device,
-    name_selector,
-    node,
-    picked,
-    request,
-    rslice,
-    selector,
-    taint,
-    toleration,
-)
+from support.alloc_inputs import allocator, claim, name_selector, node, picked, request, selector, toleration
+from support.devices import counter_set, device, rslice, taint
 
 
 def test_device_binding_conditions() -> None:

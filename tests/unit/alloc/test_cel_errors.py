@@ -10,20 +10,8 @@ at the same place.
 from __future__ import annotations
 
 import pytest
-from alloc_inputs import (
-    allocator,
-    claim,
-    device,
-    device_class,
-    first_available,
-    held,
-    node,
-    picked,
-    reasons,
-    request,
-    rslice,
-    sub,
-)
+from support.alloc_inputs import allocator, claim, first_available, held, node, picked, reasons, request, sub
+from support.devices import device, device_class, rslice
 
 from dractl import alloc
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from alloc_inputs import allocator, claim, device, picked, request, rslice
+from support.alloc_inputs import allocator, claim, picked, request
+from support.devices import device, rslice
 
 
 def gpus() -> list:

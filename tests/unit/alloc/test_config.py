@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from alloc_inputs import allocator, claim, device_class, devices, first_available, opaque, request, rslice, sub
+from support.alloc_inputs import allocator, claim, first_available, opaque, request, sub
+from support.devices import device_class, devices, rslice
 
 from dractl import model
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from alloc_inputs import allocator, claim, counter_set, device, device_class, match, picked, q, reasons, request, rslice
+from support.alloc_inputs import allocator, claim, match, picked, reasons, request
+from support.devices import counter_set, device, device_class, q, rslice
 
 from dractl import model
 

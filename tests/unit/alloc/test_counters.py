@@ -3,13 +3,10 @@ seed's MIG case, and dractl's per-counter-set and per-(driver, pool) bookkeeping
 
 from __future__ import annotations
 
-from alloc_inputs import (
+from support.alloc_inputs import (
     DRIVER_B,
     allocator,
     claim,
-    counter_set,
-    device,
-    device_class,
     first_available,
     held,
     match,
@@ -18,11 +15,10 @@ from alloc_inputs import (
     picked,
     reasons,
     request,
-    rslice,
     selector,
     sub,
-    taint,
 )
+from support.devices import counter_set, device, device_class, rslice, taint
 
 MEM = 'device.capacity["driver-a"].memory.compareTo(quantity("%s")) >= 0'
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from alloc_inputs import allocator, claim, device, distinct, picked, reasons, request, rslice
+from support.alloc_inputs import allocator, claim, distinct, picked, reasons, request
+from support.devices import device, rslice
 
 
 def slices_with(values: list[object]) -> list:

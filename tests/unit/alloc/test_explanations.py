@@ -2,20 +2,8 @@
 
 from __future__ import annotations
 
-from alloc_inputs import (
-    allocator,
-    claim,
-    counter_set,
-    device,
-    device_class,
-    devices,
-    distinct,
-    held,
-    match,
-    reasons,
-    request,
-    rslice,
-)
+from support.alloc_inputs import allocator, claim, distinct, held, match, reasons, request
+from support.devices import counter_set, device, device_class, devices, rslice
 
 
 def test_counts_per_request() -> None:
@@ -34,7 +22,8 @@ def test_counts_per_request() -> None:
     assert reason.claim == "default/c" and reason.request == "gpu"
     assert (
         reason.message
-        == "device class class-a matches 3 devices; 2 pass the request's selectors; 1 of those are free on the candidate nodes (2 needed)"
+        == "device class class-a matches 3 devices; 2 pass the request's selectors; 1 of those are free on the "
+        "candidate nodes (2 needed)"
     )
 
 
@@ -79,7 +68,8 @@ def test_counter_reason() -> None:
 
 
 def test_constraint_reason_in_a_joint_allocation_names_that_claims_constraint() -> None:
-    """Claims allocated together number constraints across the call; each reason still names its own claim's constraint (found by the oracle property)."""
+    """Claims allocated together number constraints across the call; each reason still names its own claim's constraint
+    (found by the oracle property)."""
     slices = [rslice(device("device-0"), device("device-1", attributes={"model": "a100"}))]
     first = claim("c0", request("r0"), constraints=[distinct("driver-a/model")])
     second = claim("c1", request("r0"), constraints=[distinct("driver-a/model")])

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-from alloc_inputs import (
+from support.alloc_inputs import (
     DRIVER_B,
     allocator,
     claim,
-    device,
-    device_class,
-    devices,
     first_available,
     held,
     match,
     picked,
     reasons,
     request,
-    rslice,
     sub,
-    taint,
     toleration,
 )
+from support.devices import device, device_class, devices, rslice, taint
 
 MEM = 'device.capacity["driver-a"].memory.compareTo(quantity("%s")) >= 0'
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from alloc_inputs import allocator, claim, device, match, picked, reasons, request, rslice
+from support.alloc_inputs import allocator, claim, match, picked, reasons, request
+from support.devices import device, rslice
 
 
 def two(a1: dict[str, object], a2: dict[str, object], *more: dict[str, object]) -> list:

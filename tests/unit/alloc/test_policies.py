@@ -4,7 +4,8 @@ keeps PCIe roots together and keeps large MIG profiles placeable."""
 from __future__ import annotations
 
 import pytest
-from alloc_inputs import allocator, claim, counter_set, device, device_class, held, picked, request, rslice
+from support.alloc_inputs import allocator, claim, held, picked, request
+from support.devices import counter_set, device, device_class, rslice
 
 from dractl import alloc
 

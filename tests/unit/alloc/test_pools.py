@@ -3,7 +3,8 @@ and the pool cases of groups A and G."""
 
 from __future__ import annotations
 
-from alloc_inputs import allocator, claim, counter_set, device, devices, picked, reasons, rslice
+from support.alloc_inputs import allocator, claim, picked, reasons
+from support.devices import counter_set, device, devices, rslice
 
 
 def test_obsolete_slice() -> None:

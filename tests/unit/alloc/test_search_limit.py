@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
-from alloc_inputs import (
-    allocator,
-    claim,
-    device,
-    devices,
-    first_available,
-    match,
-    picked,
-    reasons,
-    request,
-    rslice,
-    sub,
-)
+from support.alloc_inputs import allocator, claim, first_available, match, picked, reasons, request, sub
+from support.devices import device, devices, rslice
 
 
 def alternating(n: int) -> list:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from alloc_inputs import allocator, claim, device, picked, reasons, request, rslice, taint, toleration
+from support.alloc_inputs import allocator, claim, picked, reasons, request, toleration
+from support.devices import device, rslice, taint
 
 
 def test_tainted_two_devices() -> None:

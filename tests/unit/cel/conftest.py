@@ -1,46 +1,30 @@
-"""Devices for the CEL tests: an NVIDIA A100 as the NVIDIA DRA driver publishes it, and a builder."""
+"""Devices for the CEL tests: an NVIDIA A100 as the NVIDIA DRA driver publishes it, and a fixture that builds inputs."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
 import pytest
+from support import devices
 
 from dractl import cel, model
 
 DRIVER = "gpu.nvidia.com"
 Attr = model.DeviceAttribute
-Kind = model.AttributeKind
-
-
-def _device(
-    name: str, attributes: Mapping[str, Attr], capacity: Mapping[str, str], *, multiple: bool = False
-) -> model.Device:
-    return model.Device(
-        name=name,
-        attributes=dict(attributes),
-        capacity={key: model.DeviceCapacity(model.quantity.parse(value)) for key, value in capacity.items()},
-        allow_multiple_allocations=multiple,
-    )
 
 
 A100_ATTRIBUTES = {
-    "type": Attr(Kind.STRING, ("gpu",)),
-    "productName": Attr(Kind.STRING, ("NVIDIA A100-SXM4-80GB",)),
-    "architecture": Attr(Kind.STRING, ("Ampere",)),
-    "cudaComputeCapability": Attr(Kind.VERSION, (model.semver.parse("8.0.0"),), texts=("8.0.0",)),
-    "driverVersion": Attr(Kind.VERSION, (model.semver.parse("580.126.20"),), texts=("580.126.20",)),
-    "index": Attr(Kind.INT, (3,)),
-    "migCapable": Attr(Kind.BOOL, (True,)),
-    "resource.kubernetes.io/pcieRoot": Attr(Kind.STRING, ("pci0000:64",)),
-    "resource.kubernetes.io/numaNode": Attr(Kind.INT, (0, 1), is_list=True),
-    "example.com/versions": Attr(
-        Kind.VERSION,
-        (model.semver.parse("1.2.3"), model.semver.parse("2.0.0-rc.1")),
-        is_list=True,
-        texts=("1.2.3", "2.0.0-rc.1"),
-    ),
-    "example.com/tags": Attr(Kind.STRING, ("fast", "big"), is_list=True),
+    "type": devices.attr("gpu"),
+    "productName": devices.attr("NVIDIA A100-SXM4-80GB"),
+    "architecture": devices.attr("Ampere"),
+    "cudaComputeCapability": devices.attr("v:8.0.0"),
+    "driverVersion": devices.attr("v:580.126.20"),
+    "index": devices.attr(3),
+    "migCapable": devices.attr(True),
+    "resource.kubernetes.io/pcieRoot": devices.attr("pci0000:64"),
+    "resource.kubernetes.io/numaNode": devices.attr([0, 1]),
+    "example.com/versions": devices.attr(["v:1.2.3", "v:2.0.0-rc.1"]),
+    "example.com/tags": devices.attr(["fast", "big"]),
 }
 A100_CAPACITY = {"memory": "80Gi", "multiprocessors": "108", "example.com/power": "400500m"}
 
@@ -48,7 +32,7 @@ A100_CAPACITY = {"memory": "80Gi", "multiprocessors": "108", "example.com/power"
 @pytest.fixture
 def gpu() -> cel.DeviceInput:
     """An A100 80GB from driver gpu.nvidia.com, with a few qualified and list attributes."""
-    return cel.device_input(DRIVER, _device("gpu-0", A100_ATTRIBUTES, A100_CAPACITY))
+    return cel.device_input(DRIVER, devices.device("gpu-0", attributes=A100_ATTRIBUTES, capacity=A100_CAPACITY))
 
 
 @pytest.fixture
@@ -62,7 +46,9 @@ def make_input() -> Callable[..., cel.DeviceInput]:
         driver: str = DRIVER,
         multiple: bool = False,
     ) -> cel.DeviceInput:
-        return cel.device_input(driver, _device("dev-0", attributes or {}, capacity or {}, multiple=multiple))
+        return cel.device_input(
+            driver, devices.device("dev-0", attributes=attributes or {}, capacity=capacity or {}, multi=multiple)
+        )
 
     return build
 

@@ -58,7 +58,8 @@ def _rewrite(error: cel.CompileError) -> str:
             id="literal-on-left-flips",
         ),
         pytest.param(
-            'device.capacity["gpu.nvidia.com"].memory >= quantity("40Gi") && device.capacity["gpu.nvidia.com"].memory < quantity("90Gi")',
+            'device.capacity["gpu.nvidia.com"].memory >= quantity("40Gi") && device.capacity["gpu.nvidia.com"].memory '
+            '< quantity("90Gi")',
             'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0 && '
             'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("90Gi")) < 0',
             id="two-comparisons",
@@ -112,7 +113,8 @@ def _rewrite(error: cel.CompileError) -> str:
         ),
         pytest.param(
             'device.driver == "fpga.example.com" && device.attributes["logic-cells"].quantity().value() >= 1000000',
-            'device.driver == "fpga.example.com" && device.capacity["fpga.example.com"].logicCells.compareTo(quantity("1000000")) >= 0',
+            'device.driver == "fpga.example.com" && '
+            'device.capacity["fpga.example.com"].logicCells.compareTo(quantity("1000000")) >= 0',
             id="article-other-driver",
         ),
         pytest.param(
@@ -134,7 +136,8 @@ def test_quantity_comparison_message() -> None:
     error = _compile_error('device.capacity["gpu.nvidia.com"].memory >= quantity("40Gi")')
     lines = error.message.split("\n")
     assert lines[0] == (
-        "ERROR: <input>:1:42: found no matching overload for '_>=_' applied to '(kubernetes.Quantity, kubernetes.Quantity)'"
+        "ERROR: <input>:1:42: found no matching overload for '_>=_' applied to '(kubernetes.Quantity, "
+        "kubernetes.Quantity)'"
     )
     assert lines[2] == " | " + "." * 41 + "^"
     assert "compareTo() returns -1, 0 or 1" in error.message

@@ -50,7 +50,8 @@ def test_strings_and_macros(check: Callable[[str], bool], expression: str) -> No
             id="bind-domain",
         ),
         pytest.param(
-            'cel.bind(mem, device.capacity["gpu.nvidia.com"].memory, mem.compareTo(quantity("40Gi")) >= 0 && mem.isLessThan(quantity("100Gi")))',
+            'cel.bind(mem, device.capacity["gpu.nvidia.com"].memory, mem.compareTo(quantity("40Gi")) >= 0 && '
+            'mem.isLessThan(quantity("100Gi")))',
             True,
             id="bind-quantity",
         ),

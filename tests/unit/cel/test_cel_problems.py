@@ -1,4 +1,5 @@
-"""Every selector of decoded objects is compiled up front, and each one that does not compile is named by file, object and field."""
+"""Every selector of decoded objects is compiled up front, and each one that does not compile is named by file, object
+and field."""
 
 from dractl import cel, model
 from dractl.model import decode
@@ -46,7 +47,8 @@ spec:
 
 
 def test_problems_name_file_object_and_field() -> None:
-    """Guards: class, claim and template selectors (exactly and firstAvailable) are all checked, each problem with its full path and the fix."""
+    """Guards: class, claim and template selectors (exactly and firstAvailable) are all checked, each problem with its
+    full path and the fix."""
     objects = decode.load_text(MANIFESTS, file="cluster.yaml")
     found = cel.problems(objects)
     assert len(found) == 3
@@ -56,7 +58,8 @@ def test_problems_name_file_object_and_field() -> None:
         "cluster.yaml: ResourceClaim ml/train: spec.devices.requests[1].firstAvailable[0].selectors[0].cel.expression:"
     )
     assert found[2].startswith(
-        "cluster.yaml: ResourceClaimTemplate default/tmpl: spec.spec.devices.requests[0].exactly.selectors[0].cel.expression:"
+        "cluster.yaml: ResourceClaimTemplate default/tmpl: "
+        "spec.spec.devices.requests[0].exactly.selectors[0].cel.expression:"
     )
     assert "undeclared" in found[2]
 

@@ -182,7 +182,8 @@ def test_env_vars_mirror_flags(manifests: pathlib.Path, bad: pathlib.Path) -> No
 
 
 def test_json_output_has_the_documented_keys(manifests: pathlib.Path) -> None:
-    """Guards: -o json is {"claims": [{namespace, name, status, allocated, node, allocation, reservedFor, reasons}], "summary": {...}}."""
+    """Guards: -o json is {"claims": [{namespace, name, status, allocated, node, allocation, reservedFor, reasons}],
+    "summary": {...}}."""
     result = _invoke("simulate", "-f", str(manifests), "-o", "json")
     assert result.exit_code == 0, result.stderr
     document = json.loads(result.stdout)
@@ -241,7 +242,8 @@ def test_yaml_output_fed_back_in_keeps_the_allocations(manifests: pathlib.Path, 
 
 
 def test_table_shows_claims_reasons_and_nodes_and_exits_0(manifests: pathlib.Path) -> None:
-    """Guards: the default table lists every claim, the reasons of the one that failed, a node summary, and still exits 0."""
+    """Guards: the default table lists every claim, the reasons of the one that failed, a node summary,
+    and still exits 0."""
     result = _invoke("simulate", "-f", str(manifests))
     assert result.exit_code == 0, result.stderr
     for text in ("default/fits", "default/too-big", "not allocated", "node-1", "1 of 2 claims allocated", "1 / 1"):
@@ -277,7 +279,8 @@ def test_python_dash_m_dractl_runs_the_cli() -> None:
 
 
 def test_search_limit_reaches_the_allocator() -> None:
-    """Guards: --search-limit is handed to the allocator: a limit of 1 step ends every search of the example with that reason."""
+    """Guards: --search-limit is handed to the allocator: a limit of 1 step ends every search of the
+    example with that reason."""
     result = _invoke("simulate", "--search-limit", "1", "-o", "json")
     assert result.exit_code == 0, result.stderr
     claims = json.loads(result.stdout)["claims"]
@@ -295,7 +298,10 @@ metadata: {name: odd}
 spec:
   devices:
     requests:
-    - {name: gpu, exactly: {deviceClassName: gpu.example.com, selectors: [{cel: {expression: 'device.attributes["gpu.example.com"].bold == "[bold]"'}}]}}
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.example.com
+        selectors: [{cel: {expression: 'device.attributes["gpu.example.com"].bold == "[bold]"'}}]
 """
     )
     path = tmp_path / "odd.yaml"
@@ -307,7 +313,8 @@ spec:
 
 
 def test_selector_that_does_not_compile_is_rejected_like_the_api_server_would(tmp_path: pathlib.Path) -> None:
-    """Guards: `>=` on a quantity (the seed article's class) exits 1 naming file, object and field, with the expression to write instead."""
+    """Guards: `>=` on a quantity (the seed article's class) exits 1 naming file, object and field, with the expression
+    to write instead."""
     path = tmp_path / "class.yaml"
     path.write_text(
         """apiVersion: resource.k8s.io/v1
@@ -325,14 +332,17 @@ spec:
         f"{path}: DeviceClass high-memory-gpu: spec.selectors[0].cel.expression: CEL expression"
     )
     assert (
-        'write instead: device.driver == "gpu.nvidia.com" && device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0'
-        in result.stderr
+        'write instead: device.driver == "gpu.nvidia.com" && '
+        'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0' in result.stderr
     )
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
 def test_the_cli_imports_no_cluster_libraries_until_a_mode_needs_them() -> None:
     """Guards: `dractl simulate` does not pay for importing gRPC, the Kubernetes client or prometheus-client."""
-    code = "import sys, dractl.cli; print(sorted(m for m in ('grpc', 'kubernetes', 'prometheus_client') if m in sys.modules))"
+    code = (
+        "import sys, dractl.cli; print(sorted(m for m in ('grpc', 'kubernetes', "
+        "'prometheus_client') if m in sys.modules))"
+    )
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert completed.stdout.strip() == "[]"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import helpers_claims as build
 import pytest
+from support import controller_inputs as build
 
 from dractl import model
 from dractl.controller import claims as controller

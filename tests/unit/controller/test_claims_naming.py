@@ -3,8 +3,8 @@ the claim body made from a template, and how pods are read from the API."""
 
 from __future__ import annotations
 
-import helpers_claims as build
 import pytest
+from support import controller_inputs as build
 
 from dractl.controller import claims as controller
 from dractl.model import podclaims

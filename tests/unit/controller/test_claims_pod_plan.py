@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import helpers_claims as build
+from support import controller_inputs as build
 
 from dractl.controller import claims as controller
 from dractl.model import limits

@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import helpers_claims as build
 import prometheus_client
 import pytest
+from support import controller_inputs as build
 
 from dractl.controller import claims as controller
 from dractl.kube import client

@@ -144,7 +144,8 @@ GENERATED = {
     ),
     "int-digits.json": (
         lambda: (
-            '{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"}, "spec": {"devices": '
+            '{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"}, "spec": '
+            '{"devices": '
             '{"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": ' + "9" * 5_000 + "}}]}}}"
         ),
         [f"ResourceClaim default/c: spec.devices.requests[0].exactly.count: {INT64}, got inf"],
@@ -168,7 +169,8 @@ def generated_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Pat
 def test_generated_hostile_input_gets_one_line(
     name: str, generated_run: tuple[pathlib.Path, subprocess.CompletedProcess[str]]
 ) -> None:
-    """Guards: nesting 100,000 deep (flow, block, JSON) and numbers of thousands of digits end in one line each, exit 1."""
+    """Guards: nesting 100,000 deep (flow, block, JSON) and numbers of thousands of digits end in one line each,
+    exit 1."""
     directory, result = generated_run
     assert result.returncode == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
@@ -199,7 +201,8 @@ def test_oversized_file_is_refused_before_reading(tmp_path: pathlib.Path) -> Non
     ids=["flag-beyond-int64", "flag-5000-digits", "env-hex", "env-negative"],
 )
 def test_search_limit_is_bounded_with_a_usage_error(args: list[str], env: dict[str, str], expected: str) -> None:
-    """Guards: search limits beyond int64, in hex or negative are usage errors (exit 2) naming the flag, no traceback."""
+    """Guards: search limits beyond int64, in hex or negative are usage errors (exit 2) naming the flag,
+    no traceback."""
     result = subprocess.run(
         [sys.executable, "-m", "dractl", "simulate", *args],
         capture_output=True,
@@ -214,7 +217,8 @@ def test_search_limit_is_bounded_with_a_usage_error(args: list[str], env: dict[s
 
 
 def test_closed_stdout_exits_quietly(tmp_path: pathlib.Path) -> None:
-    """Guards: `dractl simulate | head -1` (the reader closes the pipe mid-output) ends quietly with 141, no traceback."""
+    """Guards: `dractl simulate | head -1` (the reader closes the pipe mid-output) ends quietly with 141,
+    no traceback."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import alloc as generator
 

@@ -162,7 +162,8 @@ def documents(draw: st.DrawFn) -> str:
 )
 @given(text=documents())
 def test_hostile_documents_never_crash_the_cli(text: str) -> None:
-    """Guards: any mix of hostile scalars exits 0, 1 or 2, without a traceback, and every problem line names the file."""
+    """Guards: any mix of hostile scalars exits 0, 1 or 2, without a traceback,
+    and every problem line names the file."""
     with tempfile.TemporaryDirectory() as directory:
         file = pathlib.Path(directory) / "fuzz.yaml"
         file.write_text(text, encoding="utf-8", errors="surrogatepass")

@@ -1,9 +1,7 @@
-"""Decoder test set-up: this directory on sys.path (for `model_manifests`) and the `problems` fixture."""
+"""Decoder test set-up: the `problems` fixture."""
 
 from __future__ import annotations
 
-import pathlib
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -11,10 +9,6 @@ import pytest
 import yaml
 
 from dractl.model import decode
-
-HERE = str(pathlib.Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 Problems = Callable[..., list[str]]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import model_manifests as m
 import pytest
+from support import model_manifests as m
 
 PREFIX = "claims.yaml: ResourceClaim default/train: "
 DEVICES = "spec.devices"
@@ -49,7 +49,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "bad-class-name",
         _exact(deviceClassName="GPU_class"),
         [
-            f"{EXACT}.deviceClassName: \"GPU_class\" is not a DNS subdomain: at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+            f'{EXACT}.deviceClassName: "GPU_class" is not a DNS subdomain: at most 253 lowercase letters, digits, '
+            "'-' and '.', starting and ending with a letter or digit"
         ],
     ),
     (
@@ -61,7 +62,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "bad-request-name",
         m.claim(requests=[{"name": "GPU.0", "exactly": {"deviceClassName": "c"}}]),
         [
-            f"{REQ}.name: \"GPU.0\" is not a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+            f"{REQ}.name: \"GPU.0\" is not a DNS label: at most 63 lowercase letters, digits and '-', starting and "
+            "ending with a letter or digit"
         ],
     ),
     (
@@ -73,7 +75,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "neither-exactly-nor-first",
         m.claim(requests=[{"name": "gpu"}]),
         [
-            f"{REQ}: exactly one of `exactly` or `firstAvailable` is required: write exactly: {{deviceClassName: <class>}}"
+            f"{REQ}: exactly one of `exactly` or `firstAvailable` is required: write exactly: "
+            "{deviceClassName: <class>}"
         ],
     ),
     (
@@ -133,7 +136,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
             requests=[{"name": "gpu", "firstAvailable": [{"name": "a", "deviceClassName": "c", "adminAccess": True}]}]
         ),
         [
-            f"{REQ}.firstAvailable[0].adminAccess: not allowed in firstAvailable subrequests: use exactly: {{adminAccess: true}} on a request"
+            f"{REQ}.firstAvailable[0].adminAccess: not allowed in firstAvailable subrequests: use exactly: "
+            "{adminAccess: true} on a request"
         ],
     ),
     (
@@ -155,7 +159,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "toleration-equal-without-key",
         _exact(tolerations=[{"value": "v"}]),
         [
-            f"{EXACT}.tolerations[0].key: required unless operator is Exists (an empty key with Exists tolerates every taint)"
+            f"{EXACT}.tolerations[0].key: required unless operator is Exists "
+            "(an empty key with Exists tolerates every taint)"
         ],
     ),
     (
@@ -172,35 +177,40 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "toleration-bad-value",
         _exact(tolerations=[{"key": "k", "value": "a b"}]),
         [
-            f"{EXACT}.tolerations[0].value: \"a b\" is not a label value: at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+            f"{EXACT}.tolerations[0].value: \"a b\" is not a label value: at most 63 letters, digits, '-', '_' and "
+            "'.', starting and ending with a letter or digit"
         ],
     ),
     (
         "capacity-bad-quantity",
         _exact(capacity={"requests": {"memory": "10GB"}}),
         [
-            f"{EXACT}.capacity.requests[memory]: '10GB' is not a quantity (expected a number with an optional suffix such as Ki, Mi, Gi, m, k, M, G)"
+            f"{EXACT}.capacity.requests[memory]: '10GB' is not a quantity (expected a number with an optional suffix "
+            "such as Ki, Mi, Gi, m, k, M, G)"
         ],
     ),
     (
         "capacity-bad-name",
         _exact(capacity={"requests": {"gpu-memory": "10Gi"}}),
         [
-            f"{EXACT}.capacity.requests[gpu-memory]: \"gpu-memory\" is not a C identifier: at most 32 letters, digits and '_', not starting with a digit (e.g. gpuMemory)"
+            f'{EXACT}.capacity.requests[gpu-memory]: "gpu-memory" is not a C identifier: at most 32 letters, digits '
+            "and '_', not starting with a digit (e.g. gpuMemory)"
         ],
     ),
     (
         "constraint-unknown-request",
         m.claim(constraints=[{"requests": ["gpu", "nic"], "matchAttribute": "gpu.nvidia.com/uuid"}]),
         [
-            f'{DEVICES}.constraints[0].requests[1]: "nic" is not a request of this claim (requests: gpu; a subrequest is written request/subrequest)'
+            f'{DEVICES}.constraints[0].requests[1]: "nic" is not a request of this claim (requests: gpu; a subrequest '
+            "is written request/subrequest)"
         ],
     ),
     (
         "constraint-subrequest-of-exactly",
         m.claim(constraints=[{"requests": ["gpu/a"], "matchAttribute": "gpu.nvidia.com/uuid"}]),
         [
-            f'{DEVICES}.constraints[0].requests[0]: "gpu/a" is not a request of this claim (requests: gpu; a subrequest is written request/subrequest)'
+            f'{DEVICES}.constraints[0].requests[0]: "gpu/a" is not a request of this claim (requests: gpu; a '
+            "subrequest is written request/subrequest)"
         ],
     ),
     (
@@ -212,7 +222,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "constraint-not-qualified",
         m.claim(constraints=[{"matchAttribute": "parentUUID"}]),
         [
-            f'{DEVICES}.constraints[0].matchAttribute: "parentUUID" must be fully qualified, a domain and a name separated by \'/\', e.g. "gpu.nvidia.com/parentUUID"'
+            f'{DEVICES}.constraints[0].matchAttribute: "parentUUID" must be fully qualified, a domain and a name '
+            "separated by '/', e.g. \"gpu.nvidia.com/parentUUID\""
         ],
     ),
     (
@@ -224,7 +235,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "constraint-neither",
         m.claim(constraints=[{"requests": ["gpu"]}]),
         [
-            f"{DEVICES}.constraints[0]: exactly one of matchAttribute or distinctAttribute is required, e.g. matchAttribute: gpu.nvidia.com/parentUUID"
+            f"{DEVICES}.constraints[0]: exactly one of matchAttribute or distinctAttribute is required, e.g. "
+            "matchAttribute: gpu.nvidia.com/parentUUID"
         ],
     ),
     (
@@ -236,7 +248,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "config-unknown-request",
         m.claim(config=[{"requests": ["nic"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {}}}]),
         [
-            f'{DEVICES}.config[0].requests[0]: "nic" is not a request of this claim (requests: gpu; a subrequest is written request/subrequest)'
+            f'{DEVICES}.config[0].requests[0]: "nic" is not a request of this claim (requests: gpu; a subrequest is '
+            "written request/subrequest)"
         ],
     ),
     (
@@ -258,7 +271,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "config-bad-driver",
         m.claim(config=[{"opaque": {"driver": "gpu_nvidia", "parameters": {}}}]),
         [
-            f'{DEVICES}.config[0].opaque.driver: "gpu_nvidia" is not a driver name: a DNS subdomain of at most 63 characters such as "gpu.nvidia.com"'
+            f'{DEVICES}.config[0].opaque.driver: "gpu_nvidia" is not a driver name: a DNS subdomain of at most 63 '
+            'characters such as "gpu.nvidia.com"'
         ],
     ),
     ("unknown-field-suggestion", _exact(selector=[]), [f"{EXACT}.selector: unknown field; did you mean selectors?"]),
@@ -312,7 +326,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "label-key-invalid",
         {**m.claim(), "metadata": {"name": "train", "labels": {"-team": "ml"}}},
         [
-            "metadata.labels[-team]: \"-team\" is not a label key: an optional DNS subdomain prefix and '/', then at most 63 letters, "
+            "metadata.labels[-team]: \"-team\" is not a label key: an optional DNS subdomain prefix and '/', then at "
+            "most 63 letters, "
             "digits, '-', '_' and '.', starting and ending with a letter or digit"
         ],
     ),
@@ -359,7 +374,8 @@ def test_subrequest_references_are_valid() -> None:
 
 
 def test_template_problems_use_the_template_path(problems: Callable[..., list[str]]) -> None:
-    """Guards: a template's claim spec is validated like a claim, under spec.spec, and a missing inner spec is explained."""
+    """Guards: a template's claim spec is validated like a claim, under spec.spec,
+    and a missing inner spec is explained."""
     template = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -369,7 +385,8 @@ def test_template_problems_use_the_template_path(problems: Callable[..., list[st
     flat = {**template, "spec": {"devices": {"requests": [_request()]}}}
     assert problems([template, flat]) == [
         "m.yaml: ResourceClaimTemplate ml/one: spec.spec.devices.requests[0].exactly.count: must be >= 1",
-        "m.yaml: ResourceClaimTemplate ml/one: spec.devices: the claim spec of a template goes under spec.spec: write spec: {spec: {devices: ...}}",
+        "m.yaml: ResourceClaimTemplate ml/one: spec.devices: the claim spec of a template goes under spec.spec: write "
+        "spec: {spec: {devices: ...}}",
     ]
 
 
@@ -380,6 +397,8 @@ def test_all_problems_of_one_claim_are_reported(problems: Callable[..., list[str
     )
     assert problems(claim) == [
         "m.yaml: ResourceClaim default/train: spec.devices.requests[0].exactly.count: must be >= 1",
-        "m.yaml: ResourceClaim default/train: spec.devices.requests[1].name: \"Bad\" is not a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit",
-        'm.yaml: ResourceClaim default/train: spec.devices.requests[1].exactly.allocationMode: must be ExactCount or All, got "x"',
+        'm.yaml: ResourceClaim default/train: spec.devices.requests[1].name: "Bad" is not a DNS label: at most 63 '
+        "lowercase letters, digits and '-', starting and ending with a letter or digit",
+        "m.yaml: ResourceClaim default/train: spec.devices.requests[1].exactly.allocationMode: must be ExactCount or "
+        'All, got "x"',
     ]

@@ -55,23 +55,24 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "class-extended-resource",
         _class({"extendedResourceName": "kubernetes.io/gpu"}),
         [
-            CLASS
-            + 'spec.extendedResourceName: "kubernetes.io/gpu" is not an extended resource name: a domain outside kubernetes.io, \'/\', and a name, e.g. "example.com/gpu"'
+            CLASS + 'spec.extendedResourceName: "kubernetes.io/gpu" is not an extended resource name: a domain outside '
+            "kubernetes.io, '/', and a name, e.g. \"example.com/gpu\""
         ],
     ),
     (
         "class-driver-name-in-spec",
         _class({"driverName": "gpu.nvidia.com"}),
         [
-            CLASS
-            + "spec.driverName: DeviceClass has no driverName: select the driver with spec.selectors: [{cel: {expression: 'device.driver == \"gpu.nvidia.com\"'}}]"
+            CLASS + "spec.driverName: DeviceClass has no driverName: select the driver with spec.selectors: [{cel: "
+            "{expression: 'device.driver == \"gpu.nvidia.com\"'}}]"
         ],
     ),
     (
         "class-bad-name",
         _class({}, name="GPU"),
         [
-            "m.yaml: DeviceClass GPU: metadata.name: \"GPU\" is not a DNS subdomain: at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+            'm.yaml: DeviceClass GPU: metadata.name: "GPU" is not a DNS subdomain: at most 253 lowercase letters, '
+            "digits, '-' and '.', starting and ending with a letter or digit"
         ],
     ),
     ("class-no-name", {**_class({}), "metadata": {}}, ["m.yaml: DeviceClass (document 1): metadata.name: required"]),
@@ -89,8 +90,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "pod-both-claim-sources",
         _pod({"resourceClaims": [{"name": "gpu", "resourceClaimName": "a", "resourceClaimTemplateName": "b"}]}),
         [
-            POD
-            + "spec.resourceClaims[0]: exactly one of resourceClaimName or resourceClaimTemplateName is allowed, but both are set"
+            POD + "spec.resourceClaims[0]: "
+            "exactly one of resourceClaimName or resourceClaimTemplateName is allowed, but both are set"
         ],
     ),
     (
@@ -107,8 +108,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "pod-container-unknown-claim",
         _pod({"resourceClaims": CLAIMS, "containers": [{"name": "app", "resources": {"claims": [{"name": "gpus"}]}}]}),
         [
-            POD
-            + 'spec.containers[0].resources.claims[0].name: "gpus" is not in spec.resourceClaims: add {name: gpus, resourceClaimTemplateName: <template>} '
+            POD + 'spec.containers[0].resources.claims[0].name: "gpus" is not in spec.resourceClaims: add {name: gpus, '
+            "resourceClaimTemplateName: <template>} "
             "(or resourceClaimName) there"
         ],
     ),
@@ -142,14 +143,16 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "pod-bad-namespace",
         _pod({}, namespace="ML"),
         [
-            "m.yaml: Pod ML/infer: metadata.namespace: \"ML\" is not a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+            'm.yaml: Pod ML/infer: metadata.namespace: "ML" is not a DNS label: at most 63 lowercase letters, digits '
+            "and '-', starting and ending with a letter or digit"
         ],
     ),
     (
         "node-bad-name",
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "Node_1"}},
         [
-            "m.yaml: Node Node_1: metadata.name: \"Node_1\" is not a DNS subdomain: at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+            'm.yaml: Node Node_1: metadata.name: "Node_1" is not a DNS subdomain: at most 253 lowercase letters, '
+            "digits, '-' and '.', starting and ending with a letter or digit"
         ],
     ),
 ]
@@ -164,7 +167,8 @@ def test_class_pod_node_problems(
 
 
 def test_cel_is_not_compiled_here() -> None:
-    """Guards: CEL that Kubernetes would reject is kept as text for dractl.cel to judge, with class config and extended name."""
+    """Guards: CEL that Kubernetes would reject is kept as text for dractl.cel to judge,
+    with class config and extended name."""
     spec = {
         "selectors": [{"cel": {"expression": 'device.capacity["gpu.nvidia.com"].memory >= quantity("40Gi")'}}],
         "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": {"strategy": "MPS"}}}}],

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import model_manifests as m
 import yaml
+from support import model_manifests as m
 
 from dractl import model
 from dractl.model import decode
@@ -82,7 +82,8 @@ spec:
 
 
 def test_slice_defaults_and_typed_values() -> None:
-    """Guards: pool generation 0 when unset; attributes keep their types, versions parse, capacity keeps its spelling."""
+    """Guards: pool generation 0 when unset; attributes keep their types, versions parse,
+    capacity keeps its spelling."""
     text = yaml.safe_dump(m.resource_slice(pool={"name": "node-1", "resourceSliceCount": 1}))
     objects = decode.load_text(text)
     pool_slice = objects.resource_slices[0]
@@ -203,7 +204,9 @@ status:
       results:
       - {request: gpu, driver: gpu.nvidia.com, pool: node-1, device: gpu-0}
       config:
-      - {source: FromClass, requests: [gpu], opaque: {driver: gpu.nvidia.com, parameters: {sharing: {strategy: TimeSlicing}}}}
+      - source: FromClass
+        requests: [gpu]
+        opaque: {driver: gpu.nvidia.com, parameters: {sharing: {strategy: TimeSlicing}}}
     nodeSelector:
       nodeSelectorTerms:
       - matchFields: [{key: metadata.name, operator: In, values: [node-1]}]

@@ -6,9 +6,9 @@ import json
 import pathlib
 from collections.abc import Callable
 
-import model_manifests as m
 import pytest
 import yaml
+from support import model_manifests as m
 
 from dractl.model import decode
 
@@ -66,7 +66,8 @@ def test_load_documents_takes_parsed_json() -> None:
 
 
 def test_directories_are_read_recursively_in_sorted_order(tmp_path: pathlib.Path) -> None:
-    """Guards: a directory contributes its *.yaml, *.yml and *.json files recursively, sorted by path components; other files are ignored."""
+    """Guards: a directory contributes its *.yaml, *.yml and *.json files recursively, sorted by path components; other
+    files are ignored."""
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "c.yml").write_text(yaml.safe_dump({**m.claim(), "metadata": {"name": "c"}}))
     (tmp_path / "a.yaml").write_text(yaml.safe_dump({**m.claim(), "metadata": {"name": "a"}}))
@@ -124,7 +125,8 @@ def test_problems_from_all_files_are_collected(tmp_path: pathlib.Path) -> None:
         ),
         (
             "apiVersion: v1\nkind: ResourceClaim\nmetadata: {name: a}\n",
-            "m.yaml: ResourceClaim default/a: apiVersion: ResourceClaim belongs to resource.k8s.io: write apiVersion: resource.k8s.io/v1",
+            "m.yaml: ResourceClaim default/a: apiVersion: ResourceClaim belongs to resource.k8s.io: write apiVersion: "
+            "resource.k8s.io/v1",
         ),
         (
             "apiVersion: apps/v1\nkind: Pod\nmetadata: {name: a}\n",
@@ -132,7 +134,8 @@ def test_problems_from_all_files_are_collected(tmp_path: pathlib.Path) -> None:
         ),
         (
             "apiVersion: resource.k8s.io/v2\nkind: DeviceClass\nmetadata: {name: a}\n",
-            "m.yaml: DeviceClass a: apiVersion: resource.k8s.io/v2 is not a served version: write apiVersion: resource.k8s.io/v1",
+            "m.yaml: DeviceClass a: apiVersion: resource.k8s.io/v2 is not a served version: write apiVersion: "
+            "resource.k8s.io/v1",
         ),
     ],
     ids=["not-a-mapping", "no-kind", "no-api-version", "claim-in-core", "pod-in-apps", "unknown-version"],
@@ -158,7 +161,8 @@ def test_other_kinds_are_skipped_with_a_warning() -> None:
 
 
 def test_pods_and_nodes() -> None:
-    """Guards: Pod claim references, container claims, node selection and scheduler name, and Node labels, are decoded."""
+    """Guards: Pod claim references, container claims, node selection and scheduler name, and Node labels,
+    are decoded."""
     text = """\
 apiVersion: v1
 kind: Pod
@@ -237,7 +241,8 @@ def test_workload_problems_name_the_workload(problems: Callable[..., list[str]])
     """Guards: a bad pod template is reported once, at the workload's path, not once per replica."""
     text = WORKLOAD.format(api="apps/v1", kind="Deployment", count="replicas: 4").replace("one-gpu", "One_GPU")
     assert problems(text) == [
-        'm.yaml: Deployment ml/train: spec.template.spec.resourceClaims[0].resourceClaimTemplateName: "One_GPU" is not a DNS subdomain: '
+        'm.yaml: Deployment ml/train: spec.template.spec.resourceClaims[0].resourceClaimTemplateName: "One_GPU" is not '
+        "a DNS subdomain: "
         "at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
     ]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import model_manifests as m
 import pytest
+from support import model_manifests as m
 
 from dractl.model import decode
 
@@ -42,14 +42,16 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "no-node-selection",
         _without("nodeName"),
         [
-            "spec: exactly one of nodeName, nodeSelector, allNodes or perDeviceNodeSelection is required, e.g. nodeName: <node>"
+            "spec: exactly one of nodeName, nodeSelector, "
+            "allNodes or perDeviceNodeSelection is required, e.g. nodeName: <node>"
         ],
     ),
     (
         "two-node-selections",
         m.resource_slice(allNodes=True),
         [
-            "spec: exactly one of nodeName, nodeSelector, allNodes or perDeviceNodeSelection is allowed, but nodeName, allNodes are set"
+            "spec: exactly one of nodeName, nodeSelector, allNodes or perDeviceNodeSelection is allowed, "
+            "but nodeName, allNodes are set"
         ],
     ),
     (
@@ -57,7 +59,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         _without("nodeName", allNodes=False),
         [
             "spec.allNodes: must be unset or true",
-            "spec: exactly one of nodeName, nodeSelector, allNodes or perDeviceNodeSelection is required, e.g. nodeName: <node>",
+            "spec: exactly one of nodeName, nodeSelector, "
+            "allNodes or perDeviceNodeSelection is required, e.g. nodeName: <node>",
         ],
     ),
     (
@@ -65,7 +68,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         m.resource_slice(nodeName=""),
         [
             "spec.nodeName: must be unset or a node name",
-            "spec: exactly one of nodeName, nodeSelector, allNodes or perDeviceNodeSelection is required, e.g. nodeName: <node>",
+            "spec: exactly one of nodeName, nodeSelector, "
+            "allNodes or perDeviceNodeSelection is required, e.g. nodeName: <node>",
         ],
     ),
     (
@@ -94,7 +98,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
             "nodeName", nodeSelector={"nodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Equals"}]}]}
         ),
         [
-            'spec.nodeSelector.nodeSelectorTerms[0].matchExpressions[0].operator: must be one of In, NotIn, Exists, DoesNotExist, Gt, Lt, got "Equals"'
+            "spec.nodeSelector.nodeSelectorTerms[0].matchExpressions[0].operator: must be one of In, NotIn, Exists, "
+            'DoesNotExist, Gt, Lt, got "Equals"'
         ],
     ),
     ("no-driver", _without("driver"), ["spec.driver: required (the DRA driver's name, e.g. gpu.nvidia.com)"]),
@@ -102,7 +107,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "bad-driver",
         m.resource_slice(driver="nvidia.com/gpu"),
         [
-            'spec.driver: "nvidia.com/gpu" is not a driver name: a DNS subdomain of at most 63 characters such as "gpu.nvidia.com"'
+            'spec.driver: "nvidia.com/gpu" is not a driver name: a DNS subdomain of at most 63 characters such as '
+            '"gpu.nvidia.com"'
         ],
     ),
     ("no-pool", _without("pool"), ["spec.pool: required: write pool: {name: <node name>, resourceSliceCount: 1}"]),
@@ -145,7 +151,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "too-many-tainted-devices",
         m.resource_slice(*[m.device(f"gpu-{i}", taints=[{"key": "k", "effect": "NoSchedule"}]) for i in range(65)]),
         [
-            "spec.devices: must have at most 64 items when devices use taints, consumesCounters or list attributes, got 65"
+            "spec.devices: must have at most 64 items when devices use taints, "
+            "consumesCounters or list attributes, got 65"
         ],
     ),
     (
@@ -163,7 +170,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "attribute-no-value",
         _attrs(a={}),
         [
-            f"{DEV}.attributes[a]: exactly one typed value is required: {{string: ...}}, {{int: ...}}, {{bool: ...}} or {{version: ...}}"
+            f"{DEV}.attributes[a]: exactly one typed value is required: {{string: ...}}, {{int: ...}}, {{bool: ...}} "
+            "or {version: ...}"
         ],
     ),
     (
@@ -175,7 +183,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "attribute-bad-version",
         _attrs(driverVersion={"version": "550.54"}),
         [
-            f"{DEV}.attributes[driverVersion].version: '550.54' is not a semantic version (expected MAJOR.MINOR.PATCH such as \"8.0.0\")"
+            f"{DEV}.attributes[driverVersion].version: '550.54' is not a semantic version (expected MAJOR.MINOR.PATCH "
+            'such as "8.0.0")'
         ],
     ),
     (
@@ -194,14 +203,16 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "attribute-quantity-type",
         _attrs(memory={"quantity": "80Gi"}),
         [
-            f"{DEV}.attributes[memory].quantity: attributes have no quantity type: put sizes in the device's capacity, e.g. memory: {{value: 80Gi}}"
+            f"{DEV}.attributes[memory].quantity: attributes have no quantity type: put sizes in the device's capacity, "
+            "e.g. memory: {value: 80Gi}"
         ],
     ),
     (
         "attribute-bad-domain",
         _attrs(**{"Nvidia_Com/x": {"int": 1}}),
         [
-            f'{DEV}.attributes[Nvidia_Com/x]: "Nvidia_Com" is not a driver name: a DNS subdomain of at most 63 characters such as "gpu.nvidia.com"'
+            f'{DEV}.attributes[Nvidia_Com/x]: "Nvidia_Com" is not a driver name: a DNS subdomain of at most 63 '
+            'characters such as "gpu.nvidia.com"'
         ],
     ),
     (
@@ -234,7 +245,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "capacity-bad-quantity",
         _capacity(memory={"value": "80GB"}),
         [
-            f"{DEV}.capacity[memory].value: '80GB' is not a quantity (expected a number with an optional suffix such as Ki, Mi, Gi, m, k, M, G)"
+            f"{DEV}.capacity[memory].value: '80GB' is not a quantity (expected a number with an optional suffix such "
+            "as Ki, Mi, Gi, m, k, M, G)"
         ],
     ),
     (
@@ -362,7 +374,8 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "basic-in-v1",
         m.resource_slice({"name": "gpu-0", "basic": {"attributes": {"index": {"int": 0}}}}),
         [
-            f"{DEV}.basic: the basic: wrapper is gone in resource.k8s.io/v1: move its attributes and capacity up into the device"
+            f"{DEV}.basic: the basic: wrapper is gone in resource.k8s.io/v1: "
+            "move its attributes and capacity up into the device"
         ],
     ),
     (

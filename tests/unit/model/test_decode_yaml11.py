@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import pathlib
 
-import model_manifests as m
 import pytest
+from support import model_manifests as m
 
 from dractl import model
 from dractl.model import decode
@@ -113,7 +113,8 @@ def test_tags_as_goyaml_v2_treats_them(text: str, value: object) -> None:
     ids=repr,
 )
 def test_bad_tags_and_syntax_name_line_and_column(text: str, problem: str) -> None:
-    """Guards: a tag that cannot hold its value, an undefined alias or a syntax error is one message with its position."""
+    """Guards: a tag that cannot hold its value, an undefined alias or a syntax error is one
+    message with its position."""
     with pytest.raises(yaml11.YamlError) as caught:
         _value(text)
     assert str(caught.value) == problem
@@ -179,7 +180,8 @@ def test_brackets_inside_strings_within_the_bound_are_fine() -> None:
 
 
 def test_decoder_recursion_becomes_one_problem() -> None:
-    """Guards: Lists nested past Python's recursion limit (only possible from parsed objects) are one problem, not a crash."""
+    """Guards: Lists nested past Python's recursion limit (only possible from parsed objects) are one problem,
+    not a crash."""
     document: dict[str, object] = {"apiVersion": "v1", "kind": "List", "items": []}
     for _ in range(5000):
         document = {"apiVersion": "v1", "kind": "List", "items": [document]}
@@ -225,7 +227,8 @@ def test_big_json_integers_are_read_as_floats() -> None:
 
 
 def test_huge_strings_are_shortened_in_messages() -> None:
-    """Guards: a 5,000-digit plain scalar (a string for kubectl) is quoted shortened, so the message stays one short line."""
+    """Guards: a 5,000-digit plain scalar (a string for kubectl) is quoted shortened,
+    so the message stays one short line."""
     with pytest.raises(decode.DecodeError) as caught:
         decode.load_text(
             "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c}\nspec:\n  devices:\n"
@@ -359,3 +362,26 @@ def test_text_that_is_not_utf8_is_one_problem() -> None:
     with pytest.raises(decode.DecodeError) as caught:
         decode.load_text("a: \ud800\n", file="x")
     assert caught.value.problems == ("x: not UTF-8 text: surrogates not allowed at character 3",)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "a: 1\n", "a: [1, {b: [2]}]\n", "]]][[", 'a: "[[[ é ü {"\n', "x: ]\ny: [[[]]]\n", "ß[" * 5 + "]" * 5],
+    ids=["empty", "none", "nested", "closing-first", "quoted-and-multibyte", "unbalanced", "multibyte-between"],
+)
+def test_flow_depth_counts_brackets_as_the_python_check(text: str) -> None:
+    """Guards: the C bracket count the fast path uses gives the deepest running depth over the
+    UTF-8 bytes, the same number `check_flow_nesting` computes over the text."""
+    from dractl.model.decode import _fastyaml
+
+    depth, deepest = 0, 0
+    for char in text:
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
+        deepest = max(deepest, depth) if char in "[{" else deepest
+    assert _fastyaml.flow_depth(text.encode()) == deepest
+
+
+def test_too_deep_text_that_is_not_utf8_reports_the_nesting() -> None:
+    """Guards: text both too deeply nested and not UTF-8 gets the nesting message, as before the C count."""
+    with pytest.raises(yaml11.YamlError, match="nested too deeply: more than 1000 levels"):
+        list(yaml11.load_all("a: \ud800 " + "[" * 1001 + "]" * 1001))

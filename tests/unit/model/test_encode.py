@@ -40,8 +40,16 @@ status:
   allocation:
     devices:
       results:
-      - {request: gpus, driver: gpu.nvidia.com, pool: node-1, device: gpu-0, tolerations: [{key: example.com/maintenance, operator: Exists}]}
-      - {request: gpus, driver: gpu.nvidia.com, pool: node-1, device: gpu-1, tolerations: [{key: example.com/maintenance, operator: Exists}]}
+      - request: gpus
+        driver: gpu.nvidia.com
+        pool: node-1
+        device: gpu-0
+        tolerations: [{key: example.com/maintenance, operator: Exists}]
+      - request: gpus
+        driver: gpu.nvidia.com
+        pool: node-1
+        device: gpu-1
+        tolerations: [{key: example.com/maintenance, operator: Exists}]
       - request: mig/small
         driver: gpu.nvidia.com
         pool: node-1
@@ -82,7 +90,8 @@ def test_claim_has_the_api_shape() -> None:
                             "selectors": [
                                 {
                                     "cel": {
-                                        "expression": 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'
+                                        "expression": 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 '
+                                        '80GB HBM3"'
                                     }
                                 }
                             ],
@@ -192,7 +201,8 @@ def test_unallocated_claim_has_empty_status() -> None:
 
 
 def test_allocation_result_for_allocator_output() -> None:
-    """Guards: admin access is written only when true, binding conditions are copied, and a None node selector is omitted."""
+    """Guards: admin access is written only when true, binding conditions are copied,
+    and a None node selector is omitted."""
     result = model.AllocationResult(
         results=(
             model.DeviceRequestAllocationResult(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from support import devices
 
 from dractl import model
 from dractl.model import nodes
@@ -32,7 +33,7 @@ def _named(node: str) -> model.NodeSelector:
 
 def _slice(
     name: str,
-    *devices: str,
+    *device_names: str,
     pool: str = "pool",
     generation: int = 1,
     count: int = 1,
@@ -40,14 +41,16 @@ def _slice(
     selector: model.NodeSelector | None = None,
     all_nodes: bool = False,
 ) -> model.ResourceSlice:
-    return model.ResourceSlice(
-        meta=model.ObjectMeta(name=name),
+    return devices.rslice(
+        *(devices.device(d) for d in device_names),
+        name=name,
+        node=node,
         driver=DRIVER,
-        pool=model.ResourcePool(name=pool, generation=generation, resource_slice_count=count),
-        node_name=node,
+        pool=pool,
+        generation=generation,
+        count=count,
         node_selector=selector,
         all_nodes=all_nodes,
-        devices=tuple(model.Device(name=d) for d in devices),
     )
 
 
@@ -110,28 +113,33 @@ LABELS = {"zone": "a", "gpus": "8"}
     ],
 )
 def test_selector_matches_like_core_v1(selector: model.NodeSelector, expected: bool) -> None:
-    """Guards: NodeSelector semantics of core/v1: ORed terms, ANDed requirements, each operator's value count, integer Gt/Lt as strconv parses them, matchFields only on metadata.name with In/NotIn and one value."""
+    """Guards: NodeSelector semantics of core/v1: ORed terms, ANDed requirements, each operator's value count, integer
+    Gt/Lt as strconv parses them, matchFields only on metadata.name with In/NotIn and one value."""
     assert nodes.selector_matches(selector, name="node-1", labels=LABELS) is expected
 
 
 def test_named_nodes_only_for_selectors_that_pin_names() -> None:
-    """Guards: named_nodes lists the names of metadata.name In terms, skips empty terms, and is None when a term selects by labels."""
+    """Guards: named_nodes lists the names of metadata.name In terms, skips empty terms, and is None when a term selects
+    by labels."""
     assert nodes.named_nodes(_selector(_field("In", "b"), _field("In", "a"), model.NodeSelectorTerm())) == ("b", "a")
     assert nodes.named_nodes(_selector(_field("In", "b"), _expr("zone", "Exists"))) is None
     assert nodes.named_nodes(_selector(_field("NotIn", "b"))) is None
 
 
 def test_slice_and_device_selection() -> None:
-    """Guards: nodeName, allNodes, nodeSelector and perDeviceNodeSelection decide where a slice is relevant; an anonymous node only gets allNodes."""
+    """Guards: nodeName, allNodes, nodeSelector and perDeviceNodeSelection decide where a slice is relevant; an
+    anonymous node only gets allNodes."""
     on_a = _slice("a", "d", node="node-a")
     everywhere = _slice("e", "d", all_nodes=True)
     zoned = _slice("z", "d", selector=_selector(_expr("zone", "In", "a")))
-    per_device = model.ResourceSlice(
-        meta=model.ObjectMeta(name="p"),
+    per_device = devices.rslice(
+        devices.device("x", node_name="node-b"),
+        name="p",
+        node=None,
         driver=DRIVER,
-        pool=model.ResourcePool(name="p"),
+        pool="p",
+        generation=0,
         per_device_node_selection=True,
-        devices=(model.Device(name="x", node_name="node-b"),),
     )
     unselected = _slice("u", "d")
     assert [
@@ -166,13 +174,17 @@ def test_discover_prefers_node_objects() -> None:
 
 
 def test_discover_without_nodes_takes_every_name_a_slice_gives() -> None:
-    """Guards: without Node objects the nodes are slice nodeNames, per-device nodeNames and metadata.name In values of selectors."""
-    per_device = model.ResourceSlice(
-        meta=model.ObjectMeta(name="p"),
+    """Guards: without Node objects the nodes are slice nodeNames,
+    per-device nodeNames and metadata.name In values of selectors."""
+    per_device = devices.rslice(
+        devices.device("x", node_name="node-d"),
+        devices.device("y", node_selector=_named("node-e")),
+        name="p",
+        node=None,
         driver=DRIVER,
-        pool=model.ResourcePool(name="p"),
+        pool="p",
+        generation=0,
         per_device_node_selection=True,
-        devices=(model.Device(name="x", node_name="node-d"), model.Device(name="y", node_selector=_named("node-e"))),
     )
     slices = [
         _slice("a", "d", node="node-b"),
@@ -185,7 +197,8 @@ def test_discover_without_nodes_takes_every_name_a_slice_gives() -> None:
 
 
 def test_complete_pool_is_usable_with_sorted_slices() -> None:
-    """Guards: a pool whose slices are all published is usable; its slices are sorted by name and the same Pool object is returned for the same generation."""
+    """Guards: a pool whose slices are all published is usable; its slices are sorted by name and the same Pool object
+    is returned for the same generation."""
     slices = [_slice("s2", "d2", count=2), _slice("s1", "d1", count=2)]
     pools = nodes.Pools(slices)
     view = pools.view(slices)
@@ -197,7 +210,8 @@ def test_complete_pool_is_usable_with_sorted_slices() -> None:
 
 
 def test_incomplete_newest_generation_is_a_problem_even_when_an_older_one_is_complete() -> None:
-    """Guards: upstream never falls back to an older generation: 1 of 2 slices of generation 2 makes the pool incomplete."""
+    """Guards: upstream never falls back to an older generation:
+    1 of 2 slices of generation 2 makes the pool incomplete."""
     slices = [_slice("old", "d1", generation=1), _slice("new", "d2", generation=2, count=2)]
     view = nodes.Pools(slices).current()
     assert view.usable == ()
@@ -207,7 +221,8 @@ def test_incomplete_newest_generation_is_a_problem_even_when_an_older_one_is_com
 
 
 def test_node_sees_an_old_complete_generation_while_another_node_sees_the_new_one() -> None:
-    """Guards: per node the highest generation among its own slices counts; complete there means usable, even if newer ones exist elsewhere."""
+    """Guards: per node the highest generation among its own slices counts; complete there means usable, even if newer
+    ones exist elsewhere."""
     old = _slice("old", "d1", node="node-1", generation=1)
     new = _slice("new", "d2", node="node-2", generation=2)
     pools = nodes.Pools([old, new])
@@ -232,12 +247,7 @@ def test_invalid_pool_is_a_problem() -> None:
 def test_pools_of_two_drivers_with_one_name_are_distinct() -> None:
     """Guards: pools are keyed by (driver, name): the same pool name under two drivers gives two pools."""
     a = _slice("a", "d1")
-    b = model.ResourceSlice(
-        meta=model.ObjectMeta(name="b"),
-        driver="other.example.com",
-        pool=model.ResourcePool(name="pool"),
-        devices=(model.Device(name="d1"),),
-    )
+    b = devices.rslice(devices.device("d1"), name="b", node=None, driver="other.example.com", pool="pool", generation=0)
     assert [u.pool.key for u in nodes.Pools([a, b]).current().usable] == [
         (DRIVER, "pool"),
         ("other.example.com", "pool"),

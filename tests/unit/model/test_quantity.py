@@ -88,7 +88,8 @@ def test_parse_refuses_absurd_magnitudes_in_bounded_time(text: str) -> None:
     ids=lambda v: str(v)[:20],
 )
 def test_values_beyond_int64_stay_exact_and_are_flagged(text: str, fits: bool) -> None:
-    """Guards: decimal values beyond int64 stay exact (CEL's isInteger needs them); fits_int64 flags them for the decoder."""
+    """Guards: decimal values beyond int64 stay exact (CEL's isInteger needs them);
+    fits_int64 flags them for the decoder."""
     assert model.quantity.fits_int64(model.quantity.parse(text)) is fits
 
 
@@ -109,7 +110,8 @@ def test_values_beyond_int64_stay_exact_and_are_flagged(text: str, fits: bool) -
     ids=lambda v: str(v)[:20],
 )
 def test_parse_rounds_up_to_nano_like_the_api(text: str, value: fractions.Fraction | int) -> None:
-    """Guards: precision finer than 1n rounds up (away from zero) as resource.Quantity does; the bound itself is allowed."""
+    """Guards: precision finer than 1n rounds up (away from zero) as resource.Quantity does;
+    the bound itself is allowed."""
     assert model.quantity.parse(text).value == value
 
 

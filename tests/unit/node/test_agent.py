@@ -8,7 +8,6 @@ import os
 import pathlib
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -19,10 +18,7 @@ from collections.abc import Sequence
 import grpc
 import pytest
 import structlog
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-from state_inputs import Claims, claim, result
+from support.state_inputs import Claims, claim, result
 
 from dractl import config, model
 from dractl._proto import (

@@ -5,17 +5,13 @@ from __future__ import annotations
 import collections.abc
 import pathlib
 import shutil
-import sys
 import tempfile
 import uuid
 
+import controlplane
 import grpc
 import pytest
 import structlog
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-
-import controlplane
 
 from dractl import config, model
 from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc

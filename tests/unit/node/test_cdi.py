@@ -5,17 +5,13 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
-import sys
 from collections.abc import Sequence
 
 import pytest
 import structlog
+from support import cdi_rules
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-import cdi_rules  # noqa: E402
-
-from dractl.node import cdi  # noqa: E402
+from dractl.node import cdi
 
 UID = "7f0e4a1c-1b2d-4c3e-9f00-0123456789ab"
 

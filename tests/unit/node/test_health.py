@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from support import devices
 
 from dractl import model
 from dractl.node import backend, health
@@ -208,19 +209,15 @@ def test_wait_report_returns_on_change_and_the_thread_stops_promptly(
 def test_devices_from_slices_reads_minor_and_uuid() -> None:
     """Guards: GPU and MIG devices of a slice map to their parent minor and own UUID; other names are left out."""
     slices = [
-        model.ResourceSlice(
-            meta=model.ObjectMeta(name="s"),
+        devices.rslice(
+            devices.device("gpu-3", attributes={"uuid": "GPU-3"}),
+            devices.device("gpu-3-mig-3g40gb-9-4"),
+            devices.device("nic-0"),
+            name="s",
+            node=POOL,
             driver=DRIVER,
-            pool=model.ResourcePool(name=POOL),
-            node_name=POOL,
-            devices=(
-                model.Device(
-                    name="gpu-3",
-                    attributes={"uuid": model.DeviceAttribute(kind=model.AttributeKind.STRING, values=("GPU-3",))},
-                ),
-                model.Device(name="gpu-3-mig-3g40gb-9-4"),
-                model.Device(name="nic-0"),
-            ),
+            pool=POOL,
+            generation=0,
         )
     ]
     assert health.devices_from_slices(slices) == (

@@ -6,16 +6,12 @@ import collections.abc
 import dataclasses
 import pathlib
 import shutil
-import sys
 import tempfile
 from typing import Any
 
 import grpc
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-from state_inputs import Node, claim, config, gpu_config, make_node, result
+from support.state_inputs import Node, claim, config, gpu_config, make_node, result
 
 from dractl._proto import (
     dra_v1_pb2,

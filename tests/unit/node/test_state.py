@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import pathlib
-import sys
 
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-import cdi_rules  # noqa: E402
-from state_inputs import (  # noqa: E402
+from support import cdi_rules
+from support.state_inputs import (
     claim,
     config,
     env_of,
@@ -19,7 +15,7 @@ from state_inputs import (  # noqa: E402
     result,
 )
 
-from dractl.node import backend, cdi, checkpoint, state  # noqa: E402
+from dractl.node import backend, cdi, checkpoint, state
 
 UID = "0c1d2e3f-0000-4000-8000-000000000001"
 UID2 = "0c1d2e3f-0000-4000-8000-000000000002"

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import pathlib
-import sys
 from typing import Any
 
 import pytest
+from support import cdi_rules
+from support.state_inputs import API, DRIVER, NODE, make_node
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-import cdi_rules  # noqa: E402
-from state_inputs import API, DRIVER, NODE, make_node  # noqa: E402
-
-from dractl.kube import claims, client  # noqa: E402
-from dractl.node import backend, cdi, state  # noqa: E402
+from dractl.kube import claims, client
+from dractl.node import backend, cdi, state
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 from typing import Any
 
 import pytest
+from support import cdi_rules
+from support.state_inputs import claim, config, gpu_config, make_node, result
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-import cdi_rules  # noqa: E402
-from state_inputs import claim, config, gpu_config, make_node, result  # noqa: E402
-
-from dractl.node import backend, cdi, checkpoint, sharing, state  # noqa: E402
+from dractl.node import backend, cdi, checkpoint, sharing, state
 
 UID = "1a2b3c4d-0000-4000-8000-000000000001"
 UID2 = "1a2b3c4d-0000-4000-8000-000000000002"

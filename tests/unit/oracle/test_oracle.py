@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import oracle
 import pytest
+from support import devices, oracle
 
 from dractl import alloc, model
 
@@ -19,52 +19,21 @@ NIC = "nic.example.com"
 Q = model.quantity.parse
 
 
-def attr(value: object, *, kind: model.AttributeKind | None = None) -> model.DeviceAttribute:
-    if isinstance(value, list):
-        first = value[0]
-        k = model.AttributeKind.STRING if isinstance(first, str) else model.AttributeKind.INT
-        return model.DeviceAttribute(kind=k, values=tuple(value), is_list=True)
-    if kind is model.AttributeKind.VERSION:
-        return model.DeviceAttribute(kind=kind, values=(model.semver.parse(str(value)),), texts=(str(value),))
-    if isinstance(value, bool):
-        return model.DeviceAttribute(kind=model.AttributeKind.BOOL, values=(value,))
-    if isinstance(value, int):
-        return model.DeviceAttribute(kind=model.AttributeKind.INT, values=(value,))
-    return model.DeviceAttribute(kind=model.AttributeKind.STRING, values=(str(value),))
-
-
-def dev(name: str, **kw: object) -> model.Device:
-    attrs = {k: attr(v) for k, v in dict(kw.pop("attrs", {})).items()}  # type: ignore[call-overload]
-    return model.Device(name=name, attributes=attrs, **kw)  # type: ignore[arg-type]
-
-
-def uses(counter_set: str, **counters: int) -> model.DeviceCounterConsumption:
-    return model.DeviceCounterConsumption(
-        counter_set=counter_set, counters={k: model.quantity.from_int(v) for k, v in counters.items()}
-    )
-
-
-def counters(name: str, **values: int) -> model.CounterSet:
-    return model.CounterSet(name=name, counters={k: model.quantity.from_int(v) for k, v in values.items()})
-
-
 def rslice(
     name: str,
-    *devices: model.Device,
+    *devs: model.Device,
     driver: str = GPU,
     pool: str = "pool",
     generation: int = 1,
     count: int = 1,
     **kw: object,
 ) -> model.ResourceSlice:
-    if not any(k in kw for k in ("node_name", "node_selector", "all_nodes", "per_device_node_selection")):
-        kw["node_name"] = "node-0"
-    return model.ResourceSlice(
-        meta=model.ObjectMeta(name=name),
-        driver=driver,
-        pool=model.ResourcePool(name=pool, generation=generation, resource_slice_count=count),
-        devices=devices,
-        **kw,  # type: ignore[arg-type]
+    """A slice named `name` of pool `pool` on node-0 unless `kw` binds it otherwise."""
+    node = kw.pop("node_name", None)
+    if node is None and not any(k in kw for k in ("node_selector", "all_nodes", "per_device_node_selection")):
+        node = "node-0"
+    return devices.rslice(
+        *devs, name=name, node=node, driver=driver, pool=pool, generation=generation, count=count, **kw
     )
 
 
@@ -119,13 +88,14 @@ def held(name: str, *results: model.DeviceRequestAllocationResult) -> model.Reso
 def result(
     device: str, *, req: str = "r0", driver: str = GPU, pool: str = "pool", **kw: object
 ) -> model.DeviceRequestAllocationResult:
-    return model.DeviceRequestAllocationResult(request=req, driver=driver, pool=pool, device=device, **kw)  # type: ignore[arg-type]
+    # type: ignore[arg-type]
+    return model.DeviceRequestAllocationResult(request=req, driver=driver, pool=pool, device=device, **kw)
 
 
 CLASSES = (
-    model.DeviceClass(meta=model.ObjectMeta(name="any")),
-    model.DeviceClass(meta=model.ObjectMeta(name="gpu"), selectors=(f'device.driver == "{GPU}"',)),
-    model.DeviceClass(meta=model.ObjectMeta(name="nic"), selectors=(f'device.driver == "{NIC}"',)),
+    devices.device_class("any", driver=None),
+    devices.device_class("gpu", driver=GPU),
+    devices.device_class("nic", driver=NIC),
 )
 NODES = (
     model.Node(meta=model.ObjectMeta(name="node-0", labels={"zone": "a"})),
@@ -147,7 +117,7 @@ def devices_of(found: tuple[model.AllocationResult, ...] | None) -> list[list[st
 
 def test_single_local_device_is_allocated_with_the_api_shape() -> None:
     """A node-local device is found, with request name, driver, pool and a metadata.name selector."""
-    s = snap(rslice("s", dev("d0")))
+    s = snap(rslice("s", devices.device("d0")))
     found = oracle.find_allocation(s, [claim("c")], "node-0")
     assert found is not None
     (a,) = found
@@ -164,7 +134,7 @@ def test_single_local_device_is_allocated_with_the_api_shape() -> None:
 
 def test_other_nodes_devices_are_invisible() -> None:
     """A slice bound to node-0 offers nothing on node-1, and `check` says why."""
-    s = snap(rslice("s", dev("d0")))
+    s = snap(rslice("s", devices.device("d0")))
     assert oracle.find_allocation(s, [claim("c")], "node-1") is None
     bad = (model.AllocationResult(results=(result("d0"),)),)
     assert any("visible" in v for v in oracle.check(s, [claim("c")], "node-1", bad))
@@ -179,7 +149,10 @@ def test_node_selector_and_all_nodes_slices_use_node_labels() -> None:
             ),
         )
     )
-    s = snap(rslice("s", dev("d0"), node_selector=zone_a, pool="p1"), rslice("t", dev("d1"), all_nodes=True, pool="p2"))
+    s = snap(
+        rslice("s", devices.device("d0"), node_selector=zone_a, pool="p1"),
+        rslice("t", devices.device("d1"), all_nodes=True, pool="p2"),
+    )
     both = claim("c", request(count=2))
     found = oracle.find_allocation(s, [both], "node-0")
     assert devices_of(found) == [["r0=d0", "r0=d1"]]
@@ -191,21 +164,28 @@ def test_node_selector_and_all_nodes_slices_use_node_labels() -> None:
 
 def test_per_device_node_selection_uses_each_devices_node() -> None:
     """With perDeviceNodeSelection, each device's own nodeName decides where it is visible."""
-    s = snap(rslice("s", dev("d0", node_name="node-1"), dev("d1", node_name="node-0"), per_device_node_selection=True))
+    s = snap(
+        rslice(
+            "s",
+            devices.device("d0", node_name="node-1"),
+            devices.device("d1", node_name="node-0"),
+            per_device_node_selection=True,
+        )
+    )
     assert devices_of(oracle.find_allocation(s, [claim("c")], "node-0")) == [["r0=d1"]]
     assert oracle.find_allocation(s, [claim("c", request(count=2))], "node-0") is None
 
 
 def test_count_larger_than_the_devices_fails() -> None:
     """Exactly count 3 of two devices has no allocation; count 2 has one."""
-    s = snap(rslice("s", dev("d0"), dev("d1")))
+    s = snap(rslice("s", devices.device("d0"), devices.device("d1")))
     assert oracle.find_allocation(s, [claim("c", request(count=3))], "node-0") is None
     assert devices_of(oracle.find_allocation(s, [claim("c", request(count=2))], "node-0")) == [["r0=d0", "r0=d1"]]
 
 
 def test_check_reports_shape_errors() -> None:
     """`check` rejects a wrong count, an unknown request, a stray adminAccess and a wrong selector."""
-    s = snap(rslice("s", dev("d0"), dev("d1")))
+    s = snap(rslice("s", devices.device("d0"), devices.device("d1")))
     c = claim("c", request(count=2))
     sel = oracle.Oracle(s, "node-0").expected_node_selector
 
@@ -234,7 +214,10 @@ def test_check_reports_shape_errors() -> None:
 
 def test_selectors_of_class_and_request_both_apply() -> None:
     """A device must match the class selectors and the request selectors."""
-    s = snap(rslice("s", dev("d0", attrs={"numa": 1})), rslice("t", dev("n0", attrs={"numa": 0}), driver=NIC))
+    s = snap(
+        rslice("s", devices.device("d0", attributes={"numa": 1})),
+        rslice("t", devices.device("n0", attributes={"numa": 0}), driver=NIC),
+    )
     numa0 = ("device.attributes[device.driver].?numa.orValue(-1) == 0",)
     assert oracle.find_allocation(s, [claim("c", request(cls="gpu", selectors=numa0))], "node-0") is None
     assert devices_of(oracle.find_allocation(s, [claim("c", request(cls="nic", selectors=numa0))], "node-0")) == [
@@ -247,7 +230,7 @@ def test_selectors_of_class_and_request_both_apply() -> None:
 
 def test_allocated_devices_are_taken_unless_admin_access() -> None:
     """A device held by an allocated claim is refused, except to an adminAccess request."""
-    s = snap(rslice("s", dev("d0")), allocated=(held("h", result("d0")),))
+    s = snap(rslice("s", devices.device("d0")), allocated=(held("h", result("d0")),))
     assert oracle.find_allocation(s, [claim("c")], "node-0") is None
     found = oracle.find_allocation(s, [claim("c", request(admin=True))], "node-0")
     assert found is not None and found[0].results[0].admin_access is True
@@ -255,13 +238,13 @@ def test_allocated_devices_are_taken_unless_admin_access() -> None:
 
 def test_admin_held_devices_do_not_block() -> None:
     """An allocated claim's admin-access result does not make the device in use."""
-    s = snap(rslice("s", dev("d0")), allocated=(held("h", result("d0", admin_access=True)),))
+    s = snap(rslice("s", devices.device("d0")), allocated=(held("h", result("d0", admin_access=True)),))
     assert devices_of(oracle.find_allocation(s, [claim("c")], "node-0")) == [["r0=d0"]]
 
 
 def test_admin_access_never_takes_one_device_twice_in_a_claim() -> None:
     """Admin count 2 on one device fails; two admin claims may share it."""
-    s = snap(rslice("s", dev("d0")))
+    s = snap(rslice("s", devices.device("d0")))
     assert oracle.find_allocation(s, [claim("c", request(count=2, admin=True))], "node-0") is None
     two = [claim("a", request(admin=True)), claim("b", request(admin=True))]
     assert devices_of(oracle.find_allocation(s, two, "node-0")) == [["r0=d0"], ["r0=d0"]]
@@ -269,14 +252,14 @@ def test_admin_access_never_takes_one_device_twice_in_a_claim() -> None:
 
 def test_admin_after_normal_claim_shares_but_normal_after_admin_does_not() -> None:
     """In one call an admin claim may reuse a device an earlier claim took, not the reverse."""
-    s = snap(rslice("s", dev("d0")))
+    s = snap(rslice("s", devices.device("d0")))
     assert oracle.find_allocation(s, [claim("a"), claim("b", request(admin=True))], "node-0") is not None
     assert oracle.find_allocation(s, [claim("b", request(admin=True)), claim("a")], "node-0") is None
 
 
 def test_joint_claims_never_share_a_dedicated_device() -> None:
     """Two claims allocated together need two devices."""
-    s = snap(rslice("s", dev("d0"), dev("d1")))
+    s = snap(rslice("s", devices.device("d0"), devices.device("d1")))
     assert devices_of(oracle.find_allocation(s, [claim("a"), claim("b")], "node-0")) == [["r0=d0"], ["r0=d1"]]
     assert oracle.find_allocation(s, [claim("a"), claim("b"), claim("c")], "node-0") is None
 
@@ -287,7 +270,13 @@ def test_joint_claims_never_share_a_dedicated_device() -> None:
 def test_taints_need_tolerations_except_effect_none() -> None:
     """NoSchedule needs a toleration (copied into the result); effect None is ignored."""
     taint = model.DeviceTaint(key="maint", value="x", effect="NoSchedule")
-    s = snap(rslice("s", dev("d0", taints=(taint,)), dev("d1", taints=(model.DeviceTaint(key="info", effect="None"),))))
+    s = snap(
+        rslice(
+            "s",
+            devices.device("d0", taints=(taint,)),
+            devices.device("d1", taints=(model.DeviceTaint(key="info", effect="None"),)),
+        )
+    )
     assert devices_of(oracle.find_allocation(s, [claim("c")], "node-0")) == [["r0=d1"]]
     assert oracle.find_allocation(s, [claim("c", request(count=2))], "node-0") is None
     tol = (model.DeviceToleration(key="maint", operator="Exists"),)
@@ -299,7 +288,7 @@ def test_taints_need_tolerations_except_effect_none() -> None:
 
 def test_admin_access_does_not_bypass_taints() -> None:
     """An adminAccess request still needs tolerations."""
-    s = snap(rslice("s", dev("d0", taints=(model.DeviceTaint(key="k", effect="NoExecute"),))))
+    s = snap(rslice("s", devices.device("d0", taints=(model.DeviceTaint(key="k", effect="NoExecute"),))))
     assert oracle.find_allocation(s, [claim("c", request(admin=True))], "node-0") is None
 
 
@@ -315,14 +304,14 @@ def mig_pool(
             driver=driver,
             pool=pool,
             count=2,
-            shared_counters=(counters("gpu-0", mem=8, sm=7), counters("gpu-1", mem=8, sm=7)),
+            shared_counters=(devices.counter_set("gpu-0", mem=8, sm=7), devices.counter_set("gpu-1", mem=8, sm=7)),
         ),
         rslice(
             "b-devices",
-            dev("gpu-0", consumes_counters=(uses("gpu-0", mem=8, sm=7),)),
-            dev("gpu-0-a", consumes_counters=(uses("gpu-0", mem=4, sm=3),)),
-            dev("gpu-0-b", consumes_counters=(uses("gpu-0", mem=4, sm=4),)),
-            dev("gpu-1-a", consumes_counters=(uses("gpu-1", mem=4, sm=3),)),
+            devices.device("gpu-0", consumes_counters=(devices.consumes("gpu-0", mem=8, sm=7),)),
+            devices.device("gpu-0-a", consumes_counters=(devices.consumes("gpu-0", mem=4, sm=3),)),
+            devices.device("gpu-0-b", consumes_counters=(devices.consumes("gpu-0", mem=4, sm=4),)),
+            devices.device("gpu-1-a", consumes_counters=(devices.consumes("gpu-1", mem=4, sm=3),)),
             driver=driver,
             pool=pool,
             count=2,
@@ -403,11 +392,11 @@ def test_search_backtracks_past_counters_of_a_refused_device() -> None:
 def test_counter_sets_on_another_nodes_slice_still_count() -> None:
     """A complete pool whose counter slice targets another node still supplies the counters."""
     s = snap(
-        rslice("a", pool="p", count=2, node_name="node-1", shared_counters=(counters("cs", mem=4),)),
+        rslice("a", pool="p", count=2, node_name="node-1", shared_counters=(devices.counter_set("cs", mem=4),)),
         rslice(
             "b",
-            dev("x", consumes_counters=(uses("cs", mem=3),)),
-            dev("y", consumes_counters=(uses("cs", mem=2),)),
+            devices.device("x", consumes_counters=(devices.consumes("cs", mem=3),)),
+            devices.device("y", consumes_counters=(devices.consumes("cs", mem=2),)),
             pool="p",
             count=2,
         ),
@@ -421,21 +410,28 @@ def test_counter_sets_on_another_nodes_slice_still_count() -> None:
 
 def test_match_attribute_needs_equal_values_and_backtracks() -> None:
     """matchAttribute over two requests picks d1+d2 (numa 1) after d0 (numa 0) fails."""
-    s = snap(rslice("s", dev("d0", attrs={"numa": 0}), dev("d1", attrs={"numa": 1}), dev("d2", attrs={"numa": 1})))
+    s = snap(
+        rslice(
+            "s",
+            devices.device("d0", attributes={"numa": 0}),
+            devices.device("d1", attributes={"numa": 1}),
+            devices.device("d2", attributes={"numa": 1}),
+        )
+    )
     c = claim("c", request("r0"), request("r1"), constraints=(model.DeviceConstraint(match_attribute=f"{GPU}/numa"),))
     assert devices_of(oracle.find_allocation(s, [c], "node-0")) == [["r0=d1", "r1=d2"]]
 
 
 def test_match_attribute_refuses_devices_without_it() -> None:
     """A device lacking the attribute cannot join a matchAttribute constraint."""
-    s = snap(rslice("s", dev("d0", attrs={"numa": 0}), dev("d1")))
+    s = snap(rslice("s", devices.device("d0", attributes={"numa": 0}), devices.device("d1")))
     c = claim("c", request(count=2), constraints=(model.DeviceConstraint(match_attribute=f"{GPU}/numa"),))
     assert oracle.find_allocation(s, [c], "node-0") is None
 
 
 def test_match_attribute_scoped_to_one_request() -> None:
     """A constraint naming r0 leaves r1 free to take a different value."""
-    s = snap(rslice("s", dev("d0", attrs={"numa": 0}), dev("d1", attrs={"numa": 1})))
+    s = snap(rslice("s", devices.device("d0", attributes={"numa": 0}), devices.device("d1", attributes={"numa": 1})))
     c = claim(
         "c",
         request("r0"),
@@ -447,7 +443,14 @@ def test_match_attribute_scoped_to_one_request() -> None:
 
 def test_match_attribute_types_must_agree() -> None:
     """int 1, bool true and string "1" are three different values."""
-    s = snap(rslice("s", dev("d0", attrs={"v": 1}), dev("d1", attrs={"v": True}), dev("d2", attrs={"v": "1"})))
+    s = snap(
+        rslice(
+            "s",
+            devices.device("d0", attributes={"v": 1}),
+            devices.device("d1", attributes={"v": True}),
+            devices.device("d2", attributes={"v": "1"}),
+        )
+    )
     for pair in (("d0", "d1"), ("d0", "d2"), ("d1", "d2")):
         c = claim("c", request(count=2), constraints=(model.DeviceConstraint(match_attribute=f"{GPU}/v"),))
         allocation = (model.AllocationResult(results=tuple(result(d) for d in pair)),)
@@ -460,8 +463,8 @@ def test_versions_compare_as_strings_in_constraints() -> None:
     s = snap(
         rslice(
             "s",
-            model.Device(name="d0", attributes={"ver": attr("1.2.0", kind=v)}),
-            model.Device(name="d1", attributes={"ver": attr("1.2.0+b7", kind=v)}),
+            devices.device("d0", attributes={"ver": devices.attr("1.2.0", kind=v)}),
+            devices.device("d1", attributes={"ver": devices.attr("1.2.0+b7", kind=v)}),
         )
     )
     c = claim("c", request(count=2), constraints=(model.DeviceConstraint(match_attribute=f"{GPU}/ver"),))
@@ -473,9 +476,9 @@ def test_list_match_attribute_needs_a_common_element_of_all() -> None:
     s = snap(
         rslice(
             "s",
-            dev("a", attrs={"roots": ["p0", "p1"]}),
-            dev("b", attrs={"roots": ["p1", "p2"]}),
-            dev("c", attrs={"roots": ["p0", "p2"]}),
+            devices.device("a", attributes={"roots": ["p0", "p1"]}),
+            devices.device("b", attributes={"roots": ["p1", "p2"]}),
+            devices.device("c", attributes={"roots": ["p0", "p2"]}),
         )
     )
     match = (model.DeviceConstraint(match_attribute=f"{GPU}/roots"),)
@@ -490,10 +493,10 @@ def test_list_match_recomputes_intersection_on_backtracking() -> None:
     s = snap(
         rslice(
             "s",
-            dev("a", attrs={"roots": ["p0", "p1"]}),
-            dev("b", attrs={"roots": ["p1"]}),
-            dev("c", attrs={"roots": ["p0"]}),
-            dev("d", attrs={"roots": ["p0", "p2"]}),
+            devices.device("a", attributes={"roots": ["p0", "p1"]}),
+            devices.device("b", attributes={"roots": ["p1"]}),
+            devices.device("c", attributes={"roots": ["p0"]}),
+            devices.device("d", attributes={"roots": ["p0", "p2"]}),
         )
     )
     c = claim(
@@ -509,8 +512,22 @@ def test_list_match_recomputes_intersection_on_backtracking() -> None:
 def test_distinct_attribute_is_pairwise_even_within_one_request() -> None:
     """DESIGN (2): numa 0,1,0 with count 3 is refused; 0,1,2 is fine."""
     distinct = (model.DeviceConstraint(distinct_attribute=f"{GPU}/numa"),)
-    bad = snap(rslice("s", dev("d0", attrs={"numa": 0}), dev("d1", attrs={"numa": 1}), dev("d2", attrs={"numa": 0})))
-    good = snap(rslice("s", dev("d0", attrs={"numa": 0}), dev("d1", attrs={"numa": 1}), dev("d2", attrs={"numa": 2})))
+    bad = snap(
+        rslice(
+            "s",
+            devices.device("d0", attributes={"numa": 0}),
+            devices.device("d1", attributes={"numa": 1}),
+            devices.device("d2", attributes={"numa": 0}),
+        )
+    )
+    good = snap(
+        rslice(
+            "s",
+            devices.device("d0", attributes={"numa": 0}),
+            devices.device("d1", attributes={"numa": 1}),
+            devices.device("d2", attributes={"numa": 2}),
+        )
+    )
     c = claim("c", request(count=3), constraints=distinct)
     assert oracle.find_allocation(bad, [c], "node-0") is None
     assert oracle.find_allocation(good, [c], "node-0") is not None
@@ -521,9 +538,9 @@ def test_distinct_list_attributes_must_be_disjoint() -> None:
     s = snap(
         rslice(
             "s",
-            dev("a", attrs={"roots": ["p0", "p1"]}),
-            dev("b", attrs={"roots": ["p1"]}),
-            dev("c", attrs={"roots": ["p2"]}),
+            devices.device("a", attributes={"roots": ["p0", "p1"]}),
+            devices.device("b", attributes={"roots": ["p1"]}),
+            devices.device("c", attributes={"roots": ["p2"]}),
         )
     )
     c = claim("c", request(count=2), constraints=(model.DeviceConstraint(distinct_attribute=f"{GPU}/roots"),))
@@ -535,9 +552,9 @@ def test_distinct_list_attributes_must_be_disjoint() -> None:
 
 def test_all_mode_takes_every_match_and_needs_them_free() -> None:
     """All takes both devices; with one held it fails unless admin, which takes both."""
-    s = snap(rslice("s", dev("d0"), dev("d1")))
+    s = snap(rslice("s", devices.device("d0"), devices.device("d1")))
     assert devices_of(oracle.find_allocation(s, [claim("c", request(all_mode=True))], "node-0")) == [["r0=d0", "r0=d1"]]
-    busy = snap(rslice("s", dev("d0"), dev("d1")), allocated=(held("h", result("d1")),))
+    busy = snap(rslice("s", devices.device("d0"), devices.device("d1")), allocated=(held("h", result("d1")),))
     assert oracle.find_allocation(busy, [claim("c", request(all_mode=True))], "node-0") is None
     assert devices_of(oracle.find_allocation(busy, [claim("c", request(all_mode=True, admin=True))], "node-0")) == [
         ["r0=d0", "r0=d1"]
@@ -546,13 +563,13 @@ def test_all_mode_takes_every_match_and_needs_them_free() -> None:
 
 def test_all_mode_with_no_match_fails() -> None:
     """All over a class that matches nothing is not an empty success."""
-    s = snap(rslice("s", dev("d0")))
+    s = snap(rslice("s", devices.device("d0")))
     assert oracle.find_allocation(s, [claim("c", request(cls="nic", all_mode=True))], "node-0") is None
 
 
 def test_all_mode_fails_on_a_node_with_an_incomplete_pool() -> None:
     """All cannot be satisfied while a pool on the node is incomplete; firstAvailable moves on."""
-    s = snap(rslice("s", dev("d0")), rslice("t", dev("x"), pool="other", count=2))
+    s = snap(rslice("s", devices.device("d0")), rslice("t", devices.device("x"), pool="other", count=2))
     assert oracle.find_allocation(s, [claim("c", request(all_mode=True))], "node-0") is None
     all_first = claim("c", model.DeviceRequest(name="r0", first_available=(sub("s0", all_mode=True), sub("s1"))))
     assert devices_of(oracle.find_allocation(s, [all_first], "node-0")) == [["r0/s1=d0"]]
@@ -566,7 +583,7 @@ def test_all_mode_fails_on_a_node_with_an_incomplete_pool() -> None:
 
 def test_first_available_falls_back_to_the_next_subrequest() -> None:
     """The first subrequest needs a NIC that is not there, so results name r0/s1."""
-    s = snap(rslice("s", dev("d0")))
+    s = snap(rslice("s", devices.device("d0")))
     c = claim("c", model.DeviceRequest(name="r0", first_available=(sub("s0", cls="nic"), sub("s1", cls="gpu"))))
     assert devices_of(oracle.find_allocation(s, [c], "node-0")) == [["r0/s1=d0"]]
     mixed = (model.AllocationResult(results=(result("d0", req="r0/s0"),)),)
@@ -575,21 +592,21 @@ def test_first_available_falls_back_to_the_next_subrequest() -> None:
 
 def test_incomplete_pools_are_never_used() -> None:
     """A pool missing one of its two slices offers no devices."""
-    s = snap(rslice("s", dev("d0"), count=2))
+    s = snap(rslice("s", devices.device("d0"), count=2))
     assert oracle.find_allocation(s, [claim("c")], "node-0") is None
 
 
 def test_only_the_newest_generation_counts() -> None:
     """An older generation's slice is ignored; the newer one is used."""
-    s = snap(rslice("old", dev("stale"), generation=1), rslice("new", dev("fresh"), generation=2))
+    s = snap(rslice("old", devices.device("stale"), generation=1), rslice("new", devices.device("fresh"), generation=2))
     assert devices_of(oracle.find_allocation(s, [claim("c", request(all_mode=True))], "node-0")) == [["r0=fresh"]]
 
 
 def test_newer_generation_elsewhere_makes_a_pool_obsolete() -> None:
     """A half-published newer generation on another node hides this node's old slice."""
     s = snap(
-        rslice("old", dev("d0"), generation=1, count=2),
-        rslice("new", dev("d1"), generation=2, count=2, node_name="node-1"),
+        rslice("old", devices.device("d0"), generation=1, count=2),
+        rslice("new", devices.device("d1"), generation=2, count=2, node_name="node-1"),
     )
     assert oracle.find_allocation(s, [claim("c")], "node-0") is None
 
@@ -598,10 +615,8 @@ def test_newer_generation_elsewhere_makes_a_pool_obsolete() -> None:
 
 
 def shared_dev(name: str, value: str, policy: model.CapacityRequestPolicy | None = None) -> model.Device:
-    return model.Device(
-        name=name,
-        allow_multiple_allocations=True,
-        capacity={"memory": model.DeviceCapacity(value=Q(value), request_policy=policy)},
+    return devices.device(
+        name, multi=True, capacity={"memory": model.DeviceCapacity(value=Q(value), request_policy=policy)}
     )
 
 
@@ -697,9 +712,9 @@ def test_capacity_request_filters_dedicated_devices() -> None:
     s = snap(
         rslice(
             "s",
-            model.Device(name="small", capacity={"memory": model.DeviceCapacity(value=Q("16Gi"))}),
-            dev("none"),
-            model.Device(name="big", capacity={"memory": model.DeviceCapacity(value=Q("80Gi"))}),
+            devices.device("small", capacity={"memory": "16Gi"}),
+            devices.device("none"),
+            devices.device("big", capacity={"memory": "80Gi"}),
         )
     )
     found = oracle.find_allocation(s, [claim("c", request(capacity_requests={"memory": Q("40Gi")}))], "node-0")
@@ -709,7 +724,7 @@ def test_capacity_request_filters_dedicated_devices() -> None:
 
 def test_same_shared_device_twice_breaks_distinct_attribute() -> None:
     """Two requests may share one shareable device, but not under distinctAttribute on it."""
-    d = dataclasses.replace(shared_dev("d0", "40Gi"), attributes={"numa": attr(0)})
+    d = dataclasses.replace(shared_dev("d0", "40Gi"), attributes={"numa": devices.attr(0)})
     s = snap(rslice("s", d))
     mem = {"memory": Q("8Gi")}
     c = claim("c", request("r0", capacity_requests=mem), request("r1", capacity_requests=mem))
@@ -725,9 +740,10 @@ def test_same_shared_device_twice_breaks_distinct_attribute() -> None:
 
 def test_shared_device_counters_are_charged_once() -> None:
     """Every share of a counter-consuming shareable device charges its counters only once."""
-    d = dataclasses.replace(shared_dev("d0", "40Gi"), consumes_counters=(uses("cs", mem=5),))
+    d = dataclasses.replace(shared_dev("d0", "40Gi"), consumes_counters=(devices.consumes("cs", mem=5),))
     s = snap(
-        rslice("a", pool="p", count=2, shared_counters=(counters("cs", mem=8),)), rslice("b", d, pool="p", count=2)
+        rslice("a", pool="p", count=2, shared_counters=(devices.counter_set("cs", mem=8),)),
+        rslice("b", d, pool="p", count=2),
     )
     mem = {"memory": Q("8Gi")}
     assert (
@@ -756,13 +772,13 @@ def test_node_selectors_of_network_slices_are_united() -> None:
     s = snap(
         rslice(
             "s",
-            dev("d0"),
+            devices.device("d0"),
             pool="p1",
             node_selector=model.NodeSelector(terms=(model.NodeSelectorTerm(match_expressions=(zone,)),)),
         ),
         rslice(
             "t",
-            dev("d1"),
+            devices.device("d1"),
             pool="p2",
             node_selector=model.NodeSelector(terms=(model.NodeSelectorTerm(match_expressions=(tier,)),)),
         ),
@@ -795,7 +811,7 @@ def test_check_reports_wrong_share_fields() -> None:
 
 def test_search_backtracks_across_claims() -> None:
     """The first claim's first choice starves the second; the search must move it."""
-    s = snap(rslice("s", dev("d0", attrs={"numa": 0}), dev("d1", attrs={"numa": 1})))
+    s = snap(rslice("s", devices.device("d0", attributes={"numa": 0}), devices.device("d1", attributes={"numa": 1})))
     numa0 = ("device.attributes[device.driver].?numa.orValue(-1) == 0",)
     found = oracle.find_allocation(s, [claim("a"), claim("b", request(selectors=numa0))], "node-0")
     assert devices_of(found) == [["r0=d1"], ["r0=d0"]]

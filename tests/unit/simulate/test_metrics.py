@@ -10,6 +10,7 @@ import hypothesis
 import pytest
 import rich.console
 from hypothesis import strategies as st
+from support import devices
 
 from dractl import model, simulate
 from dractl.model import decode
@@ -29,11 +30,11 @@ def a100() -> tuple[model.ResourceSlice, ...]:
     return _example("20-dgx-a100-01.yaml")
 
 
-def claim(name: str, *devices: str, pool: str = A100_POOL) -> model.ResourceClaim:
+def claim(name: str, *device_names: str, pool: str = A100_POOL) -> model.ResourceClaim:
     """A claim allocated the named devices of one pool."""
     results = tuple(
         model.DeviceRequestAllocationResult(request=f"r{i}", driver="gpu.nvidia.com", pool=pool, device=d)
-        for i, d in enumerate(devices)
+        for i, d in enumerate(device_names)
     )
     return model.ResourceClaim(
         meta=model.ObjectMeta(name=name, namespace="default"),
@@ -148,7 +149,7 @@ def test_mig_device_without_parent_uuid_belongs_to_the_gpu_of_its_counter_set() 
     """A MIG device with no parentUUID is matched to its GPU through the counter set both consume."""
     stripped = []
     for s in a100():
-        devices = tuple(
+        stripped_devices = tuple(
             model.Device(
                 name=d.name,
                 capacity=d.capacity,
@@ -163,7 +164,7 @@ def test_mig_device_without_parent_uuid_belongs_to_the_gpu_of_its_counter_set() 
                 driver=s.driver,
                 pool=s.pool,
                 node_name=s.node_name,
-                devices=devices,
+                devices=stripped_devices,
                 shared_counters=s.shared_counters,
             )
         )
@@ -172,32 +173,22 @@ def test_mig_device_without_parent_uuid_belongs_to_the_gpu_of_its_counter_set() 
 
 
 def _static_mig_device(name: str, profile: str, memory: str, slices: range) -> model.Device:
-    text = model.AttributeKind.STRING
-    capacity = {"memory": model.DeviceCapacity(value=model.quantity.parse(memory))}
-    capacity |= {f"memorySlice{i}": model.DeviceCapacity(value=model.quantity.parse("1")) for i in slices}
-    return model.Device(
-        name=name,
-        attributes={
-            "type": model.DeviceAttribute(kind=text, values=("mig",)),
-            "profile": model.DeviceAttribute(kind=text, values=(profile,)),
-            "parentUUID": model.DeviceAttribute(kind=text, values=("GPU-static",)),
-        },
-        capacity=capacity,
+    return devices.device(
+        name,
+        attributes={"type": "mig", "profile": profile, "parentUUID": "GPU-static"},
+        capacity={"memory": memory} | {f"memorySlice{i}": "1" for i in slices},
     )
 
 
 def test_static_mig_devices_form_their_gpu() -> None:
     """Static MIG devices without a published full GPU are one GPU, placed by their memorySlice capacities."""
-    devices = (
+    static = devices.rslice(
         _static_mig_device("gpu-0-mig-1g10gb-19-0", "1g.10gb", "9728Mi", range(1)),
         _static_mig_device("gpu-0-mig-3g40gb-9-4", "3g.40gb", "40192Mi", range(4, 8)),
-    )
-    static = model.ResourceSlice(
-        meta=model.ObjectMeta(name="s"),
+        name="s",
+        node="n1",
         driver="gpu.nvidia.com",
-        pool=model.ResourcePool(name="n1"),
-        node_name="n1",
-        devices=devices,
+        generation=0,
     )
     (gpu,) = metrics.measure([static], [claim("small", "gpu-0-mig-1g10gb-19-0", pool="n1")]).gpus
     assert (gpu.device, gpu.uuid, gpu.state, gpu.slices) == ("gpu-0", "GPU-static", metrics.State.PARTITIONED, 8)

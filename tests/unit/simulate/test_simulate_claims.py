@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from simulate_manifests import CLUSTER, claim, load, pod, template
+from support.simulate_manifests import CLUSTER, claim, load, pod, template
 
 from dractl.simulate import claims
 
@@ -21,7 +21,8 @@ ALPHABET = set("bcdfghjklmnpqrstvwxz2456789")
     ids=["short", "exactly-57", "both-cut-proportionally", "long-pod-name"],
 )
 def test_generate_name_follows_upstream_truncation(pod_name: str, pod_claim: str, expected: str) -> None:
-    """Guards: generateName is `<pod>-<claim>-`, cut proportionally beyond 57 characters like kube-controller-manager."""
+    """Guards: generateName is `<pod>-<claim>-`, cut proportionally beyond 57 characters like
+    kube-controller-manager."""
     assert claims.generate_name(pod_name, pod_claim) == expected
 
 
@@ -36,7 +37,8 @@ def test_generated_claim_name_is_deterministic_and_fits_a_name() -> None:
 
 
 def test_claim_from_template_copies_metadata_and_spec() -> None:
-    """Guards: a generated claim carries the template's claim labels/annotations, the pod-claim-name annotation and a controller ownerReference."""
+    """Guards: a generated claim carries the template's claim labels/annotations, the pod-claim-name annotation and a
+    controller ownerReference."""
     objects = load(template("tmpl"), pod("trainer", templates={"gpu": "tmpl"}))
     made = claims.claim_from_template(
         objects.resource_claim_templates[0], pod=objects.pods[0], uid="uid-1", pod_claim_name="gpu"
@@ -91,14 +93,15 @@ def test_plan_reports_missing_templates_and_claims() -> None:
         == "ResourceClaim default/nope does not exist (used by pod default/lonely spec.resourceClaims[0] (shared))"
     )
     assert (
-        items[1].problem
-        == "ResourceClaimTemplate default/absent does not exist (used by pod default/lonely spec.resourceClaims[1] (own))"
+        items[1].problem == "ResourceClaimTemplate default/absent does not exist "
+        "(used by pod default/lonely spec.resourceClaims[1] (own))"
     )
     assert items[1].name == claims.generated_claim_name("lonely", "own", namespace="default")
 
 
 def test_plan_reuses_a_claim_already_made_for_the_pod() -> None:
-    """Guards: a claim in the input owned by the pod for that pod claim is used instead of a new one (upstream's orphan lookup)."""
+    """Guards: a claim in the input owned by the pod for that pod claim is used instead of a new one
+    (upstream's orphan lookup)."""
     made = """
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim

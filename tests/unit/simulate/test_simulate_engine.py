@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from simulate_manifests import CLUSTER, LARGE, claim, load, pod, template
+from support.simulate_manifests import CLUSTER, LARGE, claim, load, pod, template
 
 from dractl import alloc, model
 from dractl.model import decode
@@ -40,13 +40,15 @@ def test_standalone_claims_go_first_in_input_order() -> None:
     assert _devices(by_name["second"]) == [("node-b", "gpu-1")]
     assert not by_name[pod_claim].allocated
     assert by_name[pod_claim].reasons == (
-        "gpu: device class gpu.example.com matches 4 devices; 2 pass the request's selectors; 0 of those are free on the candidate nodes (1 needed)",
+        "gpu: device class gpu.example.com matches 4 devices; 2 pass the request's selectors; 0 of those are free on "
+        "the candidate nodes (1 needed)",
     )
     assert result.attempted == 3
 
 
 def test_template_claim_is_generated_allocated_and_reserved() -> None:
-    """Guards: a pod's template claim gets upstream's name, the pod-claim-name annotation, an allocation and reservedFor the pod."""
+    """Guards: a pod's template claim gets upstream's name, the pod-claim-name annotation, an allocation and reservedFor
+    the pod."""
     objects = load(CLUSTER, template("tmpl"), pod("trainer", templates={"gpu": "tmpl"}))
     outcome = _run(objects)[f"default/{claims.generated_claim_name('trainer', 'gpu', namespace='default')}"]
     assert outcome.allocated and outcome.node == "node-a"
@@ -69,7 +71,8 @@ def test_shared_claim_is_allocated_once_and_reserved_for_every_pod() -> None:
 
 
 def test_allocated_shared_claim_pins_the_next_pod_to_its_node() -> None:
-    """Guards: a pod using a claim already allocated on node-b gets its other claims on node-b, not first-fit's node-a."""
+    """Guards: a pod using a claim already allocated on node-b gets its other claims on node-b,
+    not first-fit's node-a."""
     objects = load(
         CLUSTER,
         claim("shared", selector=LARGE),
@@ -110,7 +113,8 @@ status:
 
 
 def test_missing_template_and_claim_are_reasons_on_the_pods_claims() -> None:
-    """Guards: a missing template or named claim is a reason on that claim, and the pod's other claims are not allocated."""
+    """Guards: a missing template or named claim is a reason on that claim,
+    and the pod's other claims are not allocated."""
     objects = load(
         CLUSTER, template("tmpl"), pod("broken", claims={"shared": "nope"}, templates={"own": "tmpl", "gone": "absent"})
     )
@@ -121,7 +125,8 @@ def test_missing_template_and_claim_are_reasons_on_the_pods_claims() -> None:
     gone = outcomes[f"default/{claims.generated_claim_name('broken', 'gone', namespace='default')}"]
     assert gone.claim is None and not gone.allocated
     assert gone.reasons == (
-        "ResourceClaimTemplate default/absent does not exist (used by pod default/broken spec.resourceClaims[2] (gone))",
+        "ResourceClaimTemplate default/absent does not exist "
+        "(used by pod default/broken spec.resourceClaims[2] (gone))",
     )
     own = outcomes[f"default/{claims.generated_claim_name('broken', 'own', namespace='default')}"]
     assert not own.allocated
@@ -156,7 +161,10 @@ def test_pod_claims_are_allocated_jointly_on_one_node() -> None:
     a = outcomes[f"default/{claims.generated_claim_name('greedy', 'a', namespace='default')}"]
     b = outcomes[f"default/{claims.generated_claim_name('greedy', 'b', namespace='default')}"]
     assert not a.allocated and not b.allocated
-    each = "gpu: device class gpu.example.com matches 4 devices; 4 pass the request's selectors; 4 of those are free on the candidate nodes (2 needed)"
+    each = (
+        "gpu: device class gpu.example.com matches 4 devices; 4 pass the request's selectors; 4 of those are free "
+        "on the candidate nodes (2 needed)"
+    )
     assert a.reasons == (
         each,
         "every request has devices on its own, but none of the 2 candidate nodes has devices for all requests together",
@@ -185,7 +193,8 @@ def test_unknown_class_is_a_reason_not_an_error() -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_example_cluster_allocates_every_claim(policy: alloc.Policy) -> None:
-    """Guards: the built-in example decodes and every claim in it is allocated, the MIG pair on one parent GPU per replica."""
+    """Guards: the built-in example decodes and every claim in it is allocated,
+    the MIG pair on one parent GPU per replica."""
     objects = decode.load_paths([EXAMPLES])
     outcomes = engine.simulate(objects, policy=policy, search_limit=1_000_000).claims
     assert [o.name for o in outcomes if not o.allocated] == []
@@ -206,7 +215,8 @@ def test_example_cluster_allocates_every_claim(policy: alloc.Policy) -> None:
 
 
 def test_engine_copies_every_field_of_an_allocated_claim() -> None:
-    """Guards: the engine builds allocated ResourceClaims field by field (faster than dataclasses.replace): a new field must be copied there too."""
+    """Guards: the engine builds allocated ResourceClaims field by field (faster than dataclasses.replace): a new field
+    must be copied there too."""
     import dataclasses
 
     assert [f.name for f in dataclasses.fields(model.ResourceClaim)] == [

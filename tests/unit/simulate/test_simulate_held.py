@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import yaml
-from simulate_manifests import CLASS, CLUSTER, claim, load, pod
+from support.simulate_manifests import CLASS, CLUSTER, claim, load, pod
 
 from dractl import alloc, config, simulate
 from dractl.simulate import engine, report
@@ -99,7 +99,8 @@ def _devices(outcome: engine.ClaimOutcome) -> list[str]:
 
 
 def test_second_claim_on_one_device_is_a_conflict_naming_both_claims() -> None:
-    """Guards: two input claims on one device: the first keeps it, the second is `conflict` with a warning naming both claims and the device."""
+    """Guards: two input claims on one device: the first keeps it, the second is `conflict` with a warning naming both
+    claims and the device."""
     result = _simulate(CLUSTER, held("first", "gpu-0"), held("second", "gpu-0"))
     outcomes = _by_name(result)
     assert outcomes["first"].status is engine.Status.ALLOCATED and outcomes["first"].node == "node-a"
@@ -114,7 +115,8 @@ def test_second_claim_on_one_device_is_a_conflict_naming_both_claims() -> None:
 
 
 def test_conflicting_claim_holds_none_of_its_devices() -> None:
-    """Guards: a conflicting allocation holds nothing, not even its devices nobody else holds; devices are not counted twice."""
+    """Guards: a conflicting allocation holds nothing, not even its devices nobody else holds;
+    devices are not counted twice."""
     result = _simulate(
         CLUSTER,
         held("first", "gpu-0"),
@@ -129,14 +131,17 @@ def test_conflicting_claim_holds_none_of_its_devices() -> None:
 
 
 def test_mig_slice_of_a_gpu_allocated_whole_overdraws_its_counter_set() -> None:
-    """Guards: a MIG slice allocated in the input on a GPU another claim holds whole is a conflict naming the counter, both claims and both devices."""
+    """Guards: a MIG slice allocated in the input on a GPU another claim holds whole is a conflict naming the counter,
+    both claims and both devices."""
     outcomes = _by_name(_simulate(PARTITIONED, held("whole", "gpu-0"), held("slice", "gpu-0-mig-1")))
     assert outcomes["whole"].status is engine.Status.ALLOCATED
     assert outcomes["slice"].status is engine.Status.CONFLICT
     assert outcomes["slice"].reasons == (
-        "ResourceClaim default/slice: status.allocation.devices.results[0]: device gpu.example.com/node-a/gpu-0-mig-1: counter memory "
+        "ResourceClaim default/slice: status.allocation.devices.results[0]: "
+        "device gpu.example.com/node-a/gpu-0-mig-1: counter memory "
         "of counter set gpu-0-set in pool gpu.example.com/node-a would be overdrawn: 40Gi needed, 0 of 80Gi left: "
-        "ResourceClaim default/whole, first in the input, holds device gpu.example.com/node-a/gpu-0 of that counter set",
+        "ResourceClaim default/whole, first in the input, "
+        "holds device gpu.example.com/node-a/gpu-0 of that counter set",
     )
 
 
@@ -155,7 +160,8 @@ def test_two_mig_slices_of_one_gpu_fit_its_counter_set() -> None:
 
 
 def test_shared_device_capacity_overdrawn_is_a_conflict() -> None:
-    """Guards: shares of a multi-allocatable device whose consumed capacity adds up past its value: the later claim is a conflict naming the earlier one."""
+    """Guards: shares of a multi-allocatable device whose consumed capacity adds up past its value: the later claim is a
+    conflict naming the earlier one."""
     outcomes = _by_name(
         _simulate(
             PARTITIONED,
@@ -182,7 +188,8 @@ def test_shared_device_capacity_overdrawn_is_a_conflict() -> None:
         engine.Status.CONFLICT,
     ]
     assert outcomes["late"].reasons == (
-        "ResourceClaim default/late: status.allocation.devices.results[0]: device gpu.example.com/node-a/gpu-1: capacity memory would be "
+        "ResourceClaim default/late: status.allocation.devices.results[0]: device gpu.example.com/node-a/gpu-1: "
+        "capacity memory would be "
         "overdrawn: 30Gi more with 70Gi of 80Gi already consumed, by ResourceClaim default/big first in the input",
     )
 
@@ -192,17 +199,20 @@ def test_shared_device_capacity_overdrawn_is_a_conflict() -> None:
     [
         (
             held("ghost", "gpu-7"),
-            "ResourceClaim default/ghost: status.allocation.devices.results[0]: device gpu.example.com/node-a/gpu-7 does not exist: "
+            "ResourceClaim default/ghost: status.allocation.devices.results[0]: "
+            "device gpu.example.com/node-a/gpu-7 does not exist: "
             "resource pool gpu.example.com/node-a generation 1 has no such device",
         ),
         (
             held("ghost", "gpu-0", pool="node-z"),
-            "ResourceClaim default/ghost: status.allocation.devices.results[0]: device gpu.example.com/node-z/gpu-0 does not exist: "
+            "ResourceClaim default/ghost: status.allocation.devices.results[0]: "
+            "device gpu.example.com/node-z/gpu-0 does not exist: "
             "no ResourceSlice publishes resource pool gpu.example.com/node-z",
         ),
         (
             held("ghost", "gpu-0", where=ON_B),
-            "ResourceClaim default/ghost: status.allocation.nodeSelector: no known node matches it and can use every allocated device "
+            "ResourceClaim default/ghost: status.allocation.nodeSelector: no known node matches it and can use every "
+            "allocated device "
             "(gpu.example.com/node-a/gpu-0)",
         ),
         (
@@ -214,7 +224,8 @@ def test_shared_device_capacity_overdrawn_is_a_conflict() -> None:
     ids=["no-such-device", "no-such-pool", "node-selector-elsewhere", "device-on-no-known-node"],
 )
 def test_allocation_that_cannot_be_valid_is_invalid(allocation: str, reason: str) -> None:
-    """Guards: a device that does not exist, a pool nobody publishes, or a node selector where the device is not usable: status invalid, the reason names claim and device, nothing is held."""
+    """Guards: a device that does not exist, a pool nobody publishes, or a node selector where the device is not usable:
+    status invalid, the reason names claim and device, nothing is held."""
     result = _simulate(
         CLUSTER,
         FLOATING,
@@ -231,7 +242,8 @@ def test_allocation_that_cannot_be_valid_is_invalid(allocation: str, reason: str
 
 
 def test_allocation_on_an_incomplete_pool_is_invalid() -> None:
-    """Guards: a device of a pool whose newest generation is incomplete cannot be held: the reason says the pool is being updated."""
+    """Guards: a device of a pool whose newest generation is incomplete cannot be held: the reason says the pool is
+    being updated."""
     incomplete = CLUSTER.replace(
         "pool: {name: node-a, generation: 1, resourceSliceCount: 1}",
         "pool: {name: node-a, generation: 1, resourceSliceCount: 2}",
@@ -239,13 +251,15 @@ def test_allocation_on_an_incomplete_pool_is_invalid() -> None:
     outcome = _by_name(_simulate(incomplete, held("ghost", "gpu-0")))["ghost"]
     assert outcome.status is engine.Status.INVALID
     assert outcome.reasons == (
-        "ResourceClaim default/ghost: status.allocation.devices.results[0]: device gpu.example.com/node-a/gpu-0 cannot be used: "
+        "ResourceClaim default/ghost: status.allocation.devices.results[0]: "
+        "device gpu.example.com/node-a/gpu-0 cannot be used: "
         "resource pool gpu.example.com/node-a is currently being updated: 1 of 2 slices of generation 1 are published",
     )
 
 
 def test_pod_using_a_conflicting_claim_is_not_scheduled_nor_reserved() -> None:
-    """Guards: a pod whose claim is in conflict cannot run: its other claims are not allocated and the conflicting claim gets no reservedFor."""
+    """Guards: a pod whose claim is in conflict cannot run: its other claims are not allocated and the conflicting claim
+    gets no reservedFor."""
     objects = load(
         CLUSTER,
         held("first", "gpu-0"),
@@ -257,7 +271,8 @@ def test_pod_using_a_conflicting_claim_is_not_scheduled_nor_reserved() -> None:
     assert outcomes["second"].claim is not None and outcomes["second"].claim.reserved_for == ()
     assert outcomes["own"].status is engine.Status.NOT_ALLOCATED
     assert outcomes["own"].reasons == (
-        "not allocated: pod default/user cannot be scheduled: ResourceClaim default/second is in conflict status: its status.allocation holds no devices",
+        "not allocated: pod default/user cannot be scheduled: ResourceClaim default/second is in conflict status: its "
+        "status.allocation holds no devices",
     )
 
 
@@ -277,7 +292,8 @@ CONFLICT = (
     "is already allocated to ResourceClaim default/first, which comes first in the input"
 )
 INVALID = (
-    "ResourceClaim default/ghost: status.allocation.devices.results[0]: device gpu.example.com/node-a/gpu-7 does not exist: "
+    "ResourceClaim default/ghost: status.allocation.devices.results[0]: "
+    "device gpu.example.com/node-a/gpu-7 does not exist: "
     "resource pool gpu.example.com/node-a generation 1 has no such device"
 )
 INPUT = (CLUSTER, held("first", "gpu-0"), held("second", "gpu-0"), held("ghost", "gpu-7"))
@@ -303,7 +319,8 @@ def test_table_marks_conflict_and_invalid(tmp_path: pathlib.Path) -> None:
 
 
 def test_json_marks_conflict_and_invalid(tmp_path: pathlib.Path) -> None:
-    """Guards: -o json gives each claim's status and reasons, keeps the input allocation of a conflicting claim, and counts them in the summary."""
+    """Guards: -o json gives each claim's status and reasons, keeps the input allocation of a conflicting claim, and
+    counts them in the summary."""
     out, _ = _run(tmp_path, config.OutputFormat.JSON, *INPUT)
     document = json.loads(out)
     claims = {c["name"]: c for c in document["claims"]}
@@ -327,15 +344,16 @@ def test_json_marks_conflict_and_invalid(tmp_path: pathlib.Path) -> None:
 
 
 def test_yaml_marks_conflict_and_invalid_with_a_comment(tmp_path: pathlib.Path) -> None:
-    """Guards: -o yaml keeps every claim as the API holds it and puts a `# dractl: <status>: <reason>` comment before a claim that holds nothing."""
+    """Guards: -o yaml keeps every claim as the API holds it and puts a `# dractl: <status>: <reason>` comment before a
+    claim that holds nothing."""
     out, _ = _run(tmp_path, config.OutputFormat.YAML, *INPUT)
     assert (
-        f"# dractl: conflict: {CONFLICT}\n---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: second\n"
-        in out
+        f"# dractl: conflict: {CONFLICT}\n---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: "
+        "second\n" in out
     )
     assert (
-        f"# dractl: invalid: {INVALID}\n---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: ghost\n"
-        in out
+        f"# dractl: invalid: {INVALID}\n---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: "
+        "ghost\n" in out
     )
     documents = list(yaml.safe_load_all(out))
     assert [d["metadata"]["name"] for d in documents] == ["first", "second", "ghost"]
@@ -361,7 +379,8 @@ def test_claims_allocated_in_the_input_without_conflict_are_untouched() -> None:
 
 
 def test_admin_access_result_holds_nothing_and_does_not_conflict() -> None:
-    """Guards: an adminAccess result on a device another claim holds is no conflict (admin access ignores allocations)."""
+    """Guards: an adminAccess result on a device another claim holds is no conflict
+    (admin access ignores allocations)."""
     admin = held("monitor", "gpu-0", extra=", adminAccess: true")
     outcomes = _by_name(_simulate(CLUSTER, held("first", "gpu-0"), admin))
     assert outcomes["monitor"].status is engine.Status.ALLOCATED
@@ -389,7 +408,8 @@ def test_rejections_reach_the_allocator_facade() -> None:
 
 
 def test_the_api_state_is_trusted_unless_checking_is_asked_for() -> None:
-    """Guards: without check_allocated (the controller's view of the API) every allocation holds what it names: nothing is rejected and both holders block the device."""
+    """Guards: without check_allocated (the controller's view of the API) every allocation holds what it names: nothing
+    is rejected and both holders block the device."""
     objects = load(CLUSTER, held("first", "gpu-0"), held("second", "gpu-0", "gpu-1"), claim("fresh", count=1))
     snapshot = alloc.Snapshot(
         device_classes=objects.device_classes,

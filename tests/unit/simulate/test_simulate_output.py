@@ -12,7 +12,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 import yaml
-from simulate_manifests import CLUSTER, claim, load, pod, template
+from support.simulate_manifests import CLUSTER, claim, load, pod, template
 
 from dractl import alloc, config, simulate
 from dractl.model import encode
@@ -45,7 +45,8 @@ def _write(tmp_path: pathlib.Path, *documents: str) -> tuple[pathlib.Path, ...]:
 
 @pytest.mark.parametrize("source", ["example", "configured"])
 def test_json_carries_what_yaml_carries(tmp_path: pathlib.Path, source: str) -> None:
-    """Guards: each claim's -o json `allocation` and `reservedFor` equal the -o yaml claim's status.allocation and status.reservedFor (results, config, nodeSelector)."""
+    """Guards: each claim's -o json `allocation` and `reservedFor` equal the -o yaml claim's status.allocation and
+    status.reservedFor (results, config, nodeSelector)."""
     if source == "example":
         paths: tuple[pathlib.Path, ...] = (EXAMPLES,)
     else:
@@ -66,7 +67,7 @@ def test_json_carries_what_yaml_carries(tmp_path: pathlib.Path, source: str) -> 
     assert [(c["namespace"], c["name"]) for c in claims] == [
         (d["metadata"]["namespace"], d["metadata"]["name"]) for d in documents
     ]
-    for entry, document in zip(claims, documents):
+    for entry, document in zip(claims, documents, strict=True):
         assert entry["allocation"] == document["status"].get("allocation")
         assert entry["reservedFor"] == document["status"].get("reservedFor", [])
     assert (
@@ -160,7 +161,8 @@ ODD = [
 
 
 def test_fast_yaml_equals_pyyaml_on_odd_strings() -> None:
-    """Guards: strings that need quoting (or read back as other types) are spelled as PyYAML spells them, as values, list items and keys."""
+    """Guards: strings that need quoting (or read back as other types) are spelled as PyYAML spells them, as values,
+    list items and keys."""
     documents: list[object] = [{"v": text, "l": [text, {"k": text}], text or "empty": 1} for text in ODD]
     fast = _fast(documents)
     assert fast == _pyyaml(documents)
@@ -202,7 +204,8 @@ def test_yaml_writer_comments_precede_their_document() -> None:
 
 
 def test_big_tables_are_plain_text_with_the_same_content(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Guards: above RICH_ROWS claims the table is plain text with the same columns, every reason on one line, and the footer and node summary."""
+    """Guards: above RICH_ROWS claims the table is plain text with the same columns, every reason on one line, and the
+    footer and node summary."""
     objects = load(CLUSTER, claim("fits"), claim("too-big", count=9))
     result = engine.simulate(objects, policy=alloc.Policy.FIRST_FIT, search_limit=1000)
     nodes = report.usage(objects.resource_slices, result.claims, nodes=("node-a", "node-b"))
@@ -231,7 +234,8 @@ LINE = re.compile(r"timing: phase=([a-z]+) seconds=[0-9]+\.[0-9]{6}((?: [a-z_]+=
 
 @pytest.mark.parametrize("output", list(config.OutputFormat), ids=[f.value for f in config.OutputFormat])
 def test_timing_prints_one_line_per_phase(tmp_path: pathlib.Path, output: config.OutputFormat) -> None:
-    """Guards: --timing ends stderr with one line per phase in the documented format and order; only allocate has claims_per_s."""
+    """Guards: --timing ends stderr with one line per phase in the documented format and order;
+    only allocate has claims_per_s."""
     _, err = _run(_write(tmp_path, CLUSTER, claim("a"), claim("b")), output, timing_on=True)
     lines = [line for line in err.splitlines() if line.startswith("timing:")]
     matches = [LINE.fullmatch(line) for line in lines]

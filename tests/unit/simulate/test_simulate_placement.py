@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simulate_manifests import CLASS, CLUSTER, SLICES, load, pod
+from support.simulate_manifests import CLASS, CLUSTER, SLICES, load, pod
 
 from dractl import model
 from dractl.simulate import placement

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simulate_manifests import CLASS, CLUSTER, claim, load
+from support.simulate_manifests import CLASS, CLUSTER, claim, load
 
 from dractl import alloc
 from dractl.simulate import engine, report
@@ -58,7 +58,8 @@ def test_devices_used_and_offered_per_node() -> None:
 
 
 def test_counters_are_summed_by_name_with_indexed_counters_grouped() -> None:
-    """Guards: counter usage adds up consumption per counter, memory-slice-N summed as memory-slice, in the total's unit."""
+    """Guards: counter usage adds up consumption per counter, memory-slice-N summed as memory-slice,
+    in the total's unit."""
     (node,) = _usage(PARTITIONED, claim("part"))
     assert node.node == "node-a" and (node.devices_used, node.devices_total) == (1, 2)
     assert node.counters == (
@@ -77,7 +78,8 @@ def test_counter_usage_in_a_unit_that_divides_the_total() -> None:
 
 
 def test_incomplete_pool_offers_no_devices_like_the_allocator_sees_it() -> None:
-    """Guards: the report and the allocator agree on an incomplete pool: its devices are not offered (the report used to count them), and the pool is listed as a problem."""
+    """Guards: the report and the allocator agree on an incomplete pool: its devices are not offered (the report used to
+    count them), and the pool is listed as a problem."""
     incomplete = CLUSTER.replace(
         "pool: {name: node-a, generation: 1, resourceSliceCount: 1}",
         "pool: {name: node-a, generation: 1, resourceSliceCount: 2}",
@@ -97,7 +99,8 @@ def test_incomplete_pool_offers_no_devices_like_the_allocator_sees_it() -> None:
 
 
 def test_newest_generation_incomplete_means_no_fallback_to_the_older_one() -> None:
-    """Guards: with generation 2 incomplete the report does not offer generation 1's (or 2's) devices, as the allocator does not use them."""
+    """Guards: with generation 2 incomplete the report does not offer generation 1's (or 2's) devices, as the allocator
+    does not use them."""
     older = CLUSTER.replace("metadata: {name: node-a-gpus}", "metadata: {name: node-a-old}")
     slice_v2 = """
 apiVersion: resource.k8s.io/v1

@@ -31,8 +31,8 @@ tries a free failing device; All-mode sets are collected (every visible device, 
 for every claim, request and subrequest before the search starts. Every device is evaluated on
 its own (no result is shared between devices), so the allocator's sharing cannot leak in.
 
-Not modelled (the strategies never generate them): invalid pools reachable only through malformed slices (handled, but not generated on purpose),
-adminAccess on a device with allowMultipleAllocations, configuration in results.
+Not modelled (the strategies never generate them): invalid pools reachable only through malformed slices (handled, but
+not generated on purpose), adminAccess on a device with allowMultipleAllocations, configuration in results.
 """
 
 from __future__ import annotations
@@ -781,9 +781,15 @@ class Oracle:
             for counter, value in sorted(counters.items()):
                 total = base.get(counter, Fraction(0)) + used.get(counter, Fraction(0))
                 if total > value:
+                    drawing = _show_refs(
+                        r
+                        for r, e in charged.items()
+                        if any(u.counter_set == set_name for u in e.device.consumes_counters)
+                        and (r.driver, r.pool) == (driver, pool_name)
+                    )
                     out.append(
                         f"{driver}/{pool_name} counter set {set_name}: {counter} {_num(total)} > {_num(value)} "
-                        f"({_num(base.get(counter, Fraction(0)))} by allocated claims, devices {_show_refs(r for r, e in charged.items() if any(u.counter_set == set_name for u in e.device.consumes_counters) and (r.driver, r.pool) == (driver, pool_name))})"
+                        f"({_num(base.get(counter, Fraction(0)))} by allocated claims, devices {drawing})"
                     )
         return out
 

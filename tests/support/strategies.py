@@ -30,6 +30,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from dractl import alloc, model
+from support import devices
 
 GPU = "gpu.nvidia.com"
 NIC = "nic.example.com"
@@ -51,7 +52,8 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "gpu": (f'device.driver == "{GPU}"',),
     "nic": (f'device.driver == "{NIC}"',),
     "big": (
-        '"memory" in device.capacity[device.driver] && device.capacity[device.driver].memory.compareTo(quantity("40Gi")) >= 0',
+        '"memory" in device.capacity[device.driver] && '
+        'device.capacity[device.driver].memory.compareTo(quantity("40Gi")) >= 0',
     ),
     "a100": ('device.attributes[device.driver].?model.orValue("") == "a100"',),
     "mig": ('device.attributes[device.driver].?type.orValue("") == "mig"',),
@@ -62,9 +64,11 @@ CLASSES: dict[str, tuple[str, ...]] = {
 REQUEST_SELECTORS = (
     "device.attributes[device.driver].?numa.orValue(-1) == 0",
     '"mig" in device.attributes[device.driver] && device.attributes[device.driver].mig',
-    '"driverVersion" in device.attributes[device.driver] && device.attributes[device.driver].driverVersion.isGreaterThan(semver("1.1.0"))',
+    '"driverVersion" in device.attributes[device.driver] && '
+    'device.attributes[device.driver].driverVersion.isGreaterThan(semver("1.1.0"))',
     'device.attributes["example.com"].?rack.orValue("") == "r1"',
-    '!("memory" in device.capacity[device.driver]) || device.capacity[device.driver].memory.compareTo(quantity("16Gi")) <= 0',
+    '!("memory" in device.capacity[device.driver]) || '
+    'device.capacity[device.driver].memory.compareTo(quantity("16Gi")) <= 0',
     'device.attributes[device.driver].?model.orValue("").startsWith("h")',
     # Unguarded: fail at run time on devices without the attribute.
     'device.attributes[device.driver].model == "a100"',
@@ -168,29 +172,24 @@ def node_binding(draw: st.DrawFn, nodes: Sequence[str], *, per_device_ok: bool) 
     return {"per_device_node_selection": True}
 
 
-def _attr(kind: model.AttributeKind, value: object) -> model.DeviceAttribute:
-    if kind is model.AttributeKind.VERSION:
-        text = str(value)
-        return model.DeviceAttribute(kind=kind, values=(model.semver.parse(text),), texts=(text,))
-    return model.DeviceAttribute(kind=kind, values=(value,))  # type: ignore[arg-type]
-
-
 @st.composite
 def attributes(draw: st.DrawFn) -> dict[str, model.DeviceAttribute]:
     out: dict[str, model.DeviceAttribute] = {}
     optional = {
-        "model": lambda: _attr(model.AttributeKind.STRING, draw(st.sampled_from(("a100", "h100", "t4")))),
-        "numa": lambda: _attr(model.AttributeKind.INT, draw(st.integers(0, 1))),
-        "mig": lambda: _attr(model.AttributeKind.BOOL, draw(st.booleans())),
-        "driverVersion": lambda: _attr(
-            model.AttributeKind.VERSION, draw(st.sampled_from(("1.0.0", "1.2.0", "1.2.0+b7", "2.0.0")))
+        "model": lambda: devices.attr(
+            kind=model.AttributeKind.STRING, value=draw(st.sampled_from(("a100", "h100", "t4")))
         ),
-        "pcieRoots": lambda: model.DeviceAttribute(
-            kind=model.AttributeKind.STRING,
-            values=tuple(draw(st.lists(st.sampled_from(("p0", "p1", "p2")), min_size=1, max_size=2, unique=True))),
-            is_list=True,
+        "numa": lambda: devices.attr(kind=model.AttributeKind.INT, value=draw(st.integers(0, 1))),
+        "mig": lambda: devices.attr(kind=model.AttributeKind.BOOL, value=draw(st.booleans())),
+        "driverVersion": lambda: devices.attr(
+            kind=model.AttributeKind.VERSION, value=draw(st.sampled_from(("1.0.0", "1.2.0", "1.2.0+b7", "2.0.0")))
         ),
-        "example.com/rack": lambda: _attr(model.AttributeKind.STRING, draw(st.sampled_from(("r1", "r2")))),
+        "pcieRoots": lambda: devices.attr(
+            draw(st.lists(st.sampled_from(("p0", "p1", "p2")), min_size=1, max_size=2, unique=True))
+        ),
+        "example.com/rack": lambda: devices.attr(
+            kind=model.AttributeKind.STRING, value=draw(st.sampled_from(("r1", "r2")))
+        ),
     }
     for name, make in optional.items():
         if draw(st.integers(0, 9)) > 0:
@@ -224,7 +223,7 @@ def device(
     shareable = draw(st.integers(0, 5)) == 0
     capacity: dict[str, model.DeviceCapacity] = {}
     if shareable:
-        attrs["example.com/multi"] = _attr(model.AttributeKind.BOOL, True)
+        attrs["example.com/multi"] = devices.attr(kind=model.AttributeKind.BOOL, value=True)
         capacity["memory"] = model.DeviceCapacity(
             value=gi(draw(st.sampled_from((40, 80)))), request_policy=draw(request_policy())
         )
@@ -279,12 +278,12 @@ def pool_slices(
     for _ in range(draw(st.integers(1, 2))):
         binding = draw(node_binding(nodes, per_device_ok=True))
         per_device = bool(binding.get("per_device_node_selection"))
-        devices = []
+        drawn = []
         for _ in range(draw(st.integers(min(1, max(0, budget)), max(0, min(4, budget))))):
-            devices.append(draw(device(f"dev-{serial}", counter_sets=counter_sets, nodes=nodes, per_device=per_device)))
+            drawn.append(draw(device(f"dev-{serial}", counter_sets=counter_sets, nodes=nodes, per_device=per_device)))
             serial += 1
             budget -= 1
-        slices.append({"devices": tuple(devices), **binding})
+        slices.append({"devices": tuple(drawn), **binding})
     count = len(slices) + (1 if draw(st.integers(0, 11)) == 0 else 0)  # sometimes incomplete
     out = [
         model.ResourceSlice(
@@ -299,7 +298,7 @@ def pool_slices(
     if generation > 1 and not last.per_device_node_selection and draw(st.integers(0, 3)) == 0:
         # A stale slice of the previous generation, bound exactly like a current slice so that
         # wherever it is visible the current generation is too: it must never be used.
-        stale_device = model.Device(name="stale-0", attributes={"model": _attr(model.AttributeKind.STRING, "a100")})
+        stale_device = devices.device("stale-0", attributes={"model": "a100"})
         out.append(
             dataclasses.replace(
                 last,
@@ -345,12 +344,12 @@ def clusters(draw: st.DrawFn, *, max_devices: int = 8) -> Cluster:
 @st.composite
 def allocated_claims(draw: st.DrawFn, slices: Sequence[model.ResourceSlice]) -> tuple[model.ResourceClaim, ...]:
     """0-2 claims that already hold devices: dedicated, shared (with consumed capacity) or admin."""
-    devices = [(s, d) for s in slices for d in s.devices if d.name != "stale-0"]
-    if not devices or draw(st.integers(0, 2)) > 0:
+    held = [(s, d) for s in slices for d in s.devices if d.name != "stale-0"]
+    if not held or draw(st.integers(0, 2)) > 0:
         return ()
     picked = draw(
         st.lists(
-            st.sampled_from(devices),
+            st.sampled_from(held),
             min_size=1,
             max_size=2,
             unique_by=lambda sd: (sd[0].driver, sd[0].pool.name, sd[1].name),
@@ -483,29 +482,25 @@ def partitioned_clusters(draw: st.DrawFn) -> Cluster:
     slices: list[model.ResourceSlice] = []
     for driver in drivers:
         gpus = draw(st.integers(1, 2))
-        sets = tuple(model.CounterSet(name=f"gpu-{g}", counters={"mem": q(8), "sm": q(7)}) for g in range(gpus))
-        devices: list[model.Device] = []
+        sets = tuple(devices.counter_set(f"gpu-{g}", mem=8, sm=7) for g in range(gpus))
+        made: list[model.Device] = []
         for g in range(gpus):
             common = {
-                "parent": _attr(model.AttributeKind.STRING, f"gpu-{g}"),
-                "numa": _attr(model.AttributeKind.INT, draw(st.integers(0, 1))),
-                "pcieRoots": model.DeviceAttribute(
-                    kind=model.AttributeKind.STRING,
-                    values=tuple(
-                        draw(st.lists(st.sampled_from(("p0", "p1", "p2")), min_size=1, max_size=2, unique=True))
-                    ),
-                    is_list=True,
+                "parent": devices.attr(kind=model.AttributeKind.STRING, value=f"gpu-{g}"),
+                "numa": devices.attr(kind=model.AttributeKind.INT, value=draw(st.integers(0, 1))),
+                "pcieRoots": devices.attr(
+                    draw(st.lists(st.sampled_from(("p0", "p1", "p2")), min_size=1, max_size=2, unique=True))
                 ),
             }
             if draw(st.booleans()):
-                whole = model.DeviceCounterConsumption(counter_set=f"gpu-{g}", counters={"mem": q(8), "sm": q(7)})
-                devices.append(
+                whole = devices.consumes(f"gpu-{g}", mem=8, sm=7)
+                made.append(
                     model.Device(
                         name=f"gpu-{g}",
                         attributes={
                             **common,
-                            "type": _attr(model.AttributeKind.STRING, "gpu"),
-                            "profile": _attr(model.AttributeKind.STRING, "7g"),
+                            "type": devices.attr(kind=model.AttributeKind.STRING, value="gpu"),
+                            "profile": devices.attr(kind=model.AttributeKind.STRING, value="7g"),
                         },
                         consumes_counters=(whole,),
                     )
@@ -513,18 +508,18 @@ def partitioned_clusters(draw: st.DrawFn) -> Cluster:
             for k in range(draw(st.integers(1, 3))):
                 profile = draw(st.sampled_from(tuple(PROFILES)))
                 mem, sm = PROFILES[profile]
-                use = model.DeviceCounterConsumption(counter_set=f"gpu-{g}", counters={"mem": q(mem), "sm": q(sm)})
+                use = devices.consumes(f"gpu-{g}", mem=mem, sm=sm)
                 taints = (draw(st.sampled_from(TAINTS)),) if draw(st.integers(0, 7)) == 0 else ()
                 attrs = {
                     **common,
-                    "type": _attr(model.AttributeKind.STRING, "mig"),
-                    "profile": _attr(model.AttributeKind.STRING, profile),
+                    "type": devices.attr(kind=model.AttributeKind.STRING, value="mig"),
+                    "profile": devices.attr(kind=model.AttributeKind.STRING, value=profile),
                 }
-                devices.append(
-                    model.Device(name=f"gpu-{g}-mig-{k}", attributes=attrs, consumes_counters=(use,), taints=taints)
+                made.append(
+                    devices.device(f"gpu-{g}-mig-{k}", attributes=attrs, consumes_counters=(use,), taints=taints)
                 )
-        split = draw(st.integers(0, len(devices)))
-        parts = [tuple(devices[:split]), tuple(devices[split:])] if draw(st.booleans()) else [tuple(devices)]
+        split = draw(st.integers(0, len(made)))
+        parts = [tuple(made[:split]), tuple(made[split:])] if draw(st.booleans()) else [tuple(made)]
         count = 1 + len(parts)
         prefix = driver.split(".")[0]
         slices.append(
@@ -770,7 +765,8 @@ def describe(snapshot: alloc.Snapshot, claims: Sequence[model.ResourceClaim]) ->
     for s in snapshot.resource_slices:
         p = s.pool
         lines.append(
-            f"slice {s.meta.name} {s.driver} pool={p.name} gen={p.generation} count={p.resource_slice_count} {_binding(s)}"
+            f"slice {s.meta.name} {s.driver} pool={p.name} gen={p.generation} count={p.resource_slice_count} "
+            f"{_binding(s)}"
         )
         for cs in s.shared_counters:
             lines.append(f"  counters {cs.name} " + ",".join(f"{k}:{v}" for k, v in sorted(cs.counters.items())))
@@ -793,7 +789,7 @@ def with_allocation(claim: model.ResourceClaim, allocation: model.AllocationResu
 
 
 def settings_for(max_examples: int) -> settings:
-    """The registered profile (conftest.py) with this test's example budget; the deep profile
+    """The profile registered in tests/property/conftest.py with this test's example budget; the deep profile
     multiplies it by ten."""
     name = os.environ.get("DRACTL_HYPOTHESIS_PROFILE", "dractl-ci")
     scale = 10 if name == "dractl-deep" else 1
@@ -818,14 +814,8 @@ def _fixed(
     return Instance(cluster=Cluster(snapshot), claims=tuple(claims))
 
 
-def _local(*devices: model.Device) -> model.ResourceSlice:
-    return model.ResourceSlice(
-        meta=model.ObjectMeta(name="s"),
-        driver=GPU,
-        pool=model.ResourcePool(name="node-0"),
-        node_name="node-0",
-        devices=devices,
-    )
+def _local(*devs: model.Device) -> model.ResourceSlice:
+    return devices.rslice(*devs, name="s", node="node-0", driver=GPU, generation=0)
 
 
 def _claim(
@@ -838,7 +828,8 @@ def _claim(
 
 
 def _exactly(**kw: object) -> model.DeviceRequest:
-    return model.DeviceRequest(name="r0", exactly=model.ExactDeviceRequest(device_class_name="any", **kw))  # type: ignore[arg-type]
+    exactly = model.ExactDeviceRequest(device_class_name="any", **kw)  # type: ignore[arg-type]
+    return model.DeviceRequest(name="r0", exactly=exactly)
 
 
 def regression(name: str) -> Instance:
@@ -855,27 +846,21 @@ def regression(name: str) -> Instance:
     if name == "all-untolerated-taint":
         taint = model.DeviceTaint(key="maint", effect="NoSchedule")
         return _fixed(
-            [_local(model.Device(name="d0"), model.Device(name="d1", taints=(taint,)))],
+            [_local(devices.device("d0"), devices.device("d1", taints=(taint,)))],
             [_claim("c0", _exactly(allocation_mode=model.AllocationMode.ALL, count=0))],
         )
     if name == "all-after-committed-share":
         shared = {"memory": model.DeviceCapacity(value=gi(40))}
-        devices = (
-            model.Device(name="d0", allow_multiple_allocations=True, capacity=shared),
-            model.Device(name="d1", allow_multiple_allocations=True, capacity=shared),
-        )
+        devs = (devices.device("d0", multi=True, capacity=shared), devices.device("d1", multi=True, capacity=shared))
         first = _claim("c0", _exactly(capacity_requests={"memory": gi(8)}))
         return _fixed(
-            [_local(*devices)], [first, _claim("c1", _exactly(allocation_mode=model.AllocationMode.ALL, count=0))]
+            [_local(*devs)], [first, _claim("c1", _exactly(allocation_mode=model.AllocationMode.ALL, count=0))]
         )
     if name == "explain-constraint-of-other-claim":
-        devices = (
-            model.Device(name="d0"),
-            model.Device(name="d1", attributes={"model": _attr(model.AttributeKind.STRING, "a100")}),
-        )
+        devs = (devices.device("d0"), devices.device("d1", attributes={"model": "a100"}))
         distinct = (model.DeviceConstraint(distinct_attribute=f"{GPU}/model"),)
         return _fixed(
-            [_local(*devices)],
+            [_local(*devs)],
             [_claim("c0", _exactly(), constraints=distinct), _claim("c1", _exactly(), constraints=distinct)],
         )
     raise KeyError(name)

@@ -1,109 +1,20 @@
-"""Small constructors for allocator inputs, as model values (no YAML).
+"""Small constructors for allocator inputs, as model values (no YAML): requests, claims, nodes,
+selectors, the allocator itself and readers of its outcome.
 
 Fixture conventions follow upstream's allocator tests: driver `driver-a`, classes that select
-`device.driver == "<driver>"`, nodes `node-1`, `node-2`, devices `device-N`, pools named after
-their node, generation 1 and one slice per pool unless a test says otherwise.
+`device.driver == "<driver>"`, nodes `node-1`, `node-2`, requests `req-0`, claims `claim-0` in
+namespace `default`. Devices, slices, counters and classes come from `support.devices`, which
+has the same defaults.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from dractl import alloc, model
-from dractl.model import quantity, semver
+from support.devices import DRIVER, device_class, q
 
-DRIVER = "driver-a"
 DRIVER_B = "driver-b"
-
-
-def attr(value: Any) -> model.DeviceAttribute:
-    """A device attribute from a Python value: bool, int, str, "v:1.2.3" for a version, or a list."""
-    values = value if isinstance(value, list) else [value]
-    first = values[0]
-    if isinstance(first, bool):
-        kind = model.AttributeKind.BOOL
-    elif isinstance(first, int):
-        kind = model.AttributeKind.INT
-    elif isinstance(first, str) and first.startswith("v:"):
-        kind = model.AttributeKind.VERSION
-        texts = tuple(v[2:] for v in values)
-        return model.DeviceAttribute(
-            kind=kind, values=tuple(semver.parse(t) for t in texts), is_list=isinstance(value, list), texts=texts
-        )
-    else:
-        kind = model.AttributeKind.STRING
-    return model.DeviceAttribute(kind=kind, values=tuple(values), is_list=isinstance(value, list))
-
-
-def q(text: str | int) -> quantity.Quantity:
-    return quantity.parse(text)
-
-
-def device(
-    name: str,
-    *,
-    attributes: Mapping[str, Any] | None = None,
-    capacity: Mapping[str, str | int | model.DeviceCapacity] | None = None,
-    consumes: Mapping[str, Mapping[str, str | int]] | None = None,
-    taints: Sequence[model.DeviceTaint] = (),
-    multi: bool = False,
-    **fields: Any,
-) -> model.Device:
-    caps = {
-        k: v if isinstance(v, model.DeviceCapacity) else model.DeviceCapacity(value=q(v))
-        for k, v in (capacity or {}).items()
-    }
-    return model.Device(
-        name=name,
-        attributes={k: attr(v) for k, v in (attributes or {}).items()},
-        capacity=caps,
-        consumes_counters=tuple(
-            model.DeviceCounterConsumption(counter_set=s, counters={k: q(v) for k, v in c.items()})
-            for s, c in (consumes or {}).items()
-        ),
-        taints=tuple(taints),
-        allow_multiple_allocations=multi,
-        **fields,
-    )
-
-
-def counter_set(name: str, **counters: str | int) -> model.CounterSet:
-    return model.CounterSet(name=name, counters={k: q(v) for k, v in counters.items()})
-
-
-def rslice(
-    *devices: model.Device,
-    name: str | None = None,
-    node: str | None = "node-1",
-    driver: str = DRIVER,
-    pool: str | None = None,
-    generation: int = 1,
-    count: int = 1,
-    counters: Sequence[model.CounterSet] = (),
-    **fields: Any,
-) -> model.ResourceSlice:
-    """A slice; `node=None` with `node_selector`, `all_nodes` or `per_device_node_selection` in fields."""
-    pool_name = pool or node or "pool"
-    return model.ResourceSlice(
-        meta=model.ObjectMeta(name=name or f"{pool_name}-slice"),
-        driver=driver,
-        pool=model.ResourcePool(name=pool_name, generation=generation, resource_slice_count=count),
-        node_name=node,
-        devices=tuple(devices),
-        shared_counters=tuple(counters),
-        **fields,
-    )
-
-
-def device_class(
-    name: str = "class-a",
-    *selectors: str,
-    driver: str | None = DRIVER,
-    config: Sequence[model.OpaqueDeviceConfiguration] = (),
-) -> model.DeviceClass:
-    sels = ((f'device.driver == "{driver}"',) if driver else ()) + selectors
-    return model.DeviceClass(meta=model.ObjectMeta(name=name), selectors=sels, config=tuple(config))
 
 
 def opaque(param: str, driver: str = DRIVER) -> model.OpaqueDeviceConfiguration:
@@ -203,10 +114,6 @@ def toleration(key: str = "", *, operator: str = "Equal", value: str = "", effec
     return model.DeviceToleration(key=key, operator=operator, value=value, effect=effect)
 
 
-def taint(key: str, value: str = "", effect: str = "NoSchedule") -> model.DeviceTaint:
-    return model.DeviceTaint(key=key, value=value, effect=effect)
-
-
 def selector(
     *requirements: tuple[str, str, tuple[str, ...]], fields: Sequence[tuple[str, str, tuple[str, ...]]] = ()
 ) -> model.NodeSelector:
@@ -255,7 +162,3 @@ def picked(outcome: alloc.Outcome) -> list[list[tuple[str, str]]]:
 def reasons(outcome: alloc.Outcome) -> str:
     assert outcome.allocations is None, "expected a failure"
     return "\n".join(f"{r.request}: {r.message}" for r in outcome.reasons)
-
-
-def devices(n: int, **attributes: Any) -> list[model.Device]:
-    return [device(f"device-{i + 1}", attributes=attributes) for i in range(n)]
