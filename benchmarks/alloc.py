@@ -11,8 +11,8 @@ NVIDIA driver's attributes; most claims ask for one GPU with a memory floor (a h
 distinct thresholds), some for two GPUs with the same productName (matchAttribute), some
 for `firstAvailable` (one large GPU, or else two medium ones). Claims are standalone and
 allocated in order, like `dractl simulate` does; each figure is the fastest of `--repeat`
-runs (default 3), since other work on a shared machine only ever slows a run down. It prints a table with the figures, the
-ratio to the upstream Go allocator driven the same way (issue 2: about 2,000 claims/s at
+runs (default 3), since other work on a shared machine only ever slows a run down. It prints a table with the figures,
+the ratio to the upstream Go allocator driven the same way (issue 2: about 2,000 claims/s at
 K=100 and 150 at K=1000 on the 2-core reference machine) and this machine's description.
 It asserts nothing about time.
 """
@@ -219,7 +219,10 @@ def machine() -> str:
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"nproc={cores}, CPU: {cpu}, Python {platform.python_version()} ({platform.python_implementation()}), {platform.system()} {platform.machine()}"
+    return (
+        f"nproc={cores}, CPU: {cpu}, Python {platform.python_version()} ({platform.python_implementation()}), "
+        f"{platform.system()} {platform.machine()}"
+    )
 
 
 def main() -> None:
@@ -236,7 +239,10 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; claims/s is the fastest of {args.repeat} runs")
     print()
-    header = f"{'K':>6} {'claims':>7} {'policy':>9} {'allocated':>9} {'seconds':>8} {'claims/s':>10} {'upstream':>9} {'ratio':>7} {'target':>7}"
+    header = (
+        f"{'K':>6} {'claims':>7} {'policy':>9} {'allocated':>9} {'seconds':>8} {'claims/s':>10} {'upstream':>9} "
+        f"{'ratio':>7} {'target':>7}"
+    )
     print(header)
     print("-" * len(header))
     for k in sizes:
@@ -248,7 +254,8 @@ def main() -> None:
             ratio = f"{result.claims_per_second / upstream:6.1f}x" if upstream else "-"
             print(
                 f"{k:>6} {len(result.claims):>7} {policy.value:>9} {allocated:>9} {result.seconds:>8.3f} "
-                f"{result.claims_per_second:>10.0f} {upstream or 0:>9.0f} {ratio:>7} {TARGET_CLAIMS_PER_S[policy]:>7.0f}"
+                f"{result.claims_per_second:>10.0f} {upstream or 0:>9.0f} {ratio:>7} "
+                f"{TARGET_CLAIMS_PER_S[policy]:>7.0f}"
             )
     figures = peak_memory(memory_k)
     print()

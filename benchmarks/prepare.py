@@ -31,17 +31,17 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+import grpc
+import structlog
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import grpc
-import structlog
-
-from dractl import config, model
-from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc
-from dractl.model import encode
-from dractl.node import agent, cdi, fakegpu, plugin, sharing, state
+from dractl import config, model  # noqa: E402  (the repository root must be on sys.path first)
+from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc  # noqa: E402
+from dractl.model import encode  # noqa: E402
+from dractl.node import agent, cdi, fakegpu, plugin, sharing, state  # noqa: E402
 
 DRIVER = "gpu.nvidia.com"
 NODE = "bench-node"

@@ -11,7 +11,7 @@ are broken by position), and runs the node loop and the search without the GIL.
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
 
 cdef enum:
     R_FAIL = 1          # internal search results; 0 is success
@@ -103,6 +103,12 @@ cdef struct Shape:
     int32_t* cap_slot
     int64_t* cap_amt
     uint8_t* err        # per device: 1 if evaluating a selector on it failed (NULL: none did)
+    # Per node, cached (see `Core._node_cache`): how many of the shape's candidates on the node
+    # are free, and the least `dev_value` among them (binpack's key); valid while `key_at` is
+    # not older than the node's last change.
+    int32_t* key_free
+    int32_t* key_min
+    int64_t* key_at
 
 
 cdef struct Attr:
@@ -197,6 +203,11 @@ cdef class Core:
     cdef double* dev_size
     cdef int32_t* group_free
     cdef int32_t* dev_value     # per device: how many registered shapes it is a candidate of
+    cdef int32_t* node_used     # per node: how many of its visible devices are held or shared
+    # Event clock of the cached binpack keys: `node_changed[n]` is when node n's devices last
+    # changed hands, `values_changed` when `dev_value` last changed (a shape was added).
+    cdef int64_t clock, values_changed
+    cdef int64_t* node_changed
     cdef Shape* shapes
     cdef int32_t n_shapes, cap_shapes
     cdef Attr* attrs
@@ -288,11 +299,16 @@ cdef class Core:
         cdef int32_t n, k, d
         cdef Py_ssize_t total = self.node_off[self.n_nodes]
         self.node_held = <int32_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int32_t))
+        self.node_used = <int32_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int32_t))
+        self.node_changed = <int64_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int64_t))
         self.dev_node_off = <int32_t*> PyMem_Malloc((self.n_dev + 2) * sizeof(int32_t))
         self.dev_node = <int32_t*> PyMem_Malloc((total + 1) * sizeof(int32_t))
-        if self.node_held == NULL or self.dev_node_off == NULL or self.dev_node == NULL:
+        if (self.node_held == NULL or self.node_used == NULL or self.node_changed == NULL
+                or self.dev_node_off == NULL or self.dev_node == NULL):
             raise MemoryError()
         memset(self.node_held, 0, (self.n_nodes + 1) * sizeof(int32_t))
+        memset(self.node_used, 0, (self.n_nodes + 1) * sizeof(int32_t))
+        memset(self.node_changed, 0, (self.n_nodes + 1) * sizeof(int64_t))
         memset(self.dev_node_off, 0, (self.n_dev + 2) * sizeof(int32_t))
         for k in range(total):
             self.dev_node_off[self.node_dev[k] + 2] += 1
@@ -305,6 +321,8 @@ cdef class Core:
                 self.dev_node_off[d + 1] += 1
                 if self.in_use[d]:
                     self.node_held[n] += 1
+                if self.in_use[d] or self.shares[d] > 0:
+                    self.node_used[n] += 1
         return 0
 
     cdef int _validate(self, Py_ssize_t n_bad, Py_ssize_t n_total, Py_ssize_t n_in_use, Py_ssize_t n_multi, Py_ssize_t n_used) except -1:
@@ -341,6 +359,7 @@ cdef class Core:
         cdef int32_t i
         PyMem_Free(self.node_off); PyMem_Free(self.node_dev); PyMem_Free(self.node_bad)
         PyMem_Free(self.node_held); PyMem_Free(self.dev_node_off); PyMem_Free(self.dev_node)
+        PyMem_Free(self.node_used); PyMem_Free(self.node_changed)
         PyMem_Free(self.set_cnt_off)
         PyMem_Free(self.cons_off); PyMem_Free(self.cons_id); PyMem_Free(self.cons_amt)
         PyMem_Free(self.chk_off); PyMem_Free(self.chk_id)
@@ -359,6 +378,9 @@ cdef class Core:
                 PyMem_Free(self.shapes[i].cap_slot)
                 PyMem_Free(self.shapes[i].cap_amt)
                 PyMem_Free(self.shapes[i].err)
+                PyMem_Free(self.shapes[i].key_min)
+                PyMem_Free(self.shapes[i].key_free)
+                PyMem_Free(self.shapes[i].key_at)
             PyMem_Free(self.shapes)
         if self.attrs != NULL:
             for i in range(self.n_attrs):
@@ -387,6 +409,9 @@ cdef class Core:
         s.cand = <uint8_t*> _copy(cand, 1, NULL)
         s.select = <uint8_t*> _copy(select, 1, NULL)
         s.err = NULL if err is None else <uint8_t*> _copy(err, 1, NULL)
+        s.key_min = NULL
+        s.key_free = NULL
+        s.key_at = NULL
         if cap_off is None:
             s.cap_off = NULL
             s.cap_slot = NULL
@@ -406,9 +431,22 @@ cdef class Core:
                 PyMem_Free(s.cand); PyMem_Free(s.select); PyMem_Free(s.err)
                 PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
                 raise
+        s.key_min = <int32_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int32_t))
+        s.key_free = <int32_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int32_t))
+        s.key_at = <int64_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int64_t))
+        if s.key_min == NULL or s.key_free == NULL or s.key_at == NULL:
+            PyMem_Free(s.cand); PyMem_Free(s.select); PyMem_Free(s.err)
+            PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
+            PyMem_Free(s.key_min); PyMem_Free(s.key_free); PyMem_Free(s.key_at)
+            raise MemoryError()
+        for i in range(self.n_nodes + 1):
+            s.key_at[i] = -1  # before every event: nothing is cached yet
         for i in range(self.n_dev):
             if s.cand[i]:
                 self.dev_value[i] += 1
+        # Every device's value may have changed, and with it every cached key.
+        self.clock += 1
+        self.values_changed = self.clock
         self.n_shapes += 1
         return self.n_shapes - 1
 
@@ -607,9 +645,12 @@ cdef class Core:
                         j += 1
                 n_nodes = j
                 if policy == C_POLICY_BINPACK:
-                    self._order_nodes(&s, node_order, n_nodes, node_keys, node_score, node_keys + n_nodes, max_visible)
+                    self._first_node(&s, node_order, n_nodes, node_keys, max_visible)
                 status = R_FAIL
                 for i in range(n_nodes):
+                    if i == 1 and policy == C_POLICY_BINPACK:
+                        # The first node did not fit: the others are needed in full order.
+                        self._sort_nodes(node_order + 1, node_keys + 1, n_nodes - 1, node_score, node_keys + n_nodes)
                     self._visit(&s, node_order[i])
                     # Upstream collects every All-mode set before it searches a node.
                     if self._prep_error(&s):
@@ -646,38 +687,86 @@ cdef class Core:
 
     # --- node order and precheck ---------------------------------------------------------
 
-    cdef void _order_nodes(self, Search* s, int32_t* order, int32_t n, int64_t* keys, int32_t* tmp_order, int64_t* tmp_keys, int32_t max_visible) noexcept nogil:
-        """Binpack's node order. First the nodes whose free candidates are the least
-        flexible (a device's flexibility is how many request shapes it serves, so a small
-        claim lands on a small GPU and leaves large ones to the claims that need them), then
-        the most used nodes (devices held or shared), ties in the given order (node names):
-        a stable merge sort."""
-        cdef int32_t i, k, d, r, a, used, lo, mid, hi, j, o, width
-        cdef int64_t value, best
+    cdef void _first_node(self, Search* s, int32_t* order, int32_t n, int64_t* keys, int32_t max_visible) noexcept nogil:
+        """Binpack's node order, as far as most searches need it: the key of every node
+        (`_node_keys`), and the node a stable sort by key puts first (the smallest key, the
+        earliest of equal ones) moved to the front, the others keeping their order. Sorting
+        them (`_sort_nodes`) then gives the whole order; the search does that only when the
+        first node does not fit, which saves the sort in the common case."""
+        cdef int32_t i, best = 0, first
+        cdef int64_t key
+        if n == 0:
+            return
+        self._node_keys(s, order, n, keys, max_visible)
+        for i in range(1, n):
+            if keys[i] < keys[best]:
+                best = i
+        first = order[best]
+        key = keys[best]
+        memmove(order + 1, order, best * sizeof(int32_t))
+        memmove(keys + 1, keys, best * sizeof(int64_t))
+        order[0] = first
+        keys[0] = key
+
+    cdef void _node_keys(self, Search* s, int32_t* order, int32_t n, int64_t* keys, int32_t max_visible) noexcept nogil:
+        """Binpack's sort key per node, smallest first. First the nodes whose free candidates
+        are the least flexible (a device's flexibility is how many request shapes it serves,
+        so a small claim lands on a small GPU and leaves large ones to the claims that need
+        them), then the most used nodes (devices held or shared); ties keep the given order
+        (node names)."""
+        cdef int32_t i, r, a, node
+        cdef int64_t value
+        cdef Shape* sh
+        for i in range(n):
+            node = order[i]
+            value = 0
+            for r in range(s.n_reqs):
+                a = s.req_alt_off[r]
+                sh = &self.shapes[s.alt_shape[a]]
+                if s.alt_admin[a]:
+                    value += self._least_value(sh, node, True)
+                else:
+                    self._node_cache(sh, node)
+                    value += sh.key_min[node]
+            keys[i] = value * (max_visible + 1) + (max_visible - self.node_used[node])
+
+    cdef int32_t _least_value(self, Shape* sh, int32_t node, bint admin) noexcept nogil:
+        """The least `dev_value` of the shape's candidates on `node` that are free (held
+        ones count for admin access), or one more than any value when there is none."""
+        cdef int32_t k, d
+        cdef int32_t best = self.n_shapes + 1
+        for k in range(self.node_off[node], self.node_off[node + 1]):
+            d = self.node_dev[k]
+            if sh.cand[d] and self.dev_value[d] < best and (admin or self.multi[d] or not self.in_use[d]):
+                best = self.dev_value[d]
+        return best
+
+    cdef inline void _node_cache(self, Shape* sh, int32_t node) noexcept nogil:
+        """Bring the shape's cached free count and least value on `node` (without admin
+        access) up to date. Only a commit on the node or a new shape changes them, so most
+        nodes reuse what an earlier search computed."""
+        cdef int32_t k, d, free = 0
+        if sh.key_at[node] >= self.node_changed[node] and sh.key_at[node] >= self.values_changed:
+            return
+        for k in range(self.node_off[node], self.node_off[node + 1]):
+            d = self.node_dev[k]
+            if sh.cand[d] and (self.multi[d] or not self.in_use[d]):
+                free += 1
+        sh.key_free[node] = free
+        sh.key_min[node] = self._least_value(sh, node, False)
+        sh.key_at[node] = self.clock
+
+    cdef void _sort_nodes(self, int32_t* order, int64_t* keys, int32_t n, int32_t* tmp_order, int64_t* tmp_keys) noexcept nogil:
+        """Sort `order` by `keys` (both of length `n`, sorted together): a stable merge sort."""
+        cdef int32_t i, lo, mid, hi, j, o, width
         cdef int32_t* src_o = order
         cdef int64_t* src_k = keys
         cdef int32_t* dst_o = tmp_order
         cdef int64_t* dst_k = tmp_keys
         cdef int32_t* swap_o
         cdef int64_t* swap_k
-        cdef Shape* sh
-        for i in range(n):
-            used = 0
-            for k in range(self.node_off[order[i]], self.node_off[order[i] + 1]):
-                d = self.node_dev[k]
-                if self.in_use[d] or self.shares[d] > 0:
-                    used += 1
-            value = 0
-            for r in range(s.n_reqs):
-                a = s.req_alt_off[r]
-                sh = &self.shapes[s.alt_shape[a]]
-                best = self.n_shapes + 1
-                for k in range(self.node_off[order[i]], self.node_off[order[i] + 1]):
-                    d = self.node_dev[k]
-                    if sh.cand[d] and self.dev_value[d] < best and (s.alt_admin[a] or self.multi[d] or not self.in_use[d]):
-                        best = self.dev_value[d]
-                value += best
-            keys[i] = value * (max_visible + 1) + (max_visible - used)
+        if n <= 0:
+            return
         width = 1
         while width < n:
             lo = 0
@@ -720,12 +809,16 @@ cdef class Core:
                 need = s.alt_count[a] if s.alt_mode[a] == C_MODE_EXACT else 1
                 sh = &self.shapes[s.alt_shape[a]]
                 free = 0
-                for k in range(s.n_visible):
-                    d = s.visible[k]
-                    if sh.cand[d] and (s.alt_admin[a] or self.multi[d] or not self.in_use[d]):
-                        free += 1
-                        if free >= need:
-                            break
+                if not s.alt_admin[a]:
+                    self._node_cache(sh, s.node)
+                    free = sh.key_free[s.node]
+                else:
+                    for k in range(s.n_visible):
+                        d = s.visible[k]
+                        if sh.cand[d]:
+                            free += 1
+                            if free >= need:
+                                break
                 if free >= need:
                     best_need = need
                     break
@@ -1186,12 +1279,19 @@ cdef class Core:
             d = s.stack[i].dev
             if s.alt_admin[s.alt_choice[s.stack[i].req]]:
                 continue
+            if not self.in_use[d] and self.shares[d] == 0:
+                for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
+                    self.node_used[self.dev_node[k]] += 1
             if s.stack[i].shared:
                 self.shares[d] += 1
             elif not self.in_use[d]:
                 self.in_use[d] = 1
                 for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
                     self.node_held[self.dev_node[k]] += 1
+            # The binpack keys cached for the nodes that see `d` are out of date.
+            self.clock += 1
+            for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
+                self.node_changed[self.dev_node[k]] = self.clock
         s.depth = 0
 
     cdef void _release(self, Search* s) noexcept nogil:

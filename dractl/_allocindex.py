@@ -254,8 +254,6 @@ class Index:
                 self.slot_names.append((ref.index, name))
                 values.append(capacity.value.as_int())
         self.slot_value = array.array("q", values)
-        self.attribute_names = sorted({k for ref in self.devices for k in ref.device.attributes})
-        self.capacity_names = sorted({k for ref in self.devices for k in ref.device.capacity})
         self.slot_used = array.array("q", bytes(8 * len(values)))
 
     def _init_usage(

@@ -37,10 +37,6 @@ Rejection = _allocindex.Rejection
 """Why an allocation given in the snapshot holds nothing (`Allocator.rejected`)."""
 
 
-class AllocationError(Exception):
-    """The input cannot be allocated at all (not a per-claim failure): e.g. a bad snapshot."""
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Reason:
     """One thing a person can act on. `request` is "req" or "req/sub", or None for the claim."""
@@ -240,7 +236,7 @@ class Allocator:
         if any(plan.errors for plan in plans):
             reasons = (
                 Reason(claim.key, request, message)
-                for claim, plan in zip(claims, plans)
+                for claim, plan in zip(claims, plans, strict=True)
                 for request, message in plan.errors
             )
             return Outcome(node=None, allocations=None, reasons=tuple(reasons))
@@ -304,7 +300,8 @@ class Allocator:
             errors.append(
                 (
                     None,
-                    f"the claim asks for at least {minimum} devices, which exceeds the claim limit of {MAX_RESULTS} results; split it into several claims",
+                    f"the claim asks for at least {minimum} devices, which exceeds the claim limit of {MAX_RESULTS} "
+                    "results; split it into several claims",
                 )
             )
         names = {alts[0].request: r for r, alts in enumerate(requests)}
@@ -425,7 +422,7 @@ class Allocator:
         """Per device, its key under `footprint`: equal keys, equal results."""
         found = self._groups.get(footprint)
         if found is None:
-            found = self._groups[footprint] = [footprint.key(ref.driver, ref.device) for ref in self._index.devices]
+            found = self._groups[footprint] = footprint.keys((ref.driver, ref.device) for ref in self._index.devices)
         return found
 
     def _selectors(
@@ -444,7 +441,8 @@ class Allocator:
                 return mask, failed, f"{where}selectors[{k}]: {bad}"
             for i, message in errors.items():
                 failed[i] = (
-                    f"{where}selectors[{k}]: CEL expression {cel.quote(expression)} failed on device {devices[i].path}: {message}"
+                    f"{where}selectors[{k}]: CEL expression {cel.quote(expression)} failed on device "
+                    f"{devices[i].path}: {message}"
                 )
         return mask, failed, None
 
@@ -473,7 +471,10 @@ class Allocator:
             shape.error = "the request names no device class (deviceClassName is empty)"
             return shape
         if class_name not in self._classes:
-            shape.error = f"device class {class_name} does not exist; create it or name one of: {', '.join(sorted(self._classes)) or '(none defined)'}"
+            shape.error = (
+                f"device class {class_name} does not exist; create it or name one of: "
+                f"{', '.join(sorted(self._classes)) or '(none defined)'}"
+            )
             return shape
         found = self._class_mask(class_name)
         shape.class_matches = found.matches
@@ -570,18 +571,22 @@ class Allocator:
         if found is not None:
             return found
         ids: dict[tuple[str, object], int] = {}
+        # Decoded devices share equal attribute values: each value object is interned once.
+        interned: dict[int, list[int]] = {}  # id of an attribute (alive in the index) -> its value ids
         off, vals = array.array("i", [0]), array.array("i")
         for ref in self._index.devices:
             attribute = _allocindex.lookup_attribute(ref, qualified)
             if attribute is not None:
-                texts = attribute.texts or tuple(str(v) for v in attribute.values)
-                seen: set[int] = set()
-                for value, text in zip(attribute.values, texts):
-                    key = (attribute.kind.value, text if attribute.kind is model.AttributeKind.VERSION else value)
-                    vid = ids.setdefault(key, len(ids))
-                    if vid not in seen:
-                        seen.add(vid)
-                        vals.append(vid)
+                value_ids = interned.get(id(attribute))
+                if value_ids is None:
+                    value_ids = interned[id(attribute)] = []
+                    texts = attribute.texts or tuple(str(v) for v in attribute.values)
+                    for value, text in zip(attribute.values, texts, strict=True):
+                        key = (attribute.kind.value, text if attribute.kind is model.AttributeKind.VERSION else value)
+                        vid = ids.setdefault(key, len(ids))
+                        if vid not in value_ids:
+                            value_ids.append(vid)
+                vals.extend(value_ids)
             off.append(len(vals))
         attr_id: int = self._core.add_attribute(off, vals, len(ids))
         self._attrs[qualified] = attr_id
@@ -606,7 +611,7 @@ class Allocator:
         req_base = 0
         position = 0
         usable_everywhere = True
-        for claim, plan in zip(claims, plans):
+        for claim, plan in zip(claims, plans, strict=True):
             n_req = len(plan.requests)
             chosen: list[int] = []
             flat: list[_Alt] = []
@@ -712,7 +717,8 @@ class Allocator:
                 Reason(
                     first,
                     None,
-                    f"search limit reached after {self._limit} steps without finding an allocation; the claims' constraints are too hard to satisfy together (raise the search limit or simplify the constraints)",
+                    f"search limit reached after {self._limit} steps without finding an allocation; the claims' "
+                    "constraints are too hard to satisfy together (raise the search limit or simplify the constraints)",
                 )
             )
         nodes = node_array if node_array is not None else self._all_nodes
@@ -724,7 +730,7 @@ class Allocator:
         alt_index = 0
         # The core numbers constraints across all claims of the call, in claim order.
         constraint_base = 0
-        for claim, plan in zip(claims, plans):
+        for claim, plan in zip(claims, plans, strict=True):
             for options in plan.requests:
                 rows = [
                     self._alt_message(
@@ -735,7 +741,8 @@ class Allocator:
                 alt_index += len(options)
                 blamed = any(b for b, _ in rows)
                 explained.extend(
-                    (blamed, Reason(claim.key, alt.name, message)) for alt, (_, message) in zip(options, rows)
+                    (blamed, Reason(claim.key, alt.name, message))
+                    for alt, (_, message) in zip(options, rows, strict=True)
                 )
             constraint_base += len(plan.constraints)
         if any(blamed for blamed, _ in explained):
@@ -747,7 +754,8 @@ class Allocator:
                     Reason(
                         first,
                         None,
-                        f"every request has devices on its own, but none of the {len(nodes)} candidate node{_s(len(nodes))} has devices for all requests together",
+                        f"every request has devices on its own, but none of the {len(nodes)} candidate "
+                        f"node{_s(len(nodes))} has devices for all requests together",
                     )
                 )
         for problem in self._index.problems(node_array):
@@ -780,7 +788,8 @@ class Allocator:
             )
         if row[_alloc.STAT_ALL_BLOCKED]:
             parts.append(
-                "allocationMode All needs every matching device, but some are already allocated or have a taint the request does not tolerate"
+                "allocationMode All needs every matching device, but some are already allocated or have a taint the "
+                "request does not tolerate"
             )
         if row[_alloc.STAT_BAD_POOL]:
             parts.append("allocationMode All cannot be used on nodes with an invalid or incomplete pool")

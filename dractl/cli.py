@@ -39,7 +39,8 @@ def main() -> None:
     type=click.Path(exists=True, path_type=pathlib.Path),
     envvar="DRACTL_FILE",
     show_envvar=True,
-    help="Manifest file or directory, repeatable; DRACTL_FILE takes a ':'-separated list (default: the built-in example cluster).",
+    help="Manifest file or directory, repeatable; DRACTL_FILE takes a ':'-separated list (default: the built-in "
+    "example cluster).",
 )
 @click.option(
     "--policy",

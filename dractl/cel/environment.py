@@ -281,7 +281,8 @@ ENV = cel.NewEnv(
 )
 
 
-def _attribute_value(attribute: model.DeviceAttribute) -> typing.Any:
+def attribute_value(attribute: model.DeviceAttribute) -> typing.Any:
+    """One attribute as CEL sees it: a list for list attributes, versions as semver messages."""
     if attribute.kind is model.AttributeKind.VERSION:
         values = [semver_message(typing.cast(model.semver.Semver, value)) for value in attribute.values]
     else:
@@ -312,7 +313,7 @@ def device_maps(driver: str, device: model.Device) -> tuple[DomainMaps, DomainMa
     attributes: DomainMaps = {}
     for name, attribute in device.attributes.items():
         domain, identifier = _split(name, driver)
-        attributes.setdefault(domain, {})[identifier] = _attribute_value(attribute)
+        attributes.setdefault(domain, {})[identifier] = attribute_value(attribute)
     capacity: DomainMaps = {}
     for name, entry in device.capacity.items():
         domain, identifier = _split(name, driver)

@@ -172,14 +172,20 @@ def _article_lookup(tokens: Sequence[lexer.Token], index: int) -> tuple[int, str
     operand = tokens[end + 2] if operator is not None and end + 2 < len(tokens) else None
     if kind == "capacity":
         base = f'device.capacity["{domain}"].{name}'
-        note = f'"{key}" is a capacity, read as {base}: capacity and attributes are keyed by domain, then name, and quantities compare with compareTo()'
+        note = (
+            f'"{key}" is a capacity, read as {base}: capacity and attributes are keyed by domain, then name, and '
+            "quantities compare with compareTo()"
+        )
         if operator is not None and operand is not None and operand.kind in ("number", "string"):
             amount = _quantity_text(operand, memory=name == "memory")
             return end + 2, f'{base}.compareTo(quantity("{amount}")) {operator} 0', note
         return end, base, note
     base = f'device.attributes["{domain}"].{name}'
     if kind == "version":
-        note = f'"{key}" is the version attribute {base}: versions compare with compareTo(semver(...)), as strings "10.0" < "8.0"'
+        note = (
+            f'"{key}" is the version attribute {base}: versions compare with compareTo(semver(...)), as strings '
+            '"10.0" < "8.0"'
+        )
         version = _literal(operand) if operand is not None else None
         if operator is not None and version is not None and environment.is_semver(version, normalize=True):
             normalized = environment.semver_message(model.semver.parse(version, normalize=True)).s

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Mapping
+from typing import TypeVar
 
 from dractl import model
 from dractl.cel import checked, environment, program
@@ -31,15 +32,17 @@ _MAPS = {"device.attributes": 0, "device.capacity": 1}
 _DRIVER = "device.driver"
 _MEMBER_CALLS = frozenset({"_[_]", "_[?_]", "_?._"})
 _MISSING = ("missing",)
+_Entry = TypeVar("_Entry")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Footprint:
-    """The named attribute and capacity entries an expression reads, as (domain, identifier);
-    a domain of None means the device's own driver (`device.attributes[device.driver]`)."""
+    """The named attribute and capacity entries an expression reads, as (domain, identifier),
+    each once, in a canonical order (so equal reads make equal footprints); a domain of None
+    means the device's own driver (`device.attributes[device.driver]`)."""
 
-    attributes: frozenset[tuple[str | None, str]]
-    capacity: frozenset[tuple[str | None, str]]
+    attributes: tuple[tuple[str | None, str], ...]
+    capacity: tuple[tuple[str | None, str], ...]
 
     def key(self, driver: str, device: model.Device) -> Hashable:
         """Equal keys imply equal results of the expression. Pure.
@@ -47,13 +50,28 @@ class Footprint:
         The key holds the driver, the multi-allocation flag and the value (or absence) of
         every entry read, typed so that `1`, `true` and `"1"` differ.
         """
-        attributes, capacity = environment.device_maps(driver, device)
-        return (
-            driver,
-            device.allow_multiple_allocations,
-            tuple(_value(attributes, driver, entry) for entry in sorted(self.attributes, key=_order)),
-            tuple(_value(capacity, driver, entry) for entry in sorted(self.capacity, key=_order)),
-        )
+        return self.keys([(driver, device)])[0]
+
+    def keys(self, devices: Iterable[tuple[str, model.Device]]) -> list[Hashable]:
+        """`key` of every (driver, device), in order. Pure.
+
+        Only the entries read are looked up and converted: building the device's whole maps
+        (`environment.device_maps`) for every device costs more than evaluating most selectors.
+        Decoded devices share their equal attribute and capacity values, so each value object
+        is converted once per call.
+        """
+        # By the id of a value object, the object (held, so that its id is not reused during
+        # the call) and its image.
+        images: dict[int, tuple[object, Hashable]] = {}
+        return [
+            (
+                driver,
+                device.allow_multiple_allocations,
+                tuple(_attribute_image(device, driver, entry, images) for entry in self.attributes),
+                tuple(_capacity_image(device, driver, entry, images) for entry in self.capacity),
+            )
+            for driver, device in devices
+        ]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -67,7 +85,7 @@ def footprint(expression: str) -> Footprint | None:
     reads: tuple[set[tuple[str | None, str]], set[tuple[str | None, str]]] = (set(), set())
     if not _visit(root, reads):
         return None
-    return Footprint(attributes=frozenset(reads[0]), capacity=frozenset(reads[1]))
+    return Footprint(attributes=tuple(sorted(reads[0], key=_order)), capacity=tuple(sorted(reads[1], key=_order)))
 
 
 def _domain(node: checked.Node) -> tuple[int, str | None] | None:
@@ -133,12 +151,44 @@ def _order(entry: tuple[str | None, str]) -> tuple[str, str]:
     return (entry[0] or "", entry[1]) if entry[0] is not None else ("\x00", entry[1])
 
 
-def _value(maps: environment.DomainMaps, driver: str, entry: tuple[str | None, str]) -> Hashable:
-    domain = driver if entry[0] is None else entry[0]
-    values = maps.get(domain)
-    if values is None or entry[1] not in values:
+def _attribute_image(
+    device: model.Device, driver: str, entry: tuple[str | None, str], images: dict[int, tuple[object, Hashable]]
+) -> Hashable:
+    attribute = _named(device.attributes, driver, entry)
+    if attribute is None:
         return _MISSING
-    return _hashable(values[entry[1]])
+    found = images.get(id(attribute))
+    if found is None:
+        found = images[id(attribute)] = (attribute, _hashable(environment.attribute_value(attribute)))
+    return found[1]
+
+
+def _capacity_image(
+    device: model.Device, driver: str, entry: tuple[str | None, str], images: dict[int, tuple[object, Hashable]]
+) -> Hashable:
+    capacity = _named(device.capacity, driver, entry)
+    if capacity is None:
+        return _MISSING
+    found = images.get(id(capacity))
+    if found is None:
+        found = images[id(capacity)] = (capacity, _hashable(environment.quantity_message(capacity.value.value)))
+    return found[1]
+
+
+def _named(entries: Mapping[str, _Entry], driver: str, entry: tuple[str | None, str]) -> _Entry | None:
+    """The device's attribute or capacity that `environment.device_maps` puts at (domain,
+    identifier), or None. Pure. A name `domain/id` splits at its first slash and a name
+    without one belongs to the driver's domain, so at most two names land on one entry; when
+    both are given, the later one in the device's order wins, as it does in the maps."""
+    domain = driver if entry[0] is None else entry[0]
+    identifier = entry[1]
+    qualified = f"{domain}/{identifier}"
+    by_domain = entries.get(qualified) if "/" not in domain else None
+    plain = entries.get(identifier) if domain == driver and "/" not in identifier else None
+    if by_domain is not None and plain is not None:
+        names = list(entries)
+        return by_domain if names.index(qualified) > names.index(identifier) else plain
+    return by_domain if by_domain is not None else plain
 
 
 def _hashable(value: object) -> Hashable:

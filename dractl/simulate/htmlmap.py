@@ -142,8 +142,9 @@ def render(
         f'<body data-gpus-total="{c.gpus}">',
         f"<h1>{html.escape(title)}</h1>",
         (
-            f'<p class="summary">{len(measured.nodes)} nodes, {c.gpus} GPUs: {c.full} full, {c.partitioned} partitioned, '
-            f"{c.free} free; GPU memory allocated {_gib(c.memory_allocated)} of {_gib(c.memory)}.</p>"
+            f'<p class="summary">{len(measured.nodes)} nodes, {c.gpus} GPUs: '
+            f"{c.full} full, {c.partitioned} partitioned, {c.free} free; "
+            f"GPU memory allocated {_gib(c.memory_allocated)} of {_gib(c.memory)}.</p>"
         ),
         (
             '<p class="legend">Each bar is one GPU\'s memory, divided into its MIG memory slices where it has them.'

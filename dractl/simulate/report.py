@@ -23,9 +23,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
 import msgspec
-import rich.console
-import rich.table
-import rich.text
 
 from dractl import config, model
 from dractl.model import encode
@@ -291,12 +288,17 @@ def _plain(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], out
         for i, cell in enumerate(row[:-1]):
             widths[i] = max(widths[i], max(len(line) for line in cell))
     pad = [w + 3 for w in widths[:-1]]
-    lines = [title, "".join(h.ljust(p) for h, p in zip(header, pad)) + header[-1]]
+    lines = [title, "".join(h.ljust(p) for h, p in zip(header, pad, strict=False)) + header[-1]]
     for row in split:
-        for k in range(max(len(cell) for cell in row)):
+        height = max(len(cell) for cell in row)
+        if height == 1:
+            # The common row, one line per cell, has no continuation lines to pad.
+            lines.append(("".join(cell[0].ljust(p) for cell, p in zip(row, pad, strict=False)) + row[-1][0]).rstrip())
+            continue
+        for k in range(height):
             lines.append(
                 (
-                    "".join((cell[k] if k < len(cell) else "").ljust(p) for cell, p in zip(row, pad))
+                    "".join((cell[k] if k < len(cell) else "").ljust(p) for cell, p in zip(row, pad, strict=False))
                     + (row[-1][k] if k < len(row[-1]) else "")
                 ).rstrip()
             )
@@ -325,6 +327,12 @@ def write_table(
         _plain("Nodes", node_header, _node_rows(nodes), out)
         out.write("".join(f"warning: {problem}\n" for problem in pool_problems))
         return
+    # Imported here: rich takes about 50 ms to import, which json, yaml and large
+    # tables never use.
+    import rich.console
+    import rich.table
+    import rich.text
+
     console = rich.console.Console(file=out, width=None if out.isatty() else 160, highlight=False)
     claims = rich.table.Table(title=f"Claims (policy {policy.value})", title_justify="left")
     for column in header:

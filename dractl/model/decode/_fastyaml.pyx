@@ -137,3 +137,20 @@ def load_all(bytes data, resolve, Py_ssize_t max_depth):
     finally:
         yaml_parser_delete(&parser)
     return None if bail else documents
+
+
+def flow_depth(bytes data):
+    """The deepest nesting of `[`/`{` against `]`/`}` over `data`, counting every bracket
+    (quoted ones too) as `yaml11.check_flow_nesting` does, 0 at least. Pure. UTF-8 never uses
+    these bytes inside a multi-byte character, so the count equals the text's."""
+    cdef const unsigned char* p = data
+    cdef Py_ssize_t i, n = len(data)
+    cdef Py_ssize_t depth = 0, deepest = 0
+    for i in range(n):
+        if p[i] == b'[' or p[i] == b'{':
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        elif p[i] == b']' or p[i] == b'}':
+            depth -= 1
+    return deepest

@@ -252,14 +252,20 @@ UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}
 @functools.lru_cache(maxsize=16384)
 def dns_label(value: str) -> str | None:
     if len(value) > 63 or not _DNS_LABEL.match(value):
-        return f"{quote(value)} is not a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+        return (
+            f"{quote(value)} is not a DNS label: at most 63 lowercase letters, digits and '-', starting and ending "
+            "with a letter or digit"
+        )
     return None
 
 
 @functools.lru_cache(maxsize=16384)
 def dns_subdomain(value: str) -> str | None:
     if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
-        return f"{quote(value)} is not a DNS subdomain: at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+        return (
+            f"{quote(value)} is not a DNS subdomain: at most 253 lowercase letters, digits, '-' and '.', starting "
+            "and ending with a letter or digit"
+        )
     return None
 
 
@@ -310,7 +316,10 @@ def qualified_name(value: str) -> str | None:
 def fully_qualified_name(value: str) -> str | None:
     problem = qualified_name(value)
     if problem is None and "/" not in value:
-        problem = f"{quote(value)} must be fully qualified, a domain and a name separated by '/', e.g. \"{NVIDIA_DOMAIN}/{value}\""
+        problem = (
+            f"{quote(value)} must be fully qualified, a domain and a name separated by '/', e.g. "
+            f'"{NVIDIA_DOMAIN}/{value}"'
+        )
     return problem
 
 
@@ -328,13 +337,19 @@ def label_key(value: str) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def label_value(value: str) -> str | None:
     if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
-        return f"{quote(value)} is not a label value: at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+        return (
+            f"{quote(value)} is not a label value: at most 63 letters, digits, '-', '_' and '.', starting and "
+            "ending with a letter or digit"
+        )
     return None
 
 
 def extended_resource_name(value: str) -> str | None:
     if "/" not in value or "kubernetes.io/" in value or label_key("requests." + value):
-        return f"{quote(value)} is not an extended resource name: a domain outside kubernetes.io, '/', and a name, e.g. \"example.com/gpu\""
+        return (
+            f"{quote(value)} is not an extended resource name: a domain outside kubernetes.io, '/', and a name, "
+            'e.g. "example.com/gpu"'
+        )
     return None
 
 

@@ -14,7 +14,8 @@ from dractl.model.decode import common, problems, seed_hints
 
 _CLASS_SPEC_KEYS = frozenset({"selectors", "config", "extendedResourceName"})
 CLASS_TOP_HINTS = {
-    "driverName": "DeviceClass has no driverName: select the driver with spec.selectors: [{cel: {expression: 'device.driver == \"gpu.nvidia.com\"'}}]",
+    "driverName": "DeviceClass has no driverName: select the driver with spec.selectors: [{cel: {expression: "
+    "'device.driver == \"gpu.nvidia.com\"'}}]",
 }
 _CLASS_SPEC_HINTS = {
     "driverName": CLASS_TOP_HINTS["driverName"],

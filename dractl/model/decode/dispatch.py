@@ -109,7 +109,8 @@ def _resource(
     if version == "v1alpha3":
         o.error(
             "apiVersion",
-            f"resource.k8s.io/v1alpha3 is no longer served: write apiVersion: resource.k8s.io/v1{seed_hints.ALPHA3_CHANGES[kind]}",
+            "resource.k8s.io/v1alpha3 is no longer served: write apiVersion: "
+            f"resource.k8s.io/v1{seed_hints.ALPHA3_CHANGES[kind]}",
         )
         discard = problems.Results()
         _resource(discard, o, raw, kind, "v1", source)  # report the old shapes field by field

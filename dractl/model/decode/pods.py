@@ -69,7 +69,8 @@ def pod_spec_fields(o: problems.Report, spec: Mapping[str, Any], path: str) -> d
                     entry = f"{{name: {name}, resourceClaimTemplateName: <template>}}"
                     o.error(
                         f"{rpath}.name",
-                        f"{common.quote(name)} is not in {path}.resourceClaims: add {entry} (or resourceClaimName) there",
+                        f"{common.quote(name)} is not in {path}.resourceClaims: add {entry} "
+                        "(or resourceClaimName) there",
                     )
                 container_claims.append(
                     types.ContainerClaim(
@@ -96,12 +97,14 @@ def _device_plugin_resources(o: problems.Report, resources: Mapping[str, Any], p
                 o.warn(
                     f"{path}.{section}[{name}]",
                     "a device-plugin resource, not allocated by DRA: request the GPU with a ResourceClaimTemplate "
-                    "(exactly: {deviceClassName: gpu.nvidia.com}), reference it in spec.resourceClaims and list it in resources.claims",
+                    "(exactly: {deviceClassName: gpu.nvidia.com}), "
+                    "reference it in spec.resourceClaims and list it in resources.claims",
                 )
 
 
 def _claim_env(o: problems.Report, container: Mapping[str, Any], path: str) -> None:
-    """`env[].valueFrom.resourceFieldRef.resource: claims/...` (seed 003) does not exist: say what provides the devices."""
+    """`env[].valueFrom.resourceFieldRef.resource: claims/...` (seed 003) does not exist:
+    say what provides the devices."""
     env = container.get("env")
     for i, item in enumerate(env if isinstance(env, list) else ()):
         value_from = item.get("valueFrom") if isinstance(item, dict) else None

@@ -153,7 +153,8 @@ def _request(o: problems.Report, raw: object, path: str) -> types.DeviceRequest 
         elif first_raw is not None:
             o.error(
                 path,
-                f"exactly one of deviceClassName or firstAvailable is allowed, but both are set ({fields}, firstAvailable)",
+                "exactly one of deviceClassName or firstAvailable is allowed, "
+                f"but both are set ({fields}, firstAvailable)",
             )
         if exactly_raw is None and first_raw is None:
             # Decode the inline fields where they are, so later messages point at the user's lines.
@@ -306,7 +307,8 @@ def _constraint(
     elif match is None and distinct is None:
         o.error(
             path,
-            "exactly one of matchAttribute or distinctAttribute is required, e.g. matchAttribute: gpu.nvidia.com/parentUUID",
+            "exactly one of matchAttribute or distinctAttribute is required, e.g. matchAttribute: "
+            "gpu.nvidia.com/parentUUID",
         )
     for key, value in (("matchAttribute", match), ("distinctAttribute", distinct)):
         if value is not None:
@@ -326,7 +328,8 @@ def _request_refs(o: problems.Report, m: Mapping[str, Any], path: str, names: Re
             known = ", ".join(_all_refs(names)) or "none"
             o.error(
                 rpath,
-                f"{common.quote(ref)} is not a request of this claim (requests: {known}; a subrequest is written request/subrequest)",
+                f"{common.quote(ref)} is not a request of this claim (requests: {known}; a subrequest is written "
+                "request/subrequest)",
             )
     return refs
 
@@ -450,7 +453,8 @@ def _result(
     if request and not _has_request(names, request):
         o.error(
             f"{path}.request",
-            f"{common.quote(request)} is not a request of this claim (requests: {', '.join(_all_refs(names)) or 'none'})",
+            f"{common.quote(request)} is not a request of this claim (requests: "
+            f"{', '.join(_all_refs(names)) or 'none'})",
         )
     driver = common.required_str(o, r, "driver", path)
     if driver:

@@ -47,7 +47,8 @@ _SCALAR_KINDS = {kind.value: kind for kind in types.AttributeKind}
 _LIST_KINDS = {kind.value + "s": kind for kind in types.AttributeKind}
 _ATTRIBUTE_HINTS = {
     "quantity": "attributes have no quantity type: put sizes in the device's capacity, e.g. memory: {value: 80Gi}",
-    "value": "attribute values are typed: write {string: ...}, {int: ...}, {bool: ...} or {version: ...} (value is for capacity)",
+    "value": "attribute values are typed: write {string: ...}, {int: ...}, {bool: ...} or {version: ...} "
+    "(value is for capacity)",
 }
 
 
@@ -185,7 +186,10 @@ def _devices(o: problems.Report, raw: object, *, per_device: bool) -> tuple[type
         )
         devices.append(device)
     if advanced and len(devices) > common.MAX_DEVICES_ADVANCED:
-        limit = f"must have at most {common.MAX_DEVICES_ADVANCED} items when devices use taints, consumesCounters or list attributes"
+        limit = (
+            f"must have at most {common.MAX_DEVICES_ADVANCED} items when devices use taints, "
+            "consumesCounters or list attributes"
+        )
         o.error("spec.devices", f"{limit}, got {len(devices)}")
     return tuple(devices)
 
@@ -221,7 +225,8 @@ def _device(o: problems.Report, raw: object, path: str, *, per_device: bool) -> 
     if len(attributes) + len(capacity) > common.MAX_ATTRIBUTES_AND_CAPACITY:
         o.error(
             fields_path,
-            f"must have at most {common.MAX_ATTRIBUTES_AND_CAPACITY} attributes and capacities together, got {len(attributes) + len(capacity)}",
+            f"must have at most {common.MAX_ATTRIBUTES_AND_CAPACITY} attributes and capacities together, got "
+            f"{len(attributes) + len(capacity)}",
         )
     values = sum(len(a.values) for a in attributes.values())
     if values > common.MAX_ATTRIBUTE_VALUES:
@@ -294,7 +299,8 @@ def _plain_device(o: problems.Report, raw: Mapping[str, Any], path: str) -> type
     if len(attributes) + len(capacity) > common.MAX_ATTRIBUTES_AND_CAPACITY:
         o.error(
             path,
-            f"must have at most {common.MAX_ATTRIBUTES_AND_CAPACITY} attributes and capacities together, got {len(attributes) + len(capacity)}",
+            f"must have at most {common.MAX_ATTRIBUTES_AND_CAPACITY} attributes and capacities together, got "
+            f"{len(attributes) + len(capacity)}",
         )
     values = sum(len(a.values) for a in attributes.values())
     if values > common.MAX_ATTRIBUTE_VALUES:
@@ -403,7 +409,8 @@ def _attribute(o: problems.Report, name: str, value: object, path: str) -> types
         elif not isinstance(item, str):
             o.error(
                 ipath,
-                f"must be a string, got {common.kind_of(item)}: quote it, e.g. {common.quote(common.yaml_scalar(item))}",
+                f"must be a string, got {common.kind_of(item)}: quote it, e.g. "
+                f"{common.quote(common.yaml_scalar(item))}",
             )
             return None
         else:
@@ -427,6 +434,12 @@ def _capacities(o: problems.Report, raw: object, path: str, *, allow_multiple: b
         return {}
     result = {}
     for name, value in m.items():
+        # Fast path: `name: {value: <text>}` under a well-formed name, one memoised lookup.
+        if type(name) is str and type(value) is dict and len(value) == 1 and type(value.get("value")) is str:
+            capacity = _plain_capacity(name, value["value"])
+            if capacity is not None:
+                result[name] = capacity
+                continue
         key = str(name)
         cpath = f"{path}[{key}]"
         common.check(o, cpath, common.qualified_name(key))
@@ -446,6 +459,20 @@ def _capacities(o: problems.Report, raw: object, path: str, *, allow_multiple: b
             policy = _request_policy(o, value["requestPolicy"], f"{cpath}.requestPolicy", total)
         result[key] = types.DeviceCapacity(value=total, request_policy=policy)
     return result
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_capacity(name: str, text: str) -> types.DeviceCapacity | None:
+    """`_capacities`' entry for `name: {value: text}` when the name and the quantity are valid
+    and the quantity fits in an int64; None sends it the long way (with messages). Pure:
+    the same sizes repeat on every device of a cluster."""
+    if common.qualified_name(name) is not None:
+        return None
+    try:
+        total = quantity.parse(text)
+    except quantity.QuantityError:
+        return None
+    return types.DeviceCapacity(value=total) if quantity.fits_int64(total) else None
 
 
 def _request_policy(

@@ -19,8 +19,10 @@ REMOVED_KINDS = frozenset(
 )
 ALPHA3_CHANGES = {
     "DeviceClass": " (spec.selectors[].cel.expression keeps its shape)",
-    "ResourceClaim": ", where each request's deviceClassName, selectors, count and allocationMode move under `exactly:`",
-    "ResourceClaimTemplate": ", where each request's deviceClassName, selectors, count and allocationMode move under `exactly:`",
+    "ResourceClaim": ", where each request's deviceClassName, selectors, "
+    "count and allocationMode move under `exactly:`",
+    "ResourceClaimTemplate": ", where each request's deviceClassName, selectors, "
+    "count and allocationMode move under `exactly:`",
     "ResourceSlice": (
         ", where the `basic:` wrapper of devices is gone (attributes and capacity sit on the device), "
         'attributes take typed values such as {string: "..."}, {int: ...}, {version: "..."}, '
@@ -45,7 +47,8 @@ def removed_alpha2(o: problems.Report, raw: Mapping[str, Any], kind: str, versio
         driver = driver if isinstance(driver, str) and driver else common.NVIDIA_DOMAIN
         o.error(
             "apiVersion",
-            f'{gone}: write a resource.k8s.io/v1 DeviceClass with spec.selectors[].cel.expression, e.g. `device.driver == "{driver}"`',
+            f"{gone}: write a resource.k8s.io/v1 DeviceClass with spec.selectors[].cel.expression, e.g. `device.driver "
+            f'== "{driver}"`',
         )
         if "driverName" in raw:
             selector = f"[{{cel: {{expression: 'device.driver == \"{driver}\"'}}}}]"
@@ -60,7 +63,8 @@ def removed_alpha2(o: problems.Report, raw: Mapping[str, Any], kind: str, versio
         if "suitableNodes" in raw:
             o.error(
                 "suitableNodes",
-                "removed: nodes come from the driver's ResourceSlices; select devices with spec.selectors[].cel.expression",
+                "removed: nodes come from the driver's ResourceSlices; select devices with "
+                "spec.selectors[].cel.expression",
             )
         if "parametersRef" in raw:
             o.error(
@@ -72,7 +76,8 @@ def removed_alpha2(o: problems.Report, raw: Mapping[str, Any], kind: str, versio
         path = "spec.spec" if kind == "ResourceClaimTemplate" else "spec"
         o.error(
             "apiVersion",
-            f"{gone}: write apiVersion: resource.k8s.io/v1 with {path}.devices.requests[].exactly.deviceClassName and CEL selectors",
+            f"{gone}: write apiVersion: "
+            f"resource.k8s.io/v1 with {path}.devices.requests[].exactly.deviceClassName and CEL selectors",
         )
         spec = raw.get("spec")
         if kind == "ResourceClaimTemplate" and isinstance(spec, dict):
@@ -85,7 +90,8 @@ def removed_alpha2(o: problems.Report, raw: Mapping[str, Any], kind: str, versio
         return
     o.error(
         "apiVersion",
-        f"{gone}: DRA objects are resource.k8s.io/v1 DeviceClass, ResourceClaim, ResourceClaimTemplate and ResourceSlice",
+        f"{gone}: DRA objects are resource.k8s.io/v1 DeviceClass, ResourceClaim, "
+        "ResourceClaimTemplate and ResourceSlice",
     )
 
 
@@ -115,7 +121,10 @@ def label_selector_hint(item: Mapping[str, Any]) -> str:
     comparisons = {"Gt": ">", "Lt": "<", "Ge": ">=", "Le": "<="}
     if key == "memory" and operator in comparisons:
         amount = f"{first}Mi" if first.isdigit() else first
-        expression = f'device.capacity["{common.NVIDIA_DOMAIN}"].memory.compareTo(quantity("{amount}")) {comparisons[operator]} 0'
+        expression = (
+            f'device.capacity["{common.NVIDIA_DOMAIN}"].memory.compareTo(quantity("{amount}")) '
+            f"{comparisons[operator]} 0"
+        )
     else:
         field = (
             f'device.attributes["{common.NVIDIA_DOMAIN}"].{key}'
@@ -136,7 +145,8 @@ def label_selector_hint(item: Mapping[str, Any]) -> str:
 @functools.lru_cache(maxsize=4)
 def claim_spec_hints(path: str) -> Mapping[str, str]:
     return {
-        "resourceClassName": f"removed with resource.k8s.io/v1alpha2: name a DeviceClass in {path}.devices.requests[].exactly.deviceClassName",
+        "resourceClassName": "removed with resource.k8s.io/v1alpha2: name a DeviceClass in "
+        f"{path}.devices.requests[].exactly.deviceClassName",
         "parametersRef": NO_CLAIM_PARAMETERS.format(path=path),
         "parameters": NO_CLAIM_PARAMETERS.format(path=path),
         "requests": "requests go under devices: write devices: {requests: [...]}",
@@ -171,7 +181,10 @@ def plain_attribute_hint(name: str, value: object) -> str:
     if size:
         number, prefix, binary = size.groups()
         capacity = f"{number}{prefix}{binary}" if binary or prefix != "K" else f"{number}k"
-        return f"{shown} is a plain value; a size belongs in the device's capacity: {name}: {{value: {capacity}}} (or write {name}: {{string: {shown}}})"
+        return (
+            f"{shown} is a plain value; a size belongs in the device's capacity: {name}: {{value: {capacity}}} (or "
+            f"write {name}: {{string: {shown}}})"
+        )
     if isinstance(value, bool):
         typed = f"{{bool: {shown}}}"
     elif isinstance(value, int):
@@ -184,8 +197,14 @@ def plain_attribute_hint(name: str, value: object) -> str:
     elif isinstance(value, str):
         typed = f"{{string: {shown}}}"
     else:
-        return f"must be a typed value such as {{string: ...}}, {{int: ...}}, {{bool: ...}} or {{version: ...}}, got {common.kind_of(value)}"
-    return f"{shown} is a plain value; attributes are typed: write {name}: {typed} ({{string: ...}}, {{int: ...}}, {{bool: ...}} or {{version: ...}})"
+        return (
+            "must be a typed value such as {string: ...}, {int: ...}, {bool: ...} or {version: ...}, got "
+            f"{common.kind_of(value)}"
+        )
+    return (
+        f"{shown} is a plain value; attributes are typed: write {name}: {typed} ({{string: ...}}, {{int: ...}}, "
+        "{bool: ...} or {version: ...})"
+    )
 
 
 def claim_source_hint(source: object) -> str:
@@ -194,7 +213,10 @@ def claim_source_hint(source: object) -> str:
         for key in ("resourceClaimName", "resourceClaimTemplateName"):
             if isinstance(source.get(key), str):
                 return f"source: was removed from the Pod API: write {key}: {source[key]} directly on the entry"
-    return "source: was removed from the Pod API: write resourceClaimName or resourceClaimTemplateName directly on the entry"
+    return (
+        "source: was removed from the Pod API: "
+        "write resourceClaimName or resourceClaimTemplateName directly on the entry"
+    )
 
 
 def inline_templates_hint(raw: object, path: str) -> str:
