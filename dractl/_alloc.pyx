@@ -512,6 +512,7 @@ cdef class Core:
         cdef const int32_t[:] nv
         cdef Search s
         cdef int32_t n_nodes, i, j, k, base, n_mem, max_slots, total_cnt, best, status, node = -1
+        cdef int32_t err_node = -1, err_alt = -1, err_dev = -1
         cdef int32_t* node_order
         cdef int32_t* node_score
         cdef int64_t* node_keys
@@ -657,11 +658,21 @@ cdef class Core:
                         status = R_ERROR
                     else:
                         status = self._request(&s, 0)
+                    if status == R_ERROR and policy == C_POLICY_BINPACK:
+                        # Binpack tries failing devices last, so their error ends the attempt
+                        # only when no node fits: remember the first one and go on.
+                        if err_node < 0:
+                            err_node, err_alt, err_dev = node_order[i], s.err_alt, s.err_dev
+                        self._release(&s)
+                        status = R_FAIL
+                        continue
                     if status == 0 or status == R_ERROR:
                         node = node_order[i]
                         break
                     if status == R_LIMIT:
                         break
+                if status == R_FAIL and err_node >= 0:
+                    status, node, s.err_alt, s.err_dev = R_ERROR, err_node, err_alt, err_dev
             if status == R_LIMIT or status == R_ERROR:
                 # The search stopped mid-way: give back everything it still holds.
                 self._release(&s)
@@ -1166,7 +1177,9 @@ cdef class Core:
         for i in range(n):
             d = order[i]
             g = self.dev_group[d]
-            if g >= 0 and self._free(d, admin):
+            # A device whose selector failed is in `order` only to raise its error last: it
+            # cannot help a group hold the request.
+            if g >= 0 and self._free(d, admin) and not (sh.err != NULL and sh.err[d]):
                 self.group_free[g] += 1
         for i in range(n):
             d = order[i]

@@ -163,3 +163,38 @@ def test_binpack_tries_failing_devices_last() -> None:
         [claim("c", request("req-0", "class-a", FAILING, count=2))]
     )
     assert "device-1" in reasons(short)
+
+
+def test_binpack_tries_another_node_before_a_selector_error_ends_the_claim() -> None:
+    """Guards: under binpack, a failing device on the first-ranked node does not end the claim when another fits."""
+    # node-2 is partly used, so binpack ranks it first; its good devices cannot hold two.
+    slices = [
+        rslice(good("gpu-0"), good("gpu-1"), node="node-1"),
+        rslice(good("gpu-0"), bad("gpu-1"), good("gpu-2"), node="node-2"),
+    ]
+    allocator_ = allocator(slices, policy=alloc.Policy.BINPACK, allocated=[held("old", "gpu-2", pool="node-2")])
+    outcome = allocator_.allocate([claim("c", request("req-0", "class-a", FAILING, count=2))])
+    assert outcome.node == "node-1"
+    assert picked(outcome) == [[("req-0", "gpu-0"), ("req-0", "gpu-1")]]
+
+
+def test_binpack_does_not_count_a_failing_device_toward_a_pcie_root() -> None:
+    """Guards: a device whose selector failed does not make its PCIe root look able to hold the whole request."""
+    root = "resource.kubernetes.io/pcieRoot"
+
+    def on(name: str, pci: str, **attributes: str) -> object:
+        return device(name, attributes={root: pci, **attributes})
+
+    devices = [
+        on("gpu-a0", "pci-a", model="x"),
+        on("gpu-a1", "pci-a"),  # fails: no "model"
+        on("gpu-b0", "pci-b", model="x"),
+        on("gpu-b1", "pci-b", model="x"),
+        on("gpu-c0", "pci-c", model="x"),
+        on("gpu-c1", "pci-c", model="x"),
+        on("gpu-c2", "pci-c", model="x"),
+    ]
+    outcome = allocator([rslice(*devices)], policy=alloc.Policy.BINPACK).allocate(
+        [claim("c", request("req-0", "class-a", FAILING, count=2))]
+    )
+    assert picked(outcome) == [[("req-0", "gpu-b0"), ("req-0", "gpu-b1")]]
