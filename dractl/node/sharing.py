@@ -88,9 +88,16 @@ Runner = Callable[[Sequence[str], Mapping[str, str], str], None]
 
 
 def _run(argv: Sequence[str], env: Mapping[str, str], stdin: str) -> None:
-    subprocess.run(
-        list(argv), input=stdin, env={**os.environ, **env}, capture_output=True, text=True, timeout=30, check=True
-    )
+    """Run one MPS control command. Every failure is an OSError naming the command, the
+    error type the prepare path rolls back on (a CalledProcessError would escape it)."""
+    try:
+        subprocess.run(
+            list(argv), input=stdin, env={**os.environ, **env}, capture_output=True, text=True, timeout=30, check=True
+        )
+    except subprocess.CalledProcessError as err:
+        raise OSError(f"{argv[0]} exited with {err.returncode}: {(err.stderr or '').strip()[:200]}") from err
+    except subprocess.TimeoutExpired as err:
+        raise OSError(f"{argv[0]} did not answer within {err.timeout:g} s") from err
 
 
 class NvidiaMps:
@@ -135,7 +142,7 @@ class NvidiaMps:
         if (pipe / "control").exists():
             try:
                 self._runner([self._executable], self._env(daemon_id), "quit\n")
-            except (OSError, subprocess.SubprocessError) as err:
+            except OSError as err:
                 _log.warning("stopping MPS control daemon failed", daemon=daemon_id, error=str(err))
         shutil.rmtree(self._root / daemon_id, ignore_errors=True)
 

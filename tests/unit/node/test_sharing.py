@@ -5,6 +5,8 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Mapping, Sequence
 
+import pytest
+
 from dractl.node import backend, fakegpu, sharing
 
 
@@ -76,3 +78,10 @@ def test_fake_mps_records_calls_and_makes_the_pipe_dir(tmp_path: pathlib.Path) -
     assert (tmp_path / "x" / "pipe").is_dir() and fake.running["x"].multi_user
     fake.stop("x")
     assert fake.calls == [("start", "x"), ("stop", "x")] and fake.running == {} and not (tmp_path / "x").exists()
+
+
+def test_a_failing_mps_control_command_is_an_os_error_the_prepare_path_rolls_back_on(tmp_path: pathlib.Path) -> None:
+    """Guards: nvidia-cuda-mps-control exiting non-zero raises OSError (caught by prepare), not CalledProcessError."""
+    mps = sharing.NvidiaMps(root=tmp_path, executable="false")
+    with pytest.raises(OSError, match="false exited with 1"):
+        mps.start(sharing.MpsSettings(daemon_id="d1", uuids=("GPU-a",)))
