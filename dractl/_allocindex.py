@@ -593,16 +593,5 @@ def lookup_attribute(ref: DeviceRef, qualified: str) -> model.DeviceAttribute | 
     return attribute
 
 
-def _amount(value: int) -> str:
-    """An integer amount in the largest binary unit that divides it ("40Gi"), for messages."""
-    for suffix, unit in (
-        ("Ei", 1 << 60),
-        ("Pi", 1 << 50),
-        ("Ti", 1 << 40),
-        ("Gi", 1 << 30),
-        ("Mi", 1 << 20),
-        ("Ki", 1 << 10),
-    ):
-        if value and value % unit == 0:
-            return f"{value // unit}{suffix}"
-    return str(value)
+_amount = model.quantity.format_bytes
+"""An amount in the largest binary unit that divides it ("40Gi"), for messages."""
