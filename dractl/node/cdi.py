@@ -214,8 +214,10 @@ class NvidiaCtk:
     """Common edits from `nvidia-ctk cdi generate --format=json` (the spec-level
     `containerEdits` of its output), cached after the first success.
 
-    When the tool is not on PATH, or fails, the edits are empty and one log line says so
-    (retried on the next call after a failure). `runner` and `which` are injectable for tests.
+    When the tool is not on PATH the edits are empty and one log line says so. When it is
+    there but fails, `common_edits` raises OSError: a spec without the driver's mounts and
+    hooks would give the container a GPU it cannot use, so the prepare fails (and rolls
+    back) and the kubelet's retry runs the tool again. `runner` and `which` are injectable.
     """
 
     def __init__(
@@ -250,7 +252,6 @@ class NvidiaCtk:
             generated = json.loads(output)
             edits = _edits_from_json(generated.get("containerEdits") or {})
         except (OSError, subprocess.SubprocessError, ValueError, AttributeError, TypeError) as err:
-            _log.warning("nvidia-ctk cdi generate failed: CDI specs carry no common edits this time", error=str(err))
-            return ContainerEdits()
+            raise OSError(f"{path} cdi generate failed, so the CDI spec would lack the driver's files: {err}") from err
         self._cached = edits
         return edits

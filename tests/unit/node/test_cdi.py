@@ -112,8 +112,8 @@ def test_nvidia_ctk_output_gives_the_common_edits_once() -> None:
     )
 
 
-def test_nvidia_ctk_absent_or_failing_gives_no_common_edits_and_a_log_line() -> None:
-    """Guards: without nvidia-ctk the common edits are skipped with one log line; failures retry."""
+def test_nvidia_ctk_absent_gives_no_common_edits_and_failing_fails_until_it_works() -> None:
+    """Guards: without nvidia-ctk the edits are skipped with one log line; a failing run raises OSError, retried."""
     with structlog.testing.capture_logs() as logs:
         absent = cdi.NvidiaCtk(which=lambda name: None)
         assert absent.common_edits() == cdi.ContainerEdits()
@@ -130,9 +130,8 @@ def test_nvidia_ctk_absent_or_failing_gives_no_common_edits_and_a_log_line() -> 
         return outcome
 
     flaky = cdi.NvidiaCtk(runner=runner, which=lambda name: "/bin/nvidia-ctk")
-    with structlog.testing.capture_logs() as logs:
-        assert flaky.common_edits() == cdi.ContainerEdits()
-    assert logs[0]["log_level"] == "warning"
+    with pytest.raises(OSError, match="cdi generate failed"):
+        flaky.common_edits()
     assert flaky.common_edits().env == ("A=1",)
 
 
