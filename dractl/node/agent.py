@@ -253,7 +253,7 @@ class Agent:
         self._publisher = publisher
         self._health_poll_s = health_poll_s
         self._inventory: inventory.Inventory | None = None
-        self._publish_lock = threading.Lock()
+        self._publish_lock = threading.RLock()
         self._publish_pending = False
         self._last_sweep = 0.0
         self._recorder: kube_events.Recorder | None = None
@@ -388,8 +388,11 @@ class Agent:
 
     def tick(self) -> None:
         """Periodic work from the main loop: retry a failed publish, sweep every SWEEP_INTERVAL_S."""
-        if self._publish_pending and self.monitor is not None:
-            self.publish_slices(self.monitor.taints())
+        # The taints are read under the publish lock: read before it, a health event published
+        # meanwhile would be overwritten by this older snapshot.
+        with self._publish_lock:
+            if self._publish_pending and self.monitor is not None:
+                self.publish_slices(self.monitor.taints())
         if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
             self.sweep()
 
