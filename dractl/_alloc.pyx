@@ -479,6 +479,54 @@ cdef class Core:
         self.n_attrs += 1
         return self.n_attrs - 1
 
+    def set_held(self, int32_t d, bint in_use, int32_t shares):
+        """Set device `d`'s dedicated use and share count, as the facade's ledger says after a
+        hold or a release. Keeps the invariant the search relies on: a device's counters are
+        charged exactly while it is in use or shared, so they are charged on the first holder
+        and given back when the last one leaves."""
+        cdef int32_t k
+        cdef bint before, after
+        if d < 0 or d >= self.n_dev or shares < 0:
+            raise ValueError("unknown device or negative share count")
+        before = self.in_use[d] != 0 or self.shares[d] > 0
+        after = in_use or shares > 0
+        if (self.in_use[d] != 0) != in_use:
+            for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
+                self.node_held[self.dev_node[k]] += 1 if in_use else -1
+        if before != after:
+            for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
+                self.node_used[self.dev_node[k]] += 1 if after else -1
+            for k in range(self.cons_off[d], self.cons_off[d + 1]):
+                self.cnt_avail[self.cons_id[k]] += -self.cons_amt[k] if after else self.cons_amt[k]
+        self.in_use[d] = 1 if in_use else 0
+        self.shares[d] = shares
+        self._touched(d)
+
+    def add_slot_used(self, int32_t d, int32_t slot, int64_t amount):
+        """Add `amount` (negative to give back) to capacity slot `slot` of device `d`."""
+        if d < 0 or d >= self.n_dev or slot < 0 or slot >= self.n_slot:
+            raise ValueError("unknown device or capacity slot")
+        self.slot_used[slot] += amount
+        self._touched(d)
+
+    def usage(self):
+        """Every usage table, for tests that check a release restores the state exactly."""
+        return (
+            bytes([self.in_use[i] for i in range(self.n_dev)]),
+            [self.shares[i] for i in range(self.n_dev)],
+            [self.cnt_avail[i] for i in range(self.n_cnt)],
+            [self.slot_used[i] for i in range(self.n_slot)],
+            [self.node_held[i] for i in range(self.n_nodes)],
+            [self.node_used[i] for i in range(self.n_nodes)],
+        )
+
+    cdef void _touched(self, int32_t d) noexcept nogil:
+        """The binpack keys cached for the nodes that see `d` are out of date."""
+        cdef int32_t k
+        self.clock += 1
+        for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
+            self.node_changed[self.dev_node[k]] = self.clock
+
     def count_free(self, int32_t shape, *, bint admin, nodes):
         """How many candidates of `shape` visible on any of `nodes` are not held by
         earlier allocations (admin requests ignore them); each device counts once."""
@@ -1301,10 +1349,7 @@ cdef class Core:
                 self.in_use[d] = 1
                 for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
                     self.node_held[self.dev_node[k]] += 1
-            # The binpack keys cached for the nodes that see `d` are out of date.
-            self.clock += 1
-            for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
-                self.node_changed[self.dev_node[k]] = self.clock
+            self._touched(d)
         s.depth = 0
 
     cdef void _release(self, Search* s) noexcept nogil:

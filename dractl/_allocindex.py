@@ -294,22 +294,43 @@ class Index:
     def _trust(self, allocation: model.AllocationResult) -> None:
         """Hold what one allocation names, unchecked: its devices (dedicated, or one more share
         with its consumed capacity), and each device's counters once however many claims hold it."""
+        devices, slots = self.takes(allocation)
+        for index, shared in devices:
+            if shared:
+                self.shares[index] += 1
+            else:
+                self._in_use[index] = 1
+            if not self._charged[index]:
+                self._charged[index] = 1
+                for k in range(self.cons_off[index], self.cons_off[index + 1]):
+                    self.cnt_avail[self.cons_id[k]] -= self.cons_amt[k]
+        for _, slot, amount in slots:
+            self.slot_used[slot] += amount
+
+    def takes(self, allocation: model.AllocationResult) -> tuple[list[tuple[int, bool]], list[tuple[int, int, int]]]:
+        """What an allocation holds when trusted: per non-admin result, every index of the
+        named device (one per pool generation in use) as a share (a result with a share id on
+        a multi-allocatable device) or dedicated, and per share its consumed capacity as
+        (device, slot, amount). A device that does not exist holds nothing."""
+        devices: list[tuple[int, bool]] = []
+        slots: list[tuple[int, int, int]] = []
         for result in allocation.results:
             if result.admin_access:
                 continue
             for index in self._by_name.get((result.driver, result.pool, result.device), ()):
-                if result.share_id is not None and self.devices[index].device.allow_multiple_allocations:
-                    self.shares[index] += 1
+                shared = result.share_id is not None and self.devices[index].device.allow_multiple_allocations
+                devices.append((index, shared))
+                if shared:
                     for name, amount in result.consumed_capacity.items():
                         slot = self.slot_of.get((index, name))
                         if slot is not None:
-                            self.slot_used[slot] += amount.as_int()
-                else:
-                    self._in_use[index] = 1
-                if not self._charged[index]:
-                    self._charged[index] = 1
-                    for k in range(self.cons_off[index], self.cons_off[index + 1]):
-                        self.cnt_avail[self.cons_id[k]] -= self.cons_amt[k]
+                            slots.append((index, slot, amount.as_int()))
+        return devices, slots
+
+    def identity(self, index: int) -> tuple[str, str, int, str, str]:
+        """What names device `index` across rebuilt indices: driver, pool, generation, slice, device."""
+        ref = self.devices[index]
+        return ref.driver, ref.pool, ref.slice.pool.generation, ref.slice.meta.name, ref.device.name
 
     def _hold(self, key: str, allocation: model.AllocationResult) -> list[Rejection]:
         """Check one given allocation against what earlier claims hold; when it passes, make

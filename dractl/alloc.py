@@ -16,8 +16,10 @@ from __future__ import annotations
 import array
 import dataclasses
 import functools
+import threading
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from dractl import _alloc, _allocindex, cel, config, model
 
@@ -79,6 +81,45 @@ class Snapshot:
     nodes: Sequence[model.Node] = ()
     allocated_claims: Sequence[model.ResourceClaim] = ()
     check_allocated: bool = False
+
+
+def claim_id(claim: model.ResourceClaim) -> str:
+    """How the allocator names a claim: its UID, or "namespace/name" when it has none (manifests)."""
+    return claim.meta.uid or claim.key
+
+
+_MAX_PLANS = 4096
+"""Compiled claim plans kept; past this the cache starts over (specs are cheap to recompile)."""
+
+_MAX_SHAPES = 8192
+"""Request shapes registered with the core; past this the tables are rebuilt, which drops them."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Holding:
+    """What one claim holds: the claim with its allocation, and in the current tables each
+    device it takes (index, as a share) and each capacity it consumes (device, slot, amount)."""
+
+    claim: model.ResourceClaim
+    devices: tuple[tuple[int, bool], ...]
+    slots: tuple[tuple[int, int, int], ...]
+
+
+class _HasMeta(Protocol):
+    @property
+    def meta(self) -> model.ObjectMeta: ...
+
+
+_Named = TypeVar("_Named", bound=_HasMeta)
+
+
+def _by_name(objects: Sequence[_Named]) -> tuple[_Named, ...]:
+    """Objects in name order: the order the API lists them in, whatever order they came in."""
+    return tuple(sorted(objects, key=lambda o: o.meta.name))
+
+
+def _same(a: Sequence[object], b: Sequence[object]) -> bool:
+    return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True))
 
 
 # --- Shapes: one per distinct (class, selectors, tolerations, capacity, admin) -------------
@@ -143,8 +184,8 @@ class _Plan:
 
 
 class Allocator:
-    """Allocates claims against one snapshot; every success is committed, so later calls
-    see those devices, counters and capacity as used.
+    """Allocates claims against a snapshot that later updates replace; every success is
+    committed, so later calls see those devices, counters and capacity as used.
 
     Both policies search completely (they agree on whether claims fit). FIRST_FIT tries
     nodes by name and devices in upstream's order, so it makes upstream's choices. BINPACK
@@ -167,7 +208,13 @@ class Allocator:
     Nodes are searched in turn: a node searched before the one with the error may succeed.
     The reason names the claim, the (sub)request, the selector, the expression and the device.
 
-    Not thread-safe: one allocator per decision loop.
+    A long-lived service: claims hold what they were given under `claim_id` (a ledger) until
+    `release`, which gives back exactly that; `hold` enters allocations made elsewhere;
+    `update` swaps in new classes, slices and nodes, rebuilding the device tables only when
+    something changed and keeping the selector results of unchanged devices. A controller
+    allocates (assumes), writes, and releases when a write fails. Choices depend only on the
+    inventory, what is held and the request shapes known (`consider`), not on call history.
+    Thread-safe: one lock serializes every call (the core releases the GIL while searching).
     """
 
     def __init__(
@@ -176,13 +223,184 @@ class Allocator:
         self._policy = policy
         self._policy_code = _alloc.POLICY_BINPACK if policy is Policy.BINPACK else _alloc.POLICY_FIRST_FIT
         self._limit = search_limit
+        self._lock = threading.RLock()
         self._classes = {c.meta.name: c for c in snapshot.device_classes}
-        self._index = index = _allocindex.Index(
-            slices=snapshot.resource_slices,
-            nodes=snapshot.nodes,
-            allocated=snapshot.allocated_claims,
-            check=snapshot.check_allocated,
-        )
+        self._slices = _by_name(snapshot.resource_slices)
+        self._nodes = _by_name(snapshot.nodes)
+        self._holdings: dict[str, _Holding] = {}
+        self._dedicated: dict[int, int] = {}  # device -> claims holding it whole
+        self._shared: dict[int, int] = {}  # device -> shares held
+        self._dirty = False
+        self._inputs: list[cel.DeviceInput | None] = []
+        self._expr_results: dict[str, tuple[bytearray, dict[int, str]]] = {}
+        self._build(snapshot.allocated_claims, check=snapshot.check_allocated, previous=None)
+        self._rejected = self._index.rejected
+
+    # --- public --------------------------------------------------------------------------
+
+    @property
+    def rejected(self) -> Mapping[str, tuple[Rejection, ...]]:
+        """The snapshot's allocated claims (by "namespace/name") whose allocation holds
+        nothing, with every reason: `kind` "conflict" when an earlier claim in the snapshot
+        holds the device, its capacity or its counter set, "invalid" otherwise."""
+        return self._rejected
+
+    def allocate(self, claims: Sequence[model.ResourceClaim], *, nodes: Sequence[str] | None = None) -> Outcome:
+        """Allocate `claims` jointly (they share one node) on one of `nodes` (None: any node),
+        the node the policy picks. On success every claim holds its devices under
+        `claim_id(claim)` until `release`; a claim that already holds devices is refused."""
+        with self._lock:
+            self._refresh()
+            refused = self._holding_already(claims)
+            if refused:
+                return Outcome(node=None, allocations=None, reasons=refused)
+            outcome, taken = self._allocate(claims, nodes)
+            if outcome.allocations is not None:
+                for claim, allocation, indices in zip(claims, outcome.allocations, taken, strict=True):
+                    self._record(dataclasses.replace(claim, allocation=allocation), indices)
+            return outcome
+
+    def consider(self, claims: Sequence[model.ResourceClaim]) -> None:
+        """Make the request shapes of claims that are expected to come (pending claims) known,
+        without allocating. Binpack keeps devices for the shapes it knows: a controller calls
+        this with every pending claim, so that its choices depend on what is held and pending,
+        not on which claims it happened to see since it started."""
+        with self._lock:
+            self._refresh()
+            for claim in claims:
+                self._plan(claim.spec)
+
+    def release(self, claim: str) -> bool:
+        """Give back exactly what the claim (`claim_id`) holds: devices, shares, consumed
+        capacity and, with the last holder of a device, its counters. False when it held nothing."""
+        with self._lock:
+            holding = self._holdings.pop(claim, None)
+            if holding is None:
+                return False
+            if not self._dirty:
+                self._apply(holding, -1)
+            return True
+
+    def hold(self, claim: model.ResourceClaim) -> None:
+        """Make the claim hold the allocation it carries, unchecked, as the API's state is the
+        truth (an allocation kube-scheduler made, or dractl's own seen again after a restart).
+        The same allocation again changes nothing; another one replaces it; a claim without an
+        allocation holds nothing afterwards."""
+        key = claim_id(claim)
+        with self._lock:
+            existing = self._holdings.get(key)
+            if existing is not None and existing.claim.allocation == claim.allocation:
+                return
+            self.release(key)
+            if claim.allocation is None:
+                return
+            if self._dirty:
+                self._holdings[key] = _Holding(claim, (), ())
+                return
+            devices, slots = self._index.takes(claim.allocation)
+            holding = self._holdings[key] = _Holding(claim, tuple(devices), tuple(slots))
+            self._apply(holding, 1)
+
+    def held(self, claim: str) -> model.AllocationResult | None:
+        """The allocation the claim (`claim_id`) holds, if any."""
+        with self._lock:
+            holding = self._holdings.get(claim)
+            return None if holding is None else holding.claim.allocation
+
+    def update(
+        self,
+        *,
+        device_classes: Sequence[model.DeviceClass] | None = None,
+        resource_slices: Sequence[model.ResourceSlice] | None = None,
+        nodes: Sequence[model.Node] | None = None,
+    ) -> None:
+        """Replace the given sets wholesale (None keeps a set). Nothing is rebuilt when they
+        are equal to what the allocator has; otherwise the next call rebuilds the device tables
+        from the new sets and the held claims, keeping every selector result of a device whose
+        pool generation, slice and content are unchanged."""
+        with self._lock:
+            if device_classes is not None:
+                classes = {c.meta.name: c for c in device_classes}
+                if classes != self._classes:
+                    self._classes = classes
+                    self._dirty = True
+            if resource_slices is not None:
+                slices = _by_name(resource_slices)
+                if not _same(slices, self._slices):
+                    self._slices = slices
+                    self._dirty = True
+            if nodes is not None:
+                node_list = _by_name(nodes)
+                if not _same(node_list, self._nodes):
+                    self._nodes = node_list
+                    self._dirty = True
+
+    def usage(self) -> tuple[bytes, list[int], list[int], list[int], list[int], list[int]]:
+        """The core's usage tables (devices in use, shares, counters, capacity, per node held
+        and used), for tests that check a release gives back exactly what was taken."""
+        with self._lock:
+            self._refresh()
+            return self._core.usage()
+
+    # --- the ledger ------------------------------------------------------------------------
+
+    def _holding_already(self, claims: Sequence[model.ResourceClaim]) -> tuple[Reason, ...]:
+        seen: set[str] = set()
+        reasons: list[Reason] = []
+        for claim in claims:
+            key = claim_id(claim)
+            if key in self._holdings:
+                reasons.append(Reason(claim.key, None, "the claim already holds devices; release it first"))
+            elif key in seen:
+                reasons.append(Reason(claim.key, None, "the claim is listed twice in one allocation"))
+            seen.add(key)
+        return tuple(reasons)
+
+    def _record(self, claim: model.ResourceClaim, indices: Sequence[int]) -> None:
+        """Enter a committed search result in the ledger: the core already holds it."""
+        assert claim.allocation is not None
+        devices: list[tuple[int, bool]] = []
+        slots: list[tuple[int, int, int]] = []
+        for index, result in zip(indices, claim.allocation.results, strict=True):
+            if result.admin_access:
+                continue
+            shared = result.share_id is not None
+            devices.append((index, shared))
+            (self._shared if shared else self._dedicated)[index] = (self._shared if shared else self._dedicated).get(
+                index, 0
+            ) + 1
+            for name, amount in result.consumed_capacity.items():
+                slots.append((index, self._index.slot_of[(index, name)], amount.as_int()))
+        self._holdings[claim_id(claim)] = _Holding(claim, tuple(devices), tuple(slots))
+
+    def _apply(self, holding: _Holding, sign: int) -> None:
+        """Add (1) or give back (-1) what a holding takes, in the ledger and in the core."""
+        for index, shared in holding.devices:
+            counts = self._shared if shared else self._dedicated
+            left = counts.get(index, 0) + sign
+            if left > 0:
+                counts[index] = left
+            else:
+                counts.pop(index, None)
+        for index, slot, amount in holding.slots:
+            self._core.add_slot_used(index, slot, sign * amount)
+        for index in sorted({index for index, _ in holding.devices}):
+            self._core.set_held(index, self._dedicated.get(index, 0) > 0, self._shared.get(index, 0))
+
+    def _refresh(self) -> None:
+        """Rebuild after a change of inventory, or when the caches outgrow their bounds."""
+        if len(self._plans) > _MAX_PLANS:
+            self._plans.clear()
+            self._plans_by_id.clear()
+        if self._dirty or len(self._shapes) > _MAX_SHAPES:
+            self._build([holding.claim for holding in self._holdings.values()], check=False, previous=self._index)
+
+    def _build(
+        self, allocated: Sequence[model.ResourceClaim], *, check: bool, previous: _allocindex.Index | None
+    ) -> None:
+        """The device tables and the core for the current sets, holding `allocated`; selector
+        results of unchanged devices carry over from the previous tables."""
+        index = _allocindex.Index(slices=self._slices, nodes=self._nodes, allocated=allocated, check=check)
         self._core = _alloc.Core(
             node_off=index.node_off,
             node_dev=index.node_dev,
@@ -206,32 +424,59 @@ class Allocator:
             n_groups=index.n_groups,
             max_results=MAX_RESULTS,
         )
+        self._carry_over(previous, index)
+        self._index = index
         self._node_ids = {name: i for i, name in enumerate(index.node_names) if name is not None}
         self._all_nodes = array.array("i", range(len(index.node_names)))
-        self._inputs: list[cel.DeviceInput | None] = [None] * len(index.devices)
         self._class_masks: dict[str, _ClassMask] = {}
-        self._expr_results: dict[str, tuple[bytearray, dict[int, str]]] = {}
         self._expr_keys: dict[str, dict[Hashable, int]] = {}
         self._groups: dict[cel.sharing.Footprint, list[Hashable]] = {}
         self._shapes: dict[object, _Shape] = {}
         self._attrs: dict[str, int] = {}
         self._plans_by_id: dict[int, tuple[model.ResourceClaimSpec, _Plan]] = {}
         self._plans: dict[str, _Plan] = {}
+        self._holdings = {}
+        self._dedicated = {}
+        self._shared = {}
+        for claim in allocated:
+            if claim.allocation is None or claim.key in index.rejected:
+                continue
+            devices, slots = index.takes(claim.allocation)
+            self._holdings[claim_id(claim)] = _Holding(claim, tuple(devices), tuple(slots))
+            for device, shared in devices:
+                counts = self._shared if shared else self._dedicated
+                counts[device] = counts.get(device, 0) + 1
+        self._dirty = False
 
-    # --- public --------------------------------------------------------------------------
+    def _carry_over(self, old: _allocindex.Index | None, index: _allocindex.Index) -> None:
+        """Move the per-device caches (CEL inputs, selector results and errors) to the new
+        tables' numbering, keeping only devices that are the same object or equal."""
+        inputs: list[cel.DeviceInput | None] = [None] * len(index.devices)
+        pairs: list[tuple[int, int]] = []
+        if old is not None:
+            where = {old.identity(i): i for i in range(len(old.devices))}
+            for i, ref in enumerate(index.devices):
+                j = where.get(index.identity(i))
+                if j is not None and (old.devices[j].device is ref.device or old.devices[j].device == ref.device):
+                    pairs.append((i, j))
+                    inputs[i] = self._inputs[j]
+        results: dict[str, tuple[bytearray, dict[int, str]]] = {}
+        for expression, (states, errors) in self._expr_results.items():
+            moved, moved_errors = bytearray(len(index.devices)), {}
+            for i, j in pairs:
+                moved[i] = states[j]
+                if j in errors:
+                    moved_errors[i] = errors[j]
+            results[expression] = (moved, moved_errors)
+        self._inputs = inputs
+        self._expr_results = results
 
-    @property
-    def rejected(self) -> Mapping[str, tuple[Rejection, ...]]:
-        """The snapshot's allocated claims (by "namespace/name") whose allocation holds
-        nothing, with every reason: `kind` "conflict" when an earlier claim in the snapshot
-        holds the device, its capacity or its counter set, "invalid" otherwise."""
-        return self._index.rejected
-
-    def allocate(self, claims: Sequence[model.ResourceClaim], *, nodes: Sequence[str] | None = None) -> Outcome:
-        """Allocate `claims` jointly (they share one node) on one of `nodes` (None: any node),
-        the node the policy picks. Claims must be unallocated. Commits on success."""
+    def _allocate(
+        self, claims: Sequence[model.ResourceClaim], nodes: Sequence[str] | None
+    ) -> tuple[Outcome, list[list[int]]]:
+        """Search and commit in the core; on success also the device index of every result."""
         if not claims:
-            return Outcome(node=None, allocations=())
+            return Outcome(node=None, allocations=()), []
         plans = [self._plan(claim.spec) for claim in claims]
         if any(plan.errors for plan in plans):
             reasons = (
@@ -239,7 +484,7 @@ class Allocator:
                 for claim, plan in zip(claims, plans, strict=True)
                 for request, message in plan.errors
             )
-            return Outcome(node=None, allocations=None, reasons=tuple(reasons))
+            return Outcome(node=None, allocations=None, reasons=tuple(reasons)), []
         encoded = plans[0].encoded if len(plans) == 1 else _encode(plans)
         assert encoded is not None
         node_array = None
@@ -249,15 +494,11 @@ class Allocator:
             encoded, node_array, policy=self._policy_code, limit=self._limit, commit=True
         )
         if status == _alloc.CEL_ERROR:
-            return Outcome(
-                node=None, allocations=None, reasons=(self._cel_error(claims, plans, alt=alts[0], device=devices[0]),)
-            )
+            reason = self._cel_error(claims, plans, alt=alts[0], device=devices[0])
+            return Outcome(node=None, allocations=None, reasons=(reason,)), []
         if status != _alloc.OK:
-            return Outcome(
-                node=None,
-                allocations=None,
-                reasons=self._explain(claims, plans, status=status, stats=stats, node_array=node_array),
-            )
+            explained = self._explain(claims, plans, status=status, stats=stats, node_array=node_array)
+            return Outcome(node=None, allocations=None, reasons=explained), []
         return self._success(claims, plans, node=node, alts=alts, devices=devices, requests=requests)
 
     # --- plans -----------------------------------------------------------------------------
@@ -558,8 +799,9 @@ class Allocator:
             amount = _capacity_amount(entry, requested.get(name))
             if amount is None:
                 return None
-            slot = self._index.slot_of[(index, name)]
-            if amount.as_int() + self._index.slot_used[slot] > entry.value.as_int():
+            # Only what can never fit is left out: current usage changes with every commit
+            # and release, and the core checks it at allocation time.
+            if amount.as_int() > entry.value.as_int():
                 return None
             consumed[name] = amount
         return consumed
@@ -603,10 +845,12 @@ class Allocator:
         alts: Sequence[int],
         devices: Sequence[int],
         requests: Sequence[int],
-    ) -> Outcome:
+    ) -> tuple[Outcome, list[list[int]]]:
+        """The allocations the core found, and per claim the device index of every result."""
         node_name = self._index.node_names[node]
         refs = self._index.devices
         allocations: list[model.AllocationResult] = []
+        taken: list[list[int]] = []
         alt_base = 0
         req_base = 0
         position = 0
@@ -627,6 +871,7 @@ class Allocator:
                 results.append(self._result(claim, flat[requests[position] - req_base], ref=ref, position=len(results)))
                 claim_refs.append(ref)
                 position += 1
+            taken.append([ref.index for ref in claim_refs])
             selector = _node_selector(claim_refs, node_name)
             if selector is not None:
                 usable_everywhere = False
@@ -639,7 +884,7 @@ class Allocator:
             )
             alt_base = offset
             req_base += n_req
-        return Outcome(node=None if usable_everywhere else node_name, allocations=tuple(allocations))
+        return Outcome(node=None if usable_everywhere else node_name, allocations=tuple(allocations)), taken
 
     def _result(
         self, claim: model.ResourceClaim, alt: _Alt, *, ref: _allocindex.DeviceRef, position: int

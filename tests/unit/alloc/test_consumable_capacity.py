@@ -172,8 +172,8 @@ def test_with_allocated_capacity_use_remaining() -> None:
     )
     a = allocator([rslice(shared(memory=cap(4)))], allocated=[existing])
     assert reasons(a.allocate([claim("c0", request(capacity={"memory": 3}))])) == (
-        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those lack the "
-        "requested capacity; 0 of those are free on the candidate nodes (1 needed)"
+        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free on the "
+        "candidate nodes (1 needed); capacity memory of device driver-a/node-1/device-1 ran out"
     )
     assert a.allocate([claim("c1", request(capacity={"memory": 2}))]).ok
 
