@@ -2,7 +2,8 @@
 
 What it does: turns flags (each mirrored by a `DRACTL_<FLAG>` environment variable) into a
 frozen settings value from `config` and hands it to the mode's `run()`. What it must not
-do: hold any logic of a mode; modes owned by later releases say so and exit 2.
+do: hold any logic of a mode (settings are checked by the mode; parse errors of a long-running
+mode's flags are one line naming the flag, exit 2).
 """
 
 from __future__ import annotations
@@ -10,21 +11,47 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
 
 import dractl
 from dractl import config, simulate
-from dractl.node import fakegpu
-
-_NOT_YET_AVAILABLE = 2
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
+class _Program:
+    """The context object of `dractl` run as a program: the process ends with the command."""
+
+
+class _Group(click.Group):
+    """The `dractl` group. Called with no arguments, as `python -m dractl` and the console script
+    call it, it reads the process's own and runs as the program (`_Program`); a test runner or
+    another caller passes arguments, and gets `SystemExit` as from any click command."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if args is None:
+            extra.setdefault("obj", _Program())
+        return super().main(
+            args,
+            prog_name,
+            complete_var,
+            standalone_mode=standalone_mode,
+            windows_expand_args=windows_expand_args,
+            **extra,
+        )
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.version_option(dractl.__version__, "--version", prog_name="dractl", message="%(prog)s %(version)s")
 def main() -> None:
     """dractl: Dynamic Resource Allocation for NVIDIA GPUs on Kubernetes."""
@@ -74,31 +101,110 @@ def main() -> None:
     show_envvar=True,
     help=f"Search steps per allocation before giving up with a reason (default: {config.DEFAULT_SEARCH_LIMIT}).",
 )
+@click.option(
+    "--trace",
+    "trace_file",
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=pathlib.Path),
+    default=None,
+    envvar="DRACTL_TRACE",
+    show_envvar=True,
+    help="Replay a trace file (kind: Trace; '-' reads stdin) of claims and pods arriving and departing, "
+    "instead of -f (default: none).",
+)
+@click.option(
+    "--retry",
+    type=click.Choice([r.value for r in config.Retry]),
+    default=config.Retry.ON_DEPARTURE.value,
+    envvar="DRACTL_RETRY",
+    show_envvar=True,
+    help="With --trace: retry claims that could not be allocated after every departure, or drop them "
+    "(default: on-departure).",
+)
+@click.option(
+    "--generate",
+    default=None,
+    metavar="SPEC",
+    envvar="DRACTL_GENERATE",
+    show_envvar=True,
+    help="Print a generated trace instead of simulating: mix=reference,seed=N,claims=N[,a100=8,h100=8,t4=4]"
+    "[,round=10][,departures=0.3]; YAML, or JSON with -o json (default: none).",
+)
+@click.option(
+    "--compare",
+    default=None,
+    metavar="POLICIES",
+    envvar="DRACTL_COMPARE",
+    show_envvar=True,
+    help="With --trace: replay once per policy (comma-separated, e.g. first-fit,binpack) and show the metrics "
+    "side by side (default: --policy alone).",
+)
+@click.option(
+    "--html",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    default=None,
+    envvar="DRACTL_HTML",
+    show_envvar=True,
+    help="With --trace: write the allocation map at the end, with utilisation over time, as one self-contained "
+    "HTML file; with --compare, of the --policy run (default: none).",
+)
 def simulate_command(
-    files: tuple[pathlib.Path, ...], policy: str, output: str, timing: bool, search_limit: int
+    files: tuple[pathlib.Path, ...],
+    policy: str,
+    output: str,
+    timing: bool,
+    search_limit: int,
+    trace_file: pathlib.Path | None,
+    retry: str,
+    generate: str | None,
+    compare: str | None,
+    html: pathlib.Path | None,
 ) -> None:
     """Allocate claims offline over manifests and show who gets which device, or why not.
 
     Exits 0 even when some claims cannot be allocated: their reasons are the output.
     Exits 1 when the input is invalid, printing every problem to stderr.
     """
+    policies: tuple[config.Policy, ...] = ()
+    if compare is not None:
+        known = {p.value: p for p in config.Policy}
+        names = [name.strip() for name in compare.split(",") if name.strip()]
+        unknown = [name for name in names if name not in known]
+        if unknown or not names:
+            raise click.BadParameter(
+                f"{compare!r}: name policies from {', '.join(known)}, comma-separated", param_hint="--compare"
+            )
+        policies = tuple(dict.fromkeys(known[name] for name in names))
     settings = config.Simulate(
         paths=files,
         policy=config.Policy(policy),
         output=config.OutputFormat(output),
         timing=timing,
         search_limit=search_limit,
+        trace=trace_file,
+        retry=config.Retry(retry),
+        generate=generate,
+        compare=policies,
+        html=html,
     )
-    _exit_writing(lambda: simulate.run(settings, out=sys.stdout, err=sys.stderr))
+    if trace_file is not None or generate is not None or compare is not None or html is not None:
+        from dractl.simulate import replay  # imported here: plain simulate runs do not need it
+
+        _exit_writing(lambda: replay.run(settings, out=sys.stdout, err=sys.stderr))
+    _exit_writing(lambda: simulate.run(settings, out=sys.stdout, err=sys.stderr), quick=True)
 
 
-def _exit_writing(run: Callable[[], int]) -> NoReturn:
+def _exit_writing(run: Callable[[], int], *, quick: bool = False) -> NoReturn:
     """Run a mode that prints to stdout and exit with its code; never a traceback for the output.
 
     A reader that went away (`dractl simulate | head -1`) ends the command quietly with 141,
     as a filter killed by SIGPIPE would; a full or failing stdout (`> /dev/full`) prints one
     line and exits 1. Either way stdout is pointed at /dev/null so the interpreter's final
     flush cannot fail a second time.
+
+    With `quick`, a run of the program (`_Group.main`) that wrote its output ends at once, without
+    tearing down the interpreter: freeing every decoded object one by one took about a tenth
+    of a 7,000-claim `simulate`. Only for modes that leave nothing open (files, threads,
+    atexit handlers) once `run` returns.
     """
     try:
         code = run()
@@ -110,6 +216,11 @@ def _exit_writing(run: Callable[[], int]) -> NoReturn:
         _discard_stdout()
         click.echo(f"dractl: cannot write the output: {error.strerror or error}", err=True)
         sys.exit(1)
+    if quick and isinstance(click.get_current_context().obj, _Program):
+        try:
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
     sys.exit(code)
 
 
@@ -124,6 +235,32 @@ def _discard_stdout() -> None:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def _host_name() -> str:
+    """This host's name in lower case, the default node name."""
+    import socket  # imported here: only the node modes need it, not `dractl simulate`
+
+    return socket.gethostname().lower()
+
+
+class _FakeProfileOption(click.Option):
+    """`--fake-profile`, whose help lists the built-in profiles only when it is read: listing
+    them imports the fake GPU backend (tens of milliseconds), which `dractl simulate` does not
+    otherwise import."""
+
+    @property
+    def help(self) -> str:
+        from dractl.node import fakegpu
+
+        return (
+            f"Fake GPUs: a built-in profile ({', '.join(fakegpu.builtin_profiles())}) "
+            f"or a profile YAML file (default: {config.DEFAULT_FAKE_PROFILE})."
+        )
+
+    @help.setter
+    def help(self, value: str | None) -> None:
+        """Ignored: click sets the help it was given, and this option computes its own."""
+
+
 def _device_options(command: _F) -> _F:
     """The device flags shared by `discover` and `node-agent`.
 
@@ -135,7 +272,7 @@ def _device_options(command: _F) -> _F:
             "--node-name",
             envvar=["DRACTL_NODE_NAME", "NODE_NAME"],
             show_envvar=True,
-            default=lambda: socket.gethostname().lower(),
+            default=_host_name,
             help="Node whose GPUs these are; names the pool (default: $NODE_NAME, else this host's name).",
         ),
         click.option(
@@ -158,8 +295,7 @@ def _device_options(command: _F) -> _F:
             envvar="DRACTL_FAKE_PROFILE",
             show_envvar=True,
             default=config.DEFAULT_FAKE_PROFILE,
-            help=f"Fake GPUs: a built-in profile ({', '.join(fakegpu.builtin_profiles())}) "
-            f"or a profile YAML file (default: {config.DEFAULT_FAKE_PROFILE}).",
+            cls=_FakeProfileOption,
         ),
         click.option(
             "--mig-mode",
@@ -327,22 +463,260 @@ def node_agent_command(
     sys.exit(agent.run(settings, err=sys.stderr))
 
 
-def _not_yet_available(name: str, summary: str) -> click.Command:
-    """A mode that a later release provides: it says so on stderr and exits 2."""
+class _FlagError(click.ClickException):
+    """A bad flag value as one line, `dractl <mode>: error: <message>`, exit 2 (no usage block)."""
 
-    def callback(args: tuple[str, ...]) -> None:
-        click.echo(f"dractl {name}: not yet available in this release", err=True)
-        sys.exit(_NOT_YET_AVAILABLE)
+    exit_code = 2
 
-    return click.Command(
-        name,
-        callback=callback,
-        params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
-        context_settings={"ignore_unknown_options": True},
-        help=f"{summary} (not yet available in this release).",
-        short_help=f"{summary} (not yet available).",
+    def show(self, file: Any = None) -> None:
+        click.echo(self.message, err=True)
+
+
+class _OneLineErrorsCommand(click.Command):
+    """A command whose flag parsing errors (bad value, unknown option) are one line naming the flag, exit 2."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as error:
+            raise _FlagError(f"dractl {info_name}: error: {error.format_message()}") from None
+
+
+def _seconds(flag: str, default: float, what: str) -> Callable[[_F], _F]:
+    return click.option(
+        flag,
+        type=click.FloatRange(min=0, min_open=True),
+        default=default,
+        envvar=f"DRACTL_{flag.removeprefix('--').upper().replace('-', '_')}",
+        show_envvar=True,
+        help=f"{what} (default: {default:g} seconds).",
     )
 
 
-main.add_command(_not_yet_available("controller", "Run the claim lifecycle controller and the GPU-aware allocator"))
-main.add_command(_not_yet_available("explain", "Explain a claim's allocation against a live cluster"))
+@main.command(
+    "controller",
+    cls=_OneLineErrorsCommand,
+    short_help="Run the claim lifecycle controller and the GPU-aware allocator (leader-elected).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    default=None,
+    envvar="DRACTL_KUBECONFIG",
+    show_envvar=True,
+    help="Kubeconfig file (default: the in-cluster config, else $KUBECONFIG or ~/.kube/config).",
+)
+@click.option(
+    "--controllers",
+    default=",".join(config.DEFAULT_CONTROLLERS),
+    envvar="DRACTL_CONTROLLERS",
+    show_envvar=True,
+    help=f"Comma-separated controllers to run: claims, scheduler (default: {','.join(config.DEFAULT_CONTROLLERS)}).",
+)
+@click.option(
+    "--scheduler-name",
+    default=config.DEFAULT_SCHEDULER_NAME,
+    envvar="DRACTL_SCHEDULER_NAME",
+    show_envvar=True,
+    help=f"Pods with this spec.schedulerName are scheduled by dractl (default: {config.DEFAULT_SCHEDULER_NAME}).",
+)
+@click.option(
+    "--policy",
+    type=click.Choice([p.value for p in config.Policy]),
+    default=config.Policy.BINPACK.value,
+    envvar="DRACTL_POLICY",
+    show_envvar=True,
+    help="Allocation policy: first-fit reproduces upstream, binpack scores placements (default: binpack).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1, max=256),
+    default=config.DEFAULT_CONTROLLER_WORKERS,
+    envvar="DRACTL_WORKERS",
+    show_envvar=True,
+    help=f"Worker threads per controller, 1 to 256 (default: {config.DEFAULT_CONTROLLER_WORKERS}).",
+)
+@click.option(
+    "--namespace",
+    default="",
+    envvar="DRACTL_NAMESPACE",
+    show_envvar=True,
+    help="Watch only this namespace's pods, claims and templates (default: every namespace).",
+)
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    default=True,
+    envvar="DRACTL_LEADER_ELECT",
+    show_envvar=True,
+    help="Run the controllers only while holding the Lease, for several replicas (default: on).",
+)
+@click.option(
+    "--lease-name",
+    default=config.DEFAULT_LEASE_NAME,
+    envvar="DRACTL_LEASE_NAME",
+    show_envvar=True,
+    help=f"Name of the leader election Lease (default: {config.DEFAULT_LEASE_NAME}).",
+)
+@click.option(
+    "--lease-namespace",
+    default="",
+    envvar="DRACTL_LEASE_NAMESPACE",
+    show_envvar=True,
+    help="Namespace of the Lease (default: the pod's own namespace in a cluster, else default).",
+)
+@_seconds("--lease-duration", config.DEFAULT_LEASE_DURATION, "How long a standby waits after the last renewal")
+@_seconds("--renew-deadline", config.DEFAULT_RENEW_DEADLINE, "How long the leader keeps trying to renew")
+@_seconds("--retry-period", config.DEFAULT_RETRY_PERIOD, "Time between leader election attempts")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=-1, max=65535),
+    default=config.DEFAULT_CONTROLLER_METRICS_PORT,
+    envvar="DRACTL_METRICS_PORT",
+    show_envvar=True,
+    help="TCP port of GET /metrics; -1 turns it off, the health port's number shares one listener "
+    f"(default: {config.DEFAULT_CONTROLLER_METRICS_PORT}).",
+)
+@click.option(
+    "--health-port",
+    type=click.IntRange(min=-1, max=65535),
+    default=config.DEFAULT_CONTROLLER_HEALTH_PORT,
+    envvar="DRACTL_HEALTH_PORT",
+    show_envvar=True,
+    help="TCP port of GET /healthz (liveness) and /readyz (readiness); -1 turns them off "
+    f"(default: {config.DEFAULT_CONTROLLER_HEALTH_PORT}).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice([f.value for f in config.LogFormat]),
+    default=None,
+    envvar="DRACTL_LOG_FORMAT",
+    show_envvar=True,
+    help="Log lines as json or console (default: console on a terminal, json otherwise).",
+)
+def controller_command(
+    kubeconfig: pathlib.Path | None,
+    controllers: str,
+    scheduler_name: str,
+    policy: str,
+    workers: int,
+    namespace: str,
+    leader_elect: bool,
+    lease_name: str,
+    lease_namespace: str,
+    lease_duration: float,
+    renew_deadline: float,
+    retry_period: float,
+    metrics_port: int,
+    health_port: int,
+    log_format: str | None,
+) -> None:
+    """Run the control-plane controllers (claim lifecycle, GPU-aware scheduler) while this replica holds the Lease.
+
+    Runs until SIGTERM or SIGINT, then stops the controllers, releases the Lease and exits 0.
+    Exits 1 when the Lease is lost (so the Deployment restarts the replica) or it cannot start
+    (one line on stderr), 2 with one line naming the flag when a value is bad.
+    """
+    from dractl.controller import run  # imported here: it brings the Kubernetes client
+
+    settings = config.ControllerConfig(
+        kubeconfig=kubeconfig,
+        controllers=run.parse_names(controllers),
+        scheduler_name=scheduler_name,
+        policy=config.Policy(policy),
+        workers=workers,
+        namespace=namespace,
+        leader_elect=leader_elect,
+        lease_name=lease_name,
+        lease_namespace=lease_namespace,
+        lease_duration=lease_duration,
+        renew_deadline=renew_deadline,
+        retry_period=retry_period,
+        metrics_port=metrics_port,
+        health_port=health_port,
+        log_format=config.LogFormat(log_format) if log_format is not None else None,
+    )
+    sys.exit(run.run(settings, err=sys.stderr))
+
+
+@main.group("explain", short_help="Explain a claim's or a pod's allocation against a live cluster.")
+def explain_group() -> None:
+    """Explain where a claim's devices are, or why it cannot get any, against a live cluster.
+
+    Reads DeviceClasses, ResourceSlices, Nodes and ResourceClaims and tries the allocation the
+    way `dractl simulate` does; writes nothing. Exits 1 with one line on stderr when the object
+    does not exist or the API server cannot be reached or refuses; 2 for a malformed NS/NAME.
+    """
+
+
+def _explain_options(command: _F) -> _F:
+    """The flags shared by `explain claim` and `explain pod`: the target and how to read and print it."""
+    options = [
+        click.argument("target", metavar="NS/NAME"),
+        click.option(
+            "--kubeconfig",
+            type=click.Path(dir_okay=False, path_type=pathlib.Path),
+            default=None,
+            envvar="DRACTL_KUBECONFIG",
+            show_envvar=True,
+            help="Kubeconfig file (default: the in-cluster config, else $KUBECONFIG or ~/.kube/config).",
+        ),
+        click.option(
+            "--policy",
+            type=click.Choice([p.value for p in config.Policy]),
+            default=config.Policy.BINPACK.value,
+            envvar="DRACTL_POLICY",
+            show_envvar=True,
+            help="Allocation policy for pending claims: first-fit as upstream, or binpack (default: binpack).",
+        ),
+        click.option(
+            "-o",
+            "--output",
+            type=click.Choice([f.value for f in config.ExplainOutput]),
+            default=config.ExplainOutput.TEXT.value,
+            envvar="DRACTL_OUTPUT",
+            show_envvar=True,
+            help="Output format: text for people, or the same content as json or yaml (default: text).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _explain(
+    kind: config.ExplainKind, *, target: str, kubeconfig: pathlib.Path | None, policy: str, output: str
+) -> None:
+    from dractl import explain  # imported here: it brings the Kubernetes client
+
+    try:
+        namespace, name = explain.parse_target(target)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="NS/NAME") from error
+    settings = config.Explain(
+        kind=kind,
+        namespace=namespace,
+        name=name,
+        kubeconfig=kubeconfig,
+        policy=config.Policy(policy),
+        output=config.ExplainOutput(output),
+    )
+    _exit_writing(lambda: explain.run(settings, out=sys.stdout, err=sys.stderr))
+
+
+@explain_group.command("claim", short_help="Explain one ResourceClaim: where it is allocated, or why not.")
+@_explain_options
+def explain_claim_command(target: str, kubeconfig: pathlib.Path | None, policy: str, output: str) -> None:
+    """Explain ResourceClaim NS/NAME: its node, devices per request and consumers when allocated;
+    otherwise whether it fits now, and if not, per request what stopped it."""
+    _explain(config.ExplainKind.CLAIM, target=target, kubeconfig=kubeconfig, policy=policy, output=output)
+
+
+@explain_group.command("pod", short_help="Explain a pod's claims together on one node, as a scheduler would.")
+@_explain_options
+def explain_pod_command(target: str, kubeconfig: pathlib.Path | None, policy: str, output: str) -> None:
+    """Explain the claims of Pod NS/NAME together: all on one node the pod may use (its
+    spec.nodeName and spec.nodeSelector, the nodes its allocated claims pin); a claim still to
+    be made from a template is explained from the template."""
+    _explain(config.ExplainKind.POD, target=target, kubeconfig=kubeconfig, policy=policy, output=output)

@@ -30,15 +30,32 @@ DEFAULT_SEARCH_LIMIT = 1_000_000
 MAX_SEARCH_LIMIT = 2**63 - 1  # the allocator core counts search steps in an int64
 
 
+class Retry(enum.Enum):
+    """What a trace replay does with a claim it could not allocate, by its CLI spelling."""
+
+    ON_DEPARTURE = "on-departure"  # wait, and try again after every departure (a scheduler's retry)
+    NEVER = "never"  # drop it
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Simulate:
-    """Settings of `dractl simulate`. No `paths` means the built-in example cluster."""
+    """Settings of `dractl simulate`. No `paths` means the built-in example cluster.
+
+    `trace` replays a trace file (`-` for stdin) instead of the manifests; `generate` is a
+    generator spec whose trace is printed instead of simulating. `compare` lists the policies
+    a trace replay runs side by side (empty: `policy` alone); `html` is where the allocation
+    map is written (None: nowhere)."""
 
     paths: tuple[pathlib.Path, ...] = ()
     policy: Policy = Policy.BINPACK
     output: OutputFormat = OutputFormat.TABLE
     timing: bool = False
     search_limit: int = DEFAULT_SEARCH_LIMIT
+    trace: pathlib.Path | None = None
+    retry: Retry = Retry.ON_DEPARTURE
+    generate: str | None = None
+    compare: tuple[Policy, ...] = ()
+    html: pathlib.Path | None = None
 
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
@@ -112,3 +129,74 @@ class NodeAgent:
     @property
     def plugin_state_dir(self) -> pathlib.Path:
         return self.state_dir if self.state_dir is not None else self.kubelet_plugins_dir / self.driver_name
+
+
+class ExplainKind(enum.Enum):
+    """What `dractl explain` explains, by its subcommand's name."""
+
+    CLAIM = "claim"
+    POD = "pod"
+
+
+class ExplainOutput(enum.Enum):
+    """`dractl explain -o`: text for people; json and yaml carry the same content as data."""
+
+    TEXT = "text"
+    JSON = "json"
+    YAML = "yaml"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Explain:
+    """Settings of `dractl explain claim|pod NS/NAME`; `kubeconfig` None means the in-cluster
+    config, else $KUBECONFIG or ~/.kube/config."""
+
+    kind: ExplainKind
+    namespace: str
+    name: str
+    kubeconfig: pathlib.Path | None = None
+    policy: Policy = Policy.BINPACK
+    output: ExplainOutput = ExplainOutput.TEXT
+    search_limit: int = DEFAULT_SEARCH_LIMIT
+
+
+DEFAULT_CONTROLLERS = ("claims", "scheduler")
+"""`--controllers` by default: the claim lifecycle controller and dractl's scheduler."""
+DEFAULT_SCHEDULER_NAME = "dractl"
+DEFAULT_CONTROLLER_WORKERS = 4
+DEFAULT_LEASE_NAME = "dractl-controller"
+DEFAULT_LEASE_DURATION = 15.0  # seconds; client-go's defaults, as kube-controller-manager uses them
+DEFAULT_RENEW_DEADLINE = 10.0
+DEFAULT_RETRY_PERIOD = 2.0
+DEFAULT_CONTROLLER_METRICS_PORT = 8080
+DEFAULT_CONTROLLER_HEALTH_PORT = 8081
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Settings of `dractl controller`.
+
+    `controllers` names the controllers to run (`dractl.controller.run.CONTROLLERS` knows them);
+    `namespace` "" watches every namespace; `lease_namespace` "" means the pod's own namespace
+    in a cluster, else `default`; durations are seconds; a port of -1 turns that endpoint off, 0
+    picks a free one, and equal metrics and health ports serve every path on one listener;
+    `kubeconfig` None means the in-cluster config, else $KUBECONFIG or ~/.kube/config;
+    `log_format` None means console on a terminal and JSON otherwise. Values are checked by
+    `dractl.controller.run.check`, not here.
+    """
+
+    kubeconfig: pathlib.Path | None = None
+    controllers: tuple[str, ...] = DEFAULT_CONTROLLERS
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
+    policy: Policy = Policy.BINPACK
+    workers: int = DEFAULT_CONTROLLER_WORKERS
+    namespace: str = ""
+    leader_elect: bool = True
+    lease_name: str = DEFAULT_LEASE_NAME
+    lease_namespace: str = ""
+    lease_duration: float = DEFAULT_LEASE_DURATION
+    renew_deadline: float = DEFAULT_RENEW_DEADLINE
+    retry_period: float = DEFAULT_RETRY_PERIOD
+    metrics_port: int = DEFAULT_CONTROLLER_METRICS_PORT
+    health_port: int = DEFAULT_CONTROLLER_HEALTH_PORT
+    log_format: LogFormat | None = None

@@ -24,9 +24,11 @@ How it writes: desired states come from pure functions (`plan_pod`, `status_entr
 difference. Every write of an existing object is a merge patch carrying the resourceVersion it
 was computed from, so a concurrent change fails with 409, the key is requeued with backoff, and
 the next sync decides again from fresh state. Creates are preceded by a search for an existing
-claim (the cache, then a live list of the namespace), so a restart between "claim created" and
-"status written", or kube-controller-manager having been faster, leads to adoption, not a
-second claim. A second sync over unchanged state writes nothing.
+claim (the informer's cache, plus the claims this process made that the cache has not shown
+yet), so a restart between "claim created" and "status written" (the first list has the claim)
+or a retry after a failed status write leads to adoption, not a second claim. A claim
+kube-controller-manager makes at the same moment as dractl's is a duplicate, which the claim
+sync deletes, as upstream. A second sync over unchanged state writes nothing.
 
 What it must not do: import `dractl.node`, talk to the API except through `dractl.kube`, write
 fields it does not own, deallocate claims without the finalizer, or delete a claim that is
@@ -359,8 +361,8 @@ def plan_claim(
 
     `pods` maps each pod name the claim refers to (its `reservedFor` pods and its controlling
     pod) to the pod as it is now, or None when it is confirmed gone; a name missing from it is
-    treated as unknown and kept. `existing` holds the claims now in the namespace by
-    name (to recognise a duplicate: its pod records another existing claim that it controls).
+    treated as unknown and kept. `existing` holds, by name, at least the claims the controlling pod
+    records (to recognise a duplicate: its pod records another existing claim that it controls).
     `finalizer_pending` says an earlier sync deallocated this claim but its finalizer removal
     failed, so the removal is retried even though no entry is dropped now.
 
@@ -496,7 +498,7 @@ class ClaimController:
         self.workers = workers
         self.sync_timeout = sync_timeout
         self.recorder = recorder or events.Recorder(client)
-        self.queue = queue or workqueue.WorkQueue()
+        self.queue = queue if queue is not None else workqueue.WorkQueue()
         self.registry = prometheus_client.CollectorRegistry() if registry is None else registry
         self.metrics = _metrics_for(self.registry)
         self.metrics.depth.set_function(lambda: float(len(self.queue)))
@@ -535,6 +537,8 @@ class ClaimController:
         # Claim keys by the UID of their controlling pod, kept by the claim handlers, so a pod event
         # reaches the claims made for it (recorded or not) without a scan.
         self._owned: dict[str, set[str]] = {}
+        # Claims this controller created, by (pod UID, pod claim), until the informer shows them.
+        self._made: dict[tuple[str, str], str] = {}
         self._threads: list[threading.Thread] = []
 
     # --- Running ---------------------------------------------------------------------------
@@ -595,6 +599,9 @@ class ClaimController:
         self._enqueue_claims_of(pod)
 
     def _pod_deleted(self, pod: PodState) -> None:
+        with self._lock:
+            for made in [made for made in self._made if made[0] == pod.uid]:
+                del self._made[made]
         self._enqueue_claims_of(pod)
 
     def _enqueue_claims_of(self, pod: PodState) -> None:
@@ -608,8 +615,10 @@ class ClaimController:
         self.queue.add(CLAIM_PREFIX + claim.key)
         owner = controller_of(claim)
         if owner is not None:
+            uid = str(owner.get("uid") or "")
             with self._lock:
-                self._owned.setdefault(str(owner.get("uid") or ""), set()).add(claim.key)
+                self._owned.setdefault(uid, set()).add(claim.key)
+                self._made.pop((uid, claim.meta.annotations.get(podclaims.POD_CLAIM_NAME_ANNOTATION, "")), None)
             self.queue.add(f"{POD_PREFIX}{claim.meta.namespace}/{owner.get('name')}")
         if claim.allocation is not None and (old is None or old.allocation is None):
             # A bound pod may be waiting for this claim to be reserved for it. A scan, not an
@@ -653,8 +662,16 @@ class ClaimController:
         else:
             log.error("claim controller: ignoring the malformed queue key %r", key)
 
-    def _namespace_claims(self, namespace: str) -> dict[str, model.ResourceClaim]:
-        return {claim.meta.name: claim for claim in self.claims.store.values() if claim.meta.namespace == namespace}
+    def _claims_of(self, pod: PodState) -> dict[str, model.ResourceClaim]:
+        """By name, the cached claims the pod's plan reads: those it names or records, and those it controls."""
+        with self._lock:
+            keys = {f"{pod.namespace}/{name}" for name in claim_names(pod)} | self._owned.get(pod.uid, set())
+        found: dict[str, model.ResourceClaim] = {}
+        for key in keys:
+            claim = self.claims.store.get(key)
+            if claim is not None:
+                found[claim.meta.name] = claim
+        return found
 
     def sync_pod(self, namespace: str, name: str) -> None:
         """Create and record the pod's template claims, and reserve allocated claims for it if it is bound.
@@ -666,28 +683,32 @@ class ClaimController:
         pod = self.pods.store.get(f"{namespace}/{name}")
         if pod is None or not pod.pod.resource_claims:
             return
-        claims = self._namespace_claims(namespace)
+        claims = self._claims_of(pod)
         plan = plan_pod(pod, claims)
         recorded = dict(plan.adopt)
         problems: list[str] = []
         failure: kube_client.ApiError | None = None
-        if plan.create:
-            # The cache may lag behind a create (ours before a restart, or kube-controller-manager's):
-            # look at the namespace as it is now before making anything.
-            live = self._list_claims(namespace)
-            for item in plan.create:
-                found = find_generated(live, pod_uid=pod.uid, pod_claim_name=item.pod_claim_name)
-                if found is not None:
-                    recorded[item.pod_claim_name] = found
-                    continue
-                try:
-                    recorded[item.pod_claim_name] = self._create_claim(pod, item)
-                except RetryLater as error:
-                    problems.append(str(error))
-                except InvalidInput as error:
-                    log.warning("pod %s: %s", pod.key, error)
-                except kube_client.ApiError as error:
-                    failure = failure or error  # Record the claims made so far first, then retry.
+        for item in plan.create:
+            # The cache lags behind our own creates: a claim made by an earlier sync that the
+            # informer has not shown yet is recorded, not made again. (After a restart the first
+            # list has every claim; a claim kube-controller-manager made at the same moment as
+            # ours is the duplicate `plan_claim` deletes, as upstream.)
+            with self._lock:
+                made = self._made.get((pod.uid, item.pod_claim_name))
+            if made is not None:
+                recorded[item.pod_claim_name] = made
+                continue
+            try:
+                claim_name = recorded[item.pod_claim_name] = self._create_claim(pod, item)
+            except RetryLater as error:
+                problems.append(str(error))
+            except InvalidInput as error:
+                log.warning("pod %s: %s", pod.key, error)
+            except kube_client.ApiError as error:
+                failure = failure or error  # Record the claims made so far first, then retry.
+            else:
+                with self._lock:
+                    self._made[(pod.uid, item.pod_claim_name)] = claim_name
         entries = status_entries(pod, recorded)
         if entries is not None:
             self.client.patch(
@@ -708,10 +729,6 @@ class ClaimController:
                 problems.append(problem)
         if problems:
             raise RetryLater("; ".join(problems))
-
-    def _list_claims(self, namespace: str) -> list[model.ResourceClaim]:
-        result = self.client.list(kube_client.RESOURCE_CLAIMS, namespace=namespace)
-        return [claim for claim in map(_decode_claim, result.items) if claim is not None]
 
     def _template(self, namespace: str, name: str, *, pod: PodState, pod_claim_name: str) -> dict[str, Any]:
         """The raw template, from the cache or else the API.
@@ -822,7 +839,9 @@ class ClaimController:
             if claim.allocation is not None:
                 self._finalizer_pending.discard(claim.meta.uid)  # Allocated again: nothing is pending.
             pending = claim.meta.uid in self._finalizer_pending
-        plan = plan_claim(claim, pods, existing=self._namespace_claims(namespace), finalizer_pending=pending)
+        owner_pod = pods.get(str(owner["name"])) if owner is not None and owner.get("name") else None
+        existing = self._claims_of(owner_pod) if owner_pod is not None else {}
+        plan = plan_claim(claim, pods, existing=existing, finalizer_pending=pending)
         if plan.empty:
             return
         version = claim.meta.resource_version

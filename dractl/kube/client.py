@@ -446,12 +446,23 @@ class Client:
     # --- Writes --------------------------------------------------------------------------
 
     def create(
-        self, resource: Resource, body: Mapping[str, Any], *, namespace: str = "", dry_run: bool = False
+        self,
+        resource: Resource,
+        body: Mapping[str, Any],
+        *,
+        namespace: str = "",
+        dry_run: bool = False,
+        name: str = "",
+        subresource: str = "",
     ) -> dict[str, Any]:
-        """Create; returns the stored object. Raises `AlreadyExists`, `Invalid`. Not idempotent."""
+        """Create; returns the stored object. With `name` and `subresource`, POST to that object's
+        subresource (a pod's `binding`). Raises `AlreadyExists`, `Invalid`. Not idempotent."""
         namespace = namespace or str((body.get("metadata") or {}).get("namespace") or "")
         return self._request(
-            "POST", resource.path(namespace=namespace), body=dict(body), query=self._write_query(dry_run=dry_run)
+            "POST",
+            resource.path(namespace=namespace, name=name, subresource=subresource),
+            body=dict(body),
+            query=self._write_query(dry_run=dry_run),
         )
 
     def update(self, resource: Resource, body: Mapping[str, Any], *, subresource: str = "") -> dict[str, Any]:

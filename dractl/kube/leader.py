@@ -161,8 +161,20 @@ class Elector:
         except kube_client.ApiError as error:
             log.warning("lease %s/%s: release failed: %s", self.config.namespace, self.config.name, error)
 
-    def run(self, stop: threading.Event, *, on_started: Callable[[], None], on_stopped: Callable[[], None]) -> None:
-        """Campaign until `stop` is set; lead while renewals succeed within `renew_deadline`; release on stop."""
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        on_started: Callable[[], None],
+        on_stopped: Callable[[], None],
+        on_step: Callable[[bool], None] | None = None,
+    ) -> None:
+        """Campaign until `stop` is set; lead while renewals succeed within `renew_deadline`; release on stop.
+
+        `on_step(leading)` is called after every protocol step (a heartbeat for liveness probes:
+        a loop that stops calling it is wedged). Callbacks run on this loop's thread, so they must
+        return quickly: a slow one delays the next renewal.
+        """
         try:
             while not stop.is_set():
                 was_leading = self.leading
@@ -174,6 +186,8 @@ class Elector:
                         self.leading = True  # A failed renewal inside the deadline: keep leading, retry.
                     else:
                         on_stopped()
+                if on_step is not None:
+                    on_step(self.leading)
                 stop.wait(self.config.retry_period)
         finally:
             if self.leading:

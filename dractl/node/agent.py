@@ -16,20 +16,17 @@ on stderr and exit code 1.
 from __future__ import annotations
 
 import dataclasses
-import http.server
-import logging
 import pathlib
-import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TextIO
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TextIO
 
 import prometheus_client
 import structlog
 
-from dractl import config, model
+from dractl import config, daemon, model
 from dractl.kube import claims as kube_claims
 from dractl.kube import client as kube_client
 from dractl.kube import events as kube_events
@@ -60,31 +57,8 @@ SWEEP_INTERVAL_S = 600.0
 # --- logging ---------------------------------------------------------------------------------------
 
 
-def configure_logging(log_format: config.LogFormat | None, *, stream: TextIO | None = None) -> None:
-    """Route structlog to `stream` (stderr): JSON lines, or console lines for a terminal.
-
-    `None` picks console when the stream is a terminal and JSON otherwise (in the cluster).
-    May be called again; the last call wins.
-    """
-    out = stream if stream is not None else sys.stderr
-    fmt = log_format
-    if fmt is None:
-        fmt = config.LogFormat.CONSOLE if out.isatty() else config.LogFormat.JSON
-    processors: list[Any] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    if fmt is config.LogFormat.JSON:
-        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
-    else:
-        processors.append(structlog.dev.ConsoleRenderer(colors=out.isatty()))
-    structlog.configure(
-        processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(out),
-        cache_logger_on_first_use=False,
-    )
+# Shared with `dractl controller`; the node's name for it is kept (its tests and callers use it).
+configure_logging = daemon.configure_logging
 
 
 # --- metrics ---------------------------------------------------------------------------------------
@@ -158,49 +132,6 @@ class Metrics:
 # --- HTTP endpoints -----------------------------------------------------------------------------------
 
 
-class HttpEndpoint:
-    """A tiny threaded HTTP server answering GET on fixed paths with (status, text) callbacks.
-
-    Port 0 binds an ephemeral port (`port` tells which). `stop()` is idempotent.
-    """
-
-    def __init__(self, *, port: int, routes: Mapping[str, Callable[[], tuple[int, str, str]]], name: str) -> None:
-        handler = _handler_for(routes)
-        self._server = http.server.ThreadingHTTPServer(("0.0.0.0", port), handler)
-        self._server.daemon_threads = True
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, name=f"dractl-{name}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-        self._server.server_close()
-
-
-def _handler_for(routes: Mapping[str, Callable[[], tuple[int, str, str]]]) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            route = routes.get(self.path.split("?", 1)[0])
-            if route is None:
-                status, content_type, body = 404, "text/plain; charset=utf-8", "not found\n"
-            else:
-                status, content_type, body = route()
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            # Probes every few seconds would flood the log; failures are logged by the route.
-            return
-
-    return Handler
-
-
 def liveness(sockets: plugin.Sockets) -> tuple[int, str, str]:
     """200 when both sockets answer a gRPC call, else 503 naming each failure."""
     problems = plugin.probe(sockets)
@@ -208,10 +139,6 @@ def liveness(sockets: plugin.Sockets) -> tuple[int, str, str]:
         _log.warning("liveness: a socket does not answer", problems=problems)
         return 503, "text/plain; charset=utf-8", "".join(f"{p}\n" for p in problems)
     return 200, "text/plain; charset=utf-8", "ok\n"
-
-
-def metrics_page(registry: prometheus_client.CollectorRegistry) -> tuple[int, str, str]:
-    return 200, prometheus_client.CONTENT_TYPE_LATEST, prometheus_client.generate_latest(registry).decode()
 
 
 # --- the agent ---------------------------------------------------------------------------------------
@@ -261,7 +188,7 @@ class Agent:
         self.monitor: health.Monitor | None = None
         self.plugin: plugin.Plugin | None = None
         self.slices: tuple[model.ResourceSlice, ...] = ()
-        self._endpoints: list[HttpEndpoint] = []
+        self._endpoints: list[daemon.HttpEndpoint] = []
         self.health_port: int | None = None
         self.metrics_port: int | None = None
 
@@ -352,13 +279,15 @@ class Agent:
         self.plugin.start()
         sockets = self.plugin.sockets
         if s.health_port >= 0:
-            endpoint = HttpEndpoint(port=s.health_port, routes={"/healthz": lambda: liveness(sockets)}, name="liveness")
+            endpoint = daemon.HttpEndpoint(
+                port=s.health_port, routes={"/healthz": lambda: liveness(sockets)}, name="liveness"
+            )
             self._endpoints.append(endpoint)
             self.health_port = endpoint.port
         if s.metrics_port >= 0:
             registry = self.metrics.registry
-            endpoint = HttpEndpoint(
-                port=s.metrics_port, routes={"/metrics": lambda: metrics_page(registry)}, name="metrics"
+            endpoint = daemon.HttpEndpoint(
+                port=s.metrics_port, routes={"/metrics": lambda: daemon.metrics_page(registry)}, name="metrics"
             )
             self._endpoints.append(endpoint)
             self.metrics_port = endpoint.port
@@ -491,7 +420,7 @@ def run(
     except AgentError as error:
         print(f"dractl node-agent: error: {error}", file=out)
         return EXIT_FAILED
-    previous = _install_signal_handlers(stopping)
+    previous = daemon.install_signal_handlers(stopping.set)
     try:
         while not stopping.wait(timeout=5.0):
             try:
@@ -501,19 +430,5 @@ def run(
     finally:
         _log.info("node agent stopping")
         agent.stop()
-        _restore_signal_handlers(previous)
+        daemon.restore_signal_handlers(previous)
     return EXIT_OK
-
-
-def _install_signal_handlers(stopping: threading.Event) -> dict[int, Any]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}  # signals can only be handled on the main thread; `stop` ends the loop instead
-    previous: dict[int, Any] = {}
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        previous[signum] = signal.signal(signum, lambda signum, frame: stopping.set())
-    return previous
-
-
-def _restore_signal_handlers(previous: Mapping[int, Any]) -> None:
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)

@@ -13,8 +13,8 @@ import pathlib
 from typing import TextIO
 
 from dractl import cel, config
-from dractl.model import decode
-from dractl.simulate import engine, placement, report, timing
+from dractl.model import decode, placement
+from dractl.simulate import engine, report, timing
 
 # The built-in example cluster, shipped as package data.
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"

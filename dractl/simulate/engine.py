@@ -17,7 +17,8 @@ import time
 from collections.abc import Mapping, Sequence
 
 from dractl import alloc, model
-from dractl.simulate import claims, placement
+from dractl.model import placement
+from dractl.simulate import claims
 
 # The API allows at most this many consumers in `status.reservedFor`.
 

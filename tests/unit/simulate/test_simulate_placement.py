@@ -5,7 +5,7 @@ from __future__ import annotations
 from support.simulate_manifests import CLASS, CLUSTER, SLICES, load, pod
 
 from dractl import model
-from dractl.simulate import placement
+from dractl.model import placement
 
 
 def _named(node: str) -> model.NodeSelector:

@@ -1,6 +1,7 @@
 """Where a pod may go: its `spec.nodeName`, its `spec.nodeSelector` against Node labels, and
 the nodes where the claims it shares with earlier pods are already usable. Node discovery and
-node-selector matching are `model.nodes`'s, shared with the allocator.
+node-selector matching are `model.nodes`'s, shared with the allocator. Shared by `dractl simulate`
+and `dractl explain` (which may not import each other), hence here in the model layer.
 
 Pure: no I/O and no allocation; every function returns the same answer for the same input.
 """

@@ -1,0 +1,971 @@
+"""dractl's GPU-aware scheduler: picks node and devices together for pods with `schedulerName: dractl`.
+
+What it does: watches Pods, Nodes, ResourceSlices, DeviceClasses and ResourceClaims through
+informers and feeds one work queue with the keys (`namespace/name`) of unbound pods of this
+scheduler. One long-lived `alloc.Allocator` holds the cluster's devices: the slices, classes
+and nodes are handed to it (`update`) before a decision when they changed, and every claim the
+API shows allocated, by dractl or by kube-scheduler, is held in it (`hold`; `release` when it is
+deallocated or deleted), so nothing is given twice. Per pod (`sync_pod`):
+
+1. every claim must exist (named directly, or made from a template and recorded in
+   `pod.status.resourceClaimStatuses`); otherwise the pod waits, and is queued again when the
+   claim it waits for changes (or the pod itself, when its record is missing);
+2. nodes are filtered by `nodefit` (pods bound to a node use its allocatable) and by the node
+   selectors of claims already allocated; the claims without an allocation are allocated
+   together on one of the remaining nodes with the configured policy;
+3. the decision is held in memory (the allocator holds the devices, the pod counts on its
+   node: "assumed"), then written: per claim the delete-protection finalizer, then
+   `status.allocation` with the pod in `status.reservedFor`, each with a resourceVersion
+   precondition; allocated claims get the pod added to `reservedFor`; then the pod is bound
+   (`pods/binding`). If any write fails, what was written is taken back (the pod's entry, the
+   allocation and the finalizer this attempt added), the allocator gives the devices back, and
+   the pod is retried with backoff: no claim stays allocated for a pod that was not bound.
+
+A pod no node can take gets `PodScheduled=False` (reason `Unschedulable`, kube-scheduler's
+node summary plus the allocator's explanation per claim) and a Warning Event
+`FailedScheduling`, written only when the message changes; it is retried when slices,
+classes or nodes change, when a claim is deallocated or deleted or a claim it uses changes,
+when a bound pod goes away, and every five minutes. A pod asking for what dractl cannot check (nodefit's
+`unsupported`) or that cannot be read is reported the same way and not retried until it changes.
+
+Decisions are made one at a time (a lock around filter, allocate and assume), so two workers
+never count the same free CPU twice; the API writes of different pods run in parallel. The
+node filter's answers are remembered per pod shape and node until that node's usage or object
+changes, so a burst of like pods costs one `nodefit` pass per node, not one per pod and node.
+
+What it must not do: touch pods of other schedulers; write anything but the claim fields the
+scheduler owns (finalizer, allocation, reservedFor), the pod's `PodScheduled` condition and its
+Binding; schedule before the claims already allocated in the API are held (`start` waits for
+the informers first); or release devices whose allocation is still in the API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import prometheus_client
+
+from dractl import alloc, model
+from dractl.controller import claims, nodefit, schedplan
+from dractl.kube import client as kube_client
+from dractl.kube import events, informer, workqueue
+
+log = logging.getLogger(__name__)
+
+UNSCHEDULABLE_RETRY = 300.0
+"""Seconds after which an unschedulable pod is tried again even if nothing it watches changed (kube-scheduler's
+podMaxInUnschedulablePodsDuration)."""
+WAIT_RETRY = 1.0
+"""Seconds before a pod waiting for a claim that another decision is writing is tried again."""
+ROLLBACK_ATTEMPTS = 5
+"""How often taking back one claim's writes is tried when the claim keeps changing underneath (409)."""
+FIT_CACHE_LIMIT = 200_000
+"""Remembered node-filter answers (pod shape x node); past this the cache starts over."""
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class AllocatorService(Protocol):
+    """The long-lived allocator the scheduler uses (`alloc.Allocator`): thread-safe, holds devices per claim id."""
+
+    def allocate(self, claims: Sequence[model.ResourceClaim], *, nodes: Sequence[str] | None = None) -> alloc.Outcome:
+        """Allocate `claims` together on one of `nodes`; on success each claim holds its devices."""
+        ...
+
+    def release(self, claim_id: str) -> bool:
+        """Give back what the claim holds; False when it held nothing."""
+        ...
+
+    def hold(self, claim: model.ResourceClaim) -> None:
+        """Record an allocation that exists in the API (idempotent)."""
+        ...
+
+    def held(self, claim_id: str) -> model.AllocationResult | None:
+        """What the claim holds, if anything."""
+        ...
+
+    def update(
+        self,
+        *,
+        device_classes: Sequence[model.DeviceClass] | None = None,
+        resource_slices: Sequence[model.ResourceSlice] | None = None,
+        nodes: Sequence[model.Node] | None = None,
+    ) -> None:
+        """Replace the given sets of the inventory (None leaves one as it is); held claims survive."""
+        ...
+
+
+# --- Values --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeState:
+    """A node as the scheduler sees it: the model's node (for the allocator) and what the node filter reads.
+
+    `info` is None when the node filter cannot read the node; `invalid` then says why (the node
+    is left out of scheduling and logged).
+    """
+
+    node: model.Node
+    info: nodefit.NodeInfo | None = None
+    invalid: str | None = None
+
+
+def decode_node(raw: Mapping[str, Any]) -> NodeState | None:
+    """One raw node as a `NodeState`, or None when the model refuses it (logged by the kube layer). Pure apart from
+    logging."""
+    value = kube_client.decode(raw)
+    if not isinstance(value, model.Node):
+        return None
+    # Only what the allocator reads (name and labels): a status heartbeat then leaves the node
+    # equal, so the allocator's inventory is not rebuilt for it.
+    node = model.Node(meta=model.ObjectMeta(name=value.meta.name, labels=value.meta.labels))
+    try:
+        return NodeState(node=node, info=nodefit.NodeInfo.from_raw(raw))
+    except nodefit.Invalid as error:
+        log.warning("node %s is left out of scheduling: %s", value.meta.name, error)
+        return NodeState(node=node, invalid=str(error))
+
+
+def _decode_slice(raw: Mapping[str, Any]) -> model.ResourceSlice | None:
+    value = kube_client.decode(raw)
+    return value if isinstance(value, model.ResourceSlice) else None
+
+
+def _decode_class(raw: Mapping[str, Any]) -> model.DeviceClass | None:
+    value = kube_client.decode(raw)
+    return value if isinstance(value, model.DeviceClass) else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    """A pod assumed on `node`: the claims to allocate with their allocations, the allocated claims to reserve."""
+
+    node: str
+    allocate: tuple[tuple[model.ResourceClaim, model.AllocationResult], ...] = ()
+    reserve: tuple[model.ResourceClaim, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refusal:
+    """The pod cannot be scheduled now: `message` goes on the pod. `retry`: try again when the cluster changes."""
+
+    message: str
+    retry: bool = True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Wait:
+    """The pod waits for something that will happen by itself: a change of `claim` (`namespace/name`), or of the
+    pod itself when `claim` is ""."""
+
+    reason: str
+    claim: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Placed:
+    """A pod counted on a node: seen bound in the cache, or `assumed` (bound by this scheduler, cache behind)."""
+
+    uid: str
+    needs: nodefit.PodNeeds  # with node_name set to the node
+    assumed: bool
+
+
+class _ClaimView(Mapping[str, model.ResourceClaim]):
+    """One namespace's claims by name, read through from the claim cache (no copy per decision)."""
+
+    def __init__(self, store: informer.Store[model.ResourceClaim], namespace: str) -> None:
+        self._store = store
+        self._namespace = namespace
+
+    def __getitem__(self, name: str) -> model.ResourceClaim:
+        found = self._store.get(f"{self._namespace}/{name}")
+        if found is None:
+            raise KeyError(name)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        prefix = f"{self._namespace}/"
+        return (key[len(prefix) :] for key in self._store.keys() if key.startswith(prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Attempt:
+    """A claim this decision started writing: whether it allocated it and whether it added the finalizer."""
+
+    claim: model.ResourceClaim
+    allocated_here: bool
+    finalizer_added: bool
+
+
+# --- Metrics -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Metrics:
+    attempts: prometheus_client.Counter
+    latency: prometheus_client.Histogram
+    claims_allocated: prometheus_client.Counter
+    unschedulable: prometheus_client.Gauge
+    depth: prometheus_client.Gauge
+
+
+# One set of metrics per registry: a scheduler made again on the same registry (after leadership was lost and
+# regained) reuses them instead of failing on a duplicate registration.
+_METRICS: weakref.WeakKeyDictionary[prometheus_client.CollectorRegistry, _Metrics] = weakref.WeakKeyDictionary()
+_METRICS_LOCK = threading.Lock()
+
+
+def _metrics_for(registry: prometheus_client.CollectorRegistry) -> _Metrics:
+    with _METRICS_LOCK:
+        found = _METRICS.get(registry)
+        if found is None:
+            found = _Metrics(
+                attempts=prometheus_client.Counter(
+                    "dractl_scheduler_attempts",
+                    "Scheduling attempts by result: scheduled, unschedulable, error.",
+                    ["result"],
+                    registry=registry,
+                ),
+                latency=prometheus_client.Histogram(
+                    "dractl_scheduler_scheduling_duration_seconds",
+                    "Seconds from taking a pod off the queue to its binding (or its refusal), by result.",
+                    ["result"],
+                    buckets=LATENCY_BUCKETS,
+                    registry=registry,
+                ),
+                claims_allocated=prometheus_client.Counter(
+                    "dractl_scheduler_claims_allocated",
+                    "ResourceClaims the scheduler allocated for pods it bound.",
+                    registry=registry,
+                ),
+                unschedulable=prometheus_client.Gauge(
+                    "dractl_scheduler_unschedulable_pods",
+                    "Pods of this scheduler that no node can take now (or that it refuses), waiting for a change.",
+                    registry=registry,
+                ),
+                depth=prometheus_client.Gauge(
+                    "dractl_scheduler_queue_depth",
+                    "Pod keys waiting in the scheduler's work queue.",
+                    registry=registry,
+                ),
+            )
+            _METRICS[registry] = found
+        return found
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _shape(needs: nodefit.PodNeeds) -> Hashable:
+    """Everything of a pod that the node filter reads, as a key: pods of one Deployment share it. Pure."""
+    return (
+        needs.node_name,
+        tuple(sorted(needs.node_selector.items())),
+        needs.required_terms,
+        needs.tolerations,
+        needs.cpu_milli,
+        needs.memory,
+        needs.pods,
+        needs.host_ports,
+    )
+
+
+def _version(stored: Mapping[str, Any], fallback: str) -> str:
+    return str((stored.get("metadata") or {}).get("resourceVersion") or fallback)
+
+
+# --- The scheduler -------------------------------------------------------------------------
+
+
+class Scheduler:
+    """The scheduler. `start()` runs it in daemon threads; `stop()` ends them (once: make a new one per leadership).
+
+    Constructor:
+    - `client`: the API client (every request goes through it).
+    - `registry`: the prometheus registry for its metrics (a private one when None):
+      `dractl_scheduler_attempts_total{result}`, `dractl_scheduler_scheduling_duration_seconds{result}`,
+      `dractl_scheduler_claims_allocated_total`, `dractl_scheduler_unschedulable_pods`,
+      `dractl_scheduler_queue_depth`.
+    - `recorder`: where Warning Events go (an `events.Recorder` on `client` when None).
+    - `scheduler_name`: the `spec.schedulerName` of the pods it schedules.
+    - `policy`: the allocation policy of the allocator it makes (ignored when `allocator` is given).
+    - `workers`: worker threads (a pod is never handled by two at once; decisions are serialized).
+    - `namespace`: watch the pods of one namespace only ("" = all); then only that namespace's
+      pods count toward node usage (for tests and single-tenant clusters). Claims, nodes and
+      slices are always watched cluster-wide: every allocated claim uses devices.
+    - `queue`: the work queue (a fresh one when None; tests inject one with their own backoff).
+    - `allocator`: the allocator (a fresh `alloc.Allocator` when None).
+    - `sync_timeout`: seconds `start()` waits for the informers' first lists.
+
+    `sync(key)` and `sync_pod(namespace, name)` may be called directly (tests do) once
+    `open_ledger()` ran; one pod should be synced by one thread at a time (the queue ensures it).
+    """
+
+    def __init__(
+        self,
+        client: kube_client.Client,
+        *,
+        registry: prometheus_client.CollectorRegistry | None = None,
+        recorder: events.Recorder | None = None,
+        scheduler_name: str = "dractl",
+        policy: alloc.Policy = alloc.Policy.BINPACK,
+        workers: int = 2,
+        namespace: str = "",
+        queue: workqueue.WorkQueue | None = None,
+        allocator: AllocatorService | None = None,
+        sync_timeout: float = 60.0,
+    ) -> None:
+        self.client = client
+        self.scheduler_name = scheduler_name
+        self.workers = workers
+        self.sync_timeout = sync_timeout
+        self.recorder = recorder if recorder is not None else events.Recorder(client)
+        # Not `queue or ...`: an empty queue has length 0 and is falsy.
+        self.queue = queue if queue is not None else workqueue.WorkQueue()
+        self.registry = prometheus_client.CollectorRegistry() if registry is None else registry
+        self.metrics = _metrics_for(self.registry)
+        self.allocator: AllocatorService = (
+            allocator
+            if allocator is not None
+            else alloc.Allocator(alloc.Snapshot(device_classes=(), resource_slices=()), policy=policy)
+        )
+        self._lock = threading.Lock()  # guards the sets and maps below
+        self._decide_lock = threading.Lock()  # one decision at a time: filter, allocate, assume
+        self._inventory_lock = threading.Lock()
+        self._inventory_dirty = True
+        self._ledger_open = False  # claim events reach the allocator only once start() held the API's claims
+        self._in_flight: set[str] = set()  # claim ids whose writes a decision is making
+        # Claims (by id) whose rollback could not confirm the API's state: they stay held until a
+        # sync reads them (`_settle_doubts`), so a hold is never dropped while its allocation may exist.
+        self._doubtful: dict[str, model.ResourceClaim] = {}
+        # Pods counted on nodes, by pod key, and per node (with the node's summed usage, kept current
+        # per change so a decision does not add up every pod of the cluster).
+        self._placed: dict[str, _Placed] = {}
+        self._node_pods: dict[str, dict[str, nodefit.PodNeeds]] = {}
+        self._node_used: dict[str, nodefit.Usage] = {}
+        # The node filter's answers per (pod shape, node), valid while the node's epoch is unchanged: a
+        # node's epoch moves (to a value never used before) whenever its usage or its object changes.
+        self._epoch = 0
+        self._node_epoch: dict[str, int] = {}
+        self._fit_cache: dict[tuple[Hashable, str], tuple[int, str | None]] = {}
+        self._node_infos: tuple[nodefit.NodeInfo, ...] | None = None
+        self._unschedulable: set[str] = set()  # pod keys retried when the cluster changes
+        self._refused: set[str] = set()  # pod keys refused until they change
+        self._waiting: dict[str, str] = {}  # pod key -> the claim key it waits for ("": its own status)
+        self._bad_claims: dict[str, str] = {}  # claim key -> why the model refuses it
+        self._threads: list[threading.Thread] = []
+        self.metrics.depth.set_function(lambda: float(len(self.queue)))
+        self.metrics.unschedulable.set_function(self._unschedulable_count)
+
+        self.pods: informer.Informer[schedplan.PodInfo] = informer.Informer(
+            client,
+            kube_client.PODS,
+            decode=lambda raw: schedplan.decode_pod(raw, scheduler_name=scheduler_name),
+            namespace=namespace,
+            handlers=informer.Handlers(
+                on_add=lambda new: self._pod_changed(None, new),
+                on_update=self._pod_changed,
+                on_delete=self._pod_deleted,
+            ),
+        )
+        self.claims: informer.Informer[model.ResourceClaim] = informer.Informer(
+            client,
+            kube_client.RESOURCE_CLAIMS,
+            decode=self._decode_claim,
+            handlers=informer.Handlers(
+                on_add=lambda new: self._claim_changed(None, new),
+                on_update=self._claim_changed,
+                on_delete=self._claim_deleted,
+            ),
+        )
+        inventory: informer.Handlers[Any] = informer.Handlers(
+            on_add=self._inventory_changed,
+            on_update=lambda _, new: self._inventory_changed(new),
+            on_delete=self._inventory_changed,
+        )
+        self.nodes: informer.Informer[NodeState] = informer.Informer(
+            client,
+            kube_client.NODES,
+            decode=decode_node,
+            handlers=informer.Handlers(
+                on_add=self._node_changed,
+                on_update=lambda old, new: None if old == new else self._node_changed(new),
+                on_delete=self._node_changed,
+            ),
+        )
+        self.slices: informer.Informer[model.ResourceSlice] = informer.Informer(
+            client, kube_client.RESOURCE_SLICES, decode=_decode_slice, handlers=inventory
+        )
+        self.classes: informer.Informer[model.DeviceClass] = informer.Informer(
+            client, kube_client.DEVICE_CLASSES, decode=_decode_class, handlers=inventory
+        )
+
+    @property
+    def _informers(self) -> tuple[informer.Informer[Any], ...]:
+        return (self.classes, self.slices, self.nodes, self.claims, self.pods)
+
+    def _unschedulable_count(self) -> float:
+        with self._lock:
+            return float(len(self._unschedulable | self._refused))
+
+    # --- Running ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the informers, wait for their first lists (up to `sync_timeout`), hold every claim the API shows
+        allocated, then start the workers.
+
+        Raises TimeoutError when the informers do not sync in time (they are stopped again).
+        """
+        for source in self._informers:
+            source.start()
+        if not self.wait_synced(self.sync_timeout):
+            for source in self._informers:
+                source.stop()
+            raise TimeoutError(f"the scheduler's informers did not sync within {self.sync_timeout:g}s")
+        self.open_ledger()
+        for index in range(self.workers):
+            thread = threading.Thread(target=self._work, name=f"scheduler-{index}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return all(source.wait_synced(timeout) for source in self._informers)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop taking pods, let the workers finish the pod in hand, stop the informers. Idempotent."""
+        self.queue.shutdown()
+        for source in self._informers:
+            source.stop(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads.clear()
+
+    def open_ledger(self) -> None:
+        """Give the allocator the current inventory and hold every allocated claim in the cache; from now on claim
+        events reach the allocator. Idempotent. `start()` calls it before the first pod is scheduled."""
+        self._refresh_inventory()
+        with self._lock:
+            for claim in self.claims.store.values():
+                if claim.allocation is not None:
+                    self._hold(claim)
+            self._ledger_open = True
+
+    def _work(self) -> None:
+        while True:
+            key = self.queue.get()
+            if key is None:
+                return
+            try:
+                self.sync(key)
+                self.queue.forget(key)
+            except Exception as error:  # noqa: BLE001 (one pod's failure must never stop a worker)
+                if isinstance(error, kube_client.ApiError):
+                    log.info("pod %s: %s; retrying with backoff", key, error)
+                else:
+                    log.exception("pod %s: scheduling failed; retrying with backoff", key)
+                self.queue.add_rate_limited(key)
+            finally:
+                self.queue.done(key)
+
+    # --- Event handlers: they enqueue keys and keep the allocator's ledger ----------------------
+
+    def _pod_changed(self, old: schedplan.PodInfo | None, pod: schedplan.PodInfo) -> None:
+        if pod.pending_for(self.scheduler_name):
+            self.queue.add(pod.key)
+        else:
+            self._forget_pending(pod.key)
+        with self._lock:
+            placed = self._placed.get(pod.key)
+            if pod.uses_node and pod.needs is not None:
+                seen = _Placed(uid=pod.uid, needs=pod.needs, assumed=False)
+                if placed != seen:
+                    self._place(pod.key, seen)
+            elif placed is not None and not (
+                placed.assumed and placed.uid == pod.uid and pod.pending_for(self.scheduler_name)
+            ):
+                # Finished, or replaced by a pod of the same name. A pod this scheduler bound stays
+                # counted while the cache still shows it unbound.
+                self._unplace(pod.key)
+        if old is not None and old.uses_node and not pod.uses_node:
+            self._requeue_unschedulable()  # A pod finished: its node has room again.
+
+    def _pod_deleted(self, pod: schedplan.PodInfo) -> None:
+        self._forget_pending(pod.key)
+        with self._lock:
+            self._unplace(pod.key)
+        if pod.uses_node:
+            self._requeue_unschedulable()
+
+    def _bump(self, node: str) -> None:
+        """The node's usage or object changed: the node filter's answers for it are stale. Under `_lock`."""
+        self._epoch += 1
+        self._node_epoch[node] = self._epoch
+
+    def _place(self, key: str, placed: _Placed) -> None:
+        """Count a pod on its node (replacing how it was counted before). Under `_lock`."""
+        self._unplace(key)
+        node = placed.needs.node_name
+        self._bump(node)
+        self._placed[key] = placed
+        self._node_pods.setdefault(node, {})[key] = placed.needs
+        self._node_used[node] = self._node_used.get(node, nodefit.EMPTY).plus(placed.needs)
+
+    def _unplace(self, key: str) -> None:
+        """Stop counting a pod on its node. Under `_lock`."""
+        placed = self._placed.pop(key, None)
+        if placed is None:
+            return
+        node = placed.needs.node_name
+        self._bump(node)
+        pods = self._node_pods.get(node, {})
+        pods.pop(key, None)
+        if pods:
+            self._node_used[node] = nodefit.usage(pods.values())
+        else:
+            self._node_pods.pop(node, None)
+            self._node_used.pop(node, None)
+
+    def _forget_pending(self, key: str) -> None:
+        with self._lock:
+            self._unschedulable.discard(key)
+            self._refused.discard(key)
+            self._waiting.pop(key, None)
+
+    def _decode_claim(self, raw: dict[str, Any]) -> model.ResourceClaim | None:
+        """The claim, or None when the model refuses it; the reason is kept so a pod using it is told why."""
+        value = kube_client.decode(raw)
+        key = informer.key_of(raw)
+        if isinstance(value, model.ResourceClaim):
+            with self._lock:
+                self._bad_claims.pop(key, None)
+            return value
+        try:
+            kube_client.decode(raw, strict=True)
+        except kube_client.BadObject as error:
+            with self._lock:
+                self._bad_claims[key] = str(error)
+            self._requeue_users(key, name=key.partition("/")[2])
+        return None
+
+    def _hold(self, claim: model.ResourceClaim) -> None:
+        """Hold an allocation the API shows. Never raises: a claim the allocator cannot hold is logged."""
+        try:
+            self.allocator.hold(claim)
+        except Exception:  # noqa: BLE001 (one odd claim must not stop the informer's other events)
+            log.exception("ResourceClaim %s: the allocator could not record its allocation", claim.key)
+
+    def _claim_changed(self, old: model.ResourceClaim | None, claim: model.ResourceClaim) -> None:
+        claim_id = alloc.claim_id(claim)
+        freed = old is not None and old.allocation is not None and claim.allocation is None
+        with self._lock:
+            if self._ledger_open and claim_id not in self._in_flight:
+                # Transitions only: an event older than a decision's own write must not drop its hold.
+                if claim.allocation is not None:
+                    self._hold(claim)
+                elif freed:
+                    self.allocator.release(claim_id)
+        self._requeue_users(claim.key, name=claim.meta.name)
+        if freed:
+            self._requeue_unschedulable()
+
+    def _claim_deleted(self, claim: model.ResourceClaim) -> None:
+        with self._lock:
+            self._bad_claims.pop(claim.key, None)
+            if self._ledger_open and alloc.claim_id(claim) not in self._in_flight:
+                self.allocator.release(alloc.claim_id(claim))
+        self._requeue_users(claim.key, name=claim.meta.name)
+        if claim.allocation is not None:
+            self._requeue_unschedulable()
+
+    def _node_changed(self, state: NodeState) -> None:
+        with self._lock:
+            self._bump(state.node.meta.name)
+            self._node_infos = None
+        self._inventory_changed(state)
+
+    def _inventory_changed(self, _: object) -> None:
+        with self._inventory_lock:
+            self._inventory_dirty = True
+        self._requeue_unschedulable()
+
+    def _requeue_unschedulable(self) -> None:
+        with self._lock:
+            keys = sorted(self._unschedulable)
+        for key in keys:
+            self.queue.add(key)
+
+    def _requeue_users(self, claim_key: str, *, name: str) -> None:
+        """Queue the pods that wait for this claim, and the unschedulable pods that use it."""
+        namespace = claim_key.partition("/")[0]
+        with self._lock:
+            keys = {key for key, waited in self._waiting.items() if waited == claim_key}
+            users = [key for key in self._unschedulable if key.partition("/")[0] == namespace]
+        for key in users:
+            pod = self.pods.store.get(key)
+            if pod is not None and name in claims.claim_names(pod.state):
+                keys.add(key)
+        for key in sorted(keys):
+            self.queue.add(key)
+
+    def _refresh_inventory(self) -> None:
+        """Hand the allocator the current slices, classes and nodes if any changed since the last time."""
+        with self._inventory_lock:
+            if not self._inventory_dirty:
+                return
+            self._inventory_dirty = False
+            self.allocator.update(
+                device_classes=self.classes.store.values(),
+                resource_slices=self.slices.store.values(),
+                nodes=[state.node for state in self.nodes.store.values()],
+            )
+
+    # --- Syncs ------------------------------------------------------------------------------
+
+    def sync(self, key: str) -> None:
+        """Schedule the pod `namespace/name` if it is pending. Raises (`ApiError`) to have it retried with backoff."""
+        namespace, _, name = key.partition("/")
+        self.sync_pod(namespace, name)
+
+    def sync_pod(self, namespace: str, name: str) -> None:
+        """Schedule one pod: resolve its claims, decide node and devices, write claims, bind; or report why not.
+
+        Idempotent: a pod already bound (or assumed bound), of another scheduler, or gone is
+        left alone, and a pod refused again for the same reason gets no write. Raises
+        `ApiError` when a write failed (after taking back what was written).
+        """
+        key = f"{namespace}/{name}"
+        pod = self.pods.store.get(key)
+        if pod is None or not pod.pending_for(self.scheduler_name):
+            self._forget_pending(key)
+            return
+        with self._lock:
+            placed = self._placed.get(key)
+        if placed is not None and placed.assumed and placed.uid == pod.uid:
+            return  # Bound by an earlier sync; the cache has not seen it yet.
+        started = time.monotonic()
+        refusal = schedplan.unsupported_message(pod)
+        if refusal is not None:
+            self._refuse(pod, Refusal(refusal, retry=False), started=started)
+            return
+        with self._lock:
+            bad = {
+                claim_key.partition("/")[2]: reason
+                for claim_key, reason in self._bad_claims.items()
+                if claim_key.partition("/")[0] == namespace
+            }
+        resolved = schedplan.resolve_claims(pod, _ClaimView(self.claims.store, namespace), bad=bad)
+        if resolved.problem is not None:
+            self._refuse(pod, Refusal(resolved.problem), started=started)
+            return
+        if resolved.waiting is not None:
+            self._wait(pod, Wait(resolved.waiting, claim=resolved.claim))
+            return
+        self._settle_doubts(resolved.claims)
+        self._refresh_inventory()
+        with self._decide_lock:
+            decided = self._decide(pod, resolved.claims)
+        if isinstance(decided, Wait):
+            self._wait(pod, decided)
+            self.queue.add_after(key, WAIT_RETRY)
+            return
+        if isinstance(decided, Refusal):
+            self._refuse(pod, decided, started=started)
+            return
+        try:
+            self._commit(pod, decided)
+        except Exception:
+            self.metrics.attempts.labels(result="error").inc()
+            raise
+        self._forget_pending(key)
+        self.metrics.attempts.labels(result="scheduled").inc()
+        self.metrics.latency.labels(result="scheduled").observe(time.monotonic() - started)
+        self.metrics.claims_allocated.inc(len(decided.allocate))
+        log.info(
+            "bound pod %s to node %s (%d claim(s) allocated, %d reserved)",
+            key,
+            decided.node,
+            len(decided.allocate),
+            len(decided.reserve),
+        )
+
+    def _filter(self, needs: nodefit.PodNeeds) -> tuple[list[str], dict[str, str], tuple[nodefit.NodeInfo, ...]]:
+        """`nodefit` over every node (feasible names, reasons for the rest, the nodes), with answers remembered per
+        pod shape and node until the node's usage or object changes. Usage counts the pods bound to each node and
+        the pods this scheduler bound that the cache still shows unbound."""
+        shape = _shape(needs)
+        feasible: list[str] = []
+        reasons: dict[str, str] = {}
+        with self._lock:
+            infos = self._node_infos
+            if infos is None:
+                infos = self._node_infos = tuple(
+                    state.info for state in self.nodes.store.values() if state.info is not None
+                )
+            if len(self._fit_cache) > FIT_CACHE_LIMIT:
+                self._fit_cache.clear()
+            for info in infos:
+                epoch = self._node_epoch.get(info.name, 0)
+                hit = self._fit_cache.get((shape, info.name))
+                if hit is not None and hit[0] == epoch:
+                    reason = hit[1]
+                else:
+                    reason = nodefit.fit(needs, info, self._node_used.get(info.name, nodefit.EMPTY))
+                    self._fit_cache[(shape, info.name)] = (epoch, reason)
+                if reason is None:
+                    feasible.append(info.name)
+                else:
+                    reasons[info.name] = reason
+        return feasible, reasons, infos
+
+    def _decide(self, pod: schedplan.PodInfo, resolved: Sequence[model.ResourceClaim]) -> Decision | Refusal | Wait:
+        """Pick the node and the devices, and assume them (allocator holds, pod counted on the node). Under the
+        decide lock."""
+        assert pod.needs is not None  # unsupported_message refused pods without needs
+        split = schedplan.split_claims(pod, resolved)
+        if split.problem is not None:
+            return Refusal(split.problem)
+        with self._lock:
+            for claim in split.allocate:
+                claim_id = alloc.claim_id(claim)
+                if claim_id in self._in_flight or self.allocator.held(claim_id) is not None:
+                    # Another decision is writing it, or wrote it and the cache is behind: its allocation
+                    # will show up as an event that queues this pod again.
+                    return Wait(f"ResourceClaim {claim.key} is being allocated", claim=claim.key)
+        feasible, reasons, infos = self._filter(pod.needs)
+        if split.allocated:
+            labels = {info.name: info.labels for info in infos}
+            feasible, reasons = schedplan.pin(feasible, reasons, labels=labels, allocated=split.allocated)
+        if not feasible:
+            return Refusal(schedplan.unschedulable_message(node_reasons=reasons, total=len(infos)))
+        node = feasible[0]
+        allocations: tuple[model.AllocationResult, ...] = ()
+        if split.allocate:
+            outcome = self.allocator.allocate(split.allocate, nodes=feasible)
+            if not outcome.ok or outcome.allocations is None:
+                reasons.update((name, schedplan.CANNOT_ALLOCATE) for name in feasible)
+                return Refusal(
+                    schedplan.unschedulable_message(node_reasons=reasons, total=len(infos), outcome=outcome.reasons)
+                )
+            allocations = outcome.allocations
+            if outcome.node is not None:
+                node = outcome.node
+        with self._lock:
+            self._in_flight.update(alloc.claim_id(claim) for claim in split.allocate)
+            self._place(
+                pod.key, _Placed(uid=pod.uid, needs=dataclasses.replace(pod.needs, node_name=node), assumed=True)
+            )
+        return Decision(node=node, allocate=tuple(zip(split.allocate, allocations, strict=True)), reserve=split.reserve)
+
+    # --- Writes -----------------------------------------------------------------------------
+
+    def _commit(self, pod: schedplan.PodInfo, decision: Decision) -> None:
+        """Write the decision: finalizer and allocation per claim, reservations, then the binding.
+
+        On any failure everything written is taken back (`_roll_back`) and the error is raised.
+        """
+        attempts: list[_Attempt] = []
+        ids = {alloc.claim_id(claim) for claim, _ in decision.allocate}
+        try:
+            for claim, allocation in decision.allocate:
+                patch = schedplan.finalizer_patch(claim)
+                attempts.append(_Attempt(claim, allocated_here=True, finalizer_added=patch is not None))
+                version = claim.meta.resource_version
+                if patch is not None:
+                    stored = self.client.patch(
+                        kube_client.RESOURCE_CLAIMS, claim.meta.name, namespace=claim.meta.namespace, patch=patch
+                    )
+                    version = _version(stored, version)
+                self.client.patch(
+                    kube_client.RESOURCE_CLAIMS,
+                    claim.meta.name,
+                    namespace=claim.meta.namespace,
+                    subresource="status",
+                    patch=schedplan.allocation_patch(claim, allocation, pod, resource_version=version),
+                )
+            for claim in decision.reserve:
+                attempts.append(_Attempt(claim, allocated_here=False, finalizer_added=False))
+                self.client.patch(
+                    kube_client.RESOURCE_CLAIMS,
+                    claim.meta.name,
+                    namespace=claim.meta.namespace,
+                    subresource="status",
+                    patch=schedplan.reservation_patch(claim, pod),
+                )
+            self._bind(pod, decision.node)
+        except Exception as error:
+            self._warn(pod, f"binding to node {decision.node} failed: {error}")
+            self._roll_back(pod, decision, attempts)
+            raise
+        finally:
+            with self._lock:
+                self._in_flight.difference_update(ids)
+
+    def _bind(self, pod: schedplan.PodInfo, node: str) -> None:
+        try:
+            self.client.create(
+                kube_client.PODS,
+                schedplan.binding(pod, node),
+                namespace=pod.namespace,
+                name=pod.name,
+                subresource="binding",
+            )
+        except kube_client.ApiError:
+            # A binding retried after a lost answer is refused as a conflict although the first one
+            # landed: what counts is where the pod is now.
+            try:
+                live = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
+            except kube_client.ApiError:
+                live = {}
+            meta, spec = live.get("metadata") or {}, live.get("spec") or {}
+            if meta.get("uid") == pod.uid and spec.get("nodeName") == node:
+                return
+            raise
+
+    def _roll_back(self, pod: schedplan.PodInfo, decision: Decision, attempts: Sequence[_Attempt]) -> None:
+        """Take back the claim writes of a failed decision and give back the devices no longer allocated in the API.
+
+        A claim whose allocation could not be taken back keeps its hold (the API still says its
+        devices are used); the claim lifecycle controller or a later sync of the pod resolves it.
+        """
+        still_allocated: set[str] = set()
+        for attempt in reversed(attempts):
+            if not self._undo(pod, attempt) and attempt.allocated_here:
+                still_allocated.add(alloc.claim_id(attempt.claim))
+        with self._lock:
+            for claim, _ in decision.allocate:
+                claim_id = alloc.claim_id(claim)
+                if claim_id in still_allocated:
+                    self._doubtful[claim_id] = claim
+                else:
+                    self.allocator.release(claim_id)
+            placed = self._placed.get(pod.key)
+            if placed is not None and placed.assumed and placed.uid == pod.uid:
+                self._unplace(pod.key)
+
+    def _settle_doubts(self, resolved: Sequence[model.ResourceClaim]) -> None:
+        """Read the claims whose rollback left their state unknown and make the allocator match the API.
+
+        Such a claim is held and not in flight, so no decision can be allocating it meanwhile:
+        releasing it here cannot drop a hold a decision relies on.
+        """
+        with self._lock:
+            doubtful = [claim for claim in resolved if alloc.claim_id(claim) in self._doubtful]
+        for claim in doubtful:
+            try:
+                raw = self.client.get(kube_client.RESOURCE_CLAIMS, claim.meta.name, namespace=claim.meta.namespace)
+            except kube_client.NotFound:
+                raw = None
+            except kube_client.ApiError as error:
+                log.info("ResourceClaim %s: still cannot read it: %s", claim.key, error)
+                continue
+            live = None
+            if raw is not None:
+                raw.setdefault("apiVersion", kube_client.RESOURCE_CLAIMS.api_version)
+                raw.setdefault("kind", kube_client.RESOURCE_CLAIMS.kind)
+                decoded = kube_client.decode(raw)
+                live = decoded if isinstance(decoded, model.ResourceClaim) else None
+            claim_id = alloc.claim_id(claim)
+            with self._lock:
+                if self._doubtful.pop(claim_id, None) is None or claim_id in self._in_flight:
+                    continue
+                if raw is not None and live is None:
+                    continue  # It exists but does not decode: keep holding what it may use.
+                if live is not None and live.meta.uid == claim.meta.uid and live.allocation is not None:
+                    self._hold(live)
+                else:
+                    self.allocator.release(claim_id)
+
+    def _undo(self, pod: schedplan.PodInfo, attempt: _Attempt) -> bool:
+        """Take back one claim's writes, from the claim as it is now. True when the claim holds no allocation made
+        for this pod any more (undone, never written, or gone); False when it may still."""
+        claim = attempt.claim
+        for _ in range(ROLLBACK_ATTEMPTS):
+            try:
+                raw = self.client.get(kube_client.RESOURCE_CLAIMS, claim.meta.name, namespace=claim.meta.namespace)
+            except kube_client.NotFound:
+                return True
+            except kube_client.ApiError as error:
+                log.error("ResourceClaim %s: could not read it to take back pod %s: %s", claim.key, pod.key, error)
+                return False
+            raw.setdefault("apiVersion", kube_client.RESOURCE_CLAIMS.api_version)
+            raw.setdefault("kind", kube_client.RESOURCE_CLAIMS.kind)
+            live = kube_client.decode(raw)
+            if not isinstance(live, model.ResourceClaim):
+                log.error("ResourceClaim %s: it no longer decodes; pod %s's writes stay", claim.key, pod.key)
+                return False
+            if live.meta.uid != claim.meta.uid:
+                return True  # The claim written to is gone; one made again under its name holds nothing of ours.
+            plan = schedplan.undo(
+                live, pod.uid, allocated_here=attempt.allocated_here, finalizer_added=attempt.finalizer_added
+            )
+            version = live.meta.resource_version
+            try:
+                if plan.status is not None:
+                    stored = self.client.patch(
+                        kube_client.RESOURCE_CLAIMS,
+                        claim.meta.name,
+                        namespace=claim.meta.namespace,
+                        subresource="status",
+                        patch={"metadata": {"resourceVersion": version}, "status": plan.status},
+                    )
+                    version = _version(stored, version)
+            except kube_client.Conflict:
+                continue  # Changed underneath: read it again and decide again.
+            except kube_client.ApiError as error:
+                log.error("ResourceClaim %s: could not take back pod %s: %s", claim.key, pod.key, error)
+                return False
+            if plan.metadata is not None:
+                try:
+                    self.client.patch(
+                        kube_client.RESOURCE_CLAIMS,
+                        claim.meta.name,
+                        namespace=claim.meta.namespace,
+                        patch={"metadata": {"resourceVersion": version, **plan.metadata}},
+                    )
+                except kube_client.ApiError as error:
+                    # The finalizer alone blocks nothing but deletion, and the claim controller removes it then.
+                    log.warning("ResourceClaim %s: could not remove the finalizer again: %s", claim.key, error)
+            return live.allocation is None or plan.deallocates
+        log.error("ResourceClaim %s: it kept changing while pod %s's writes were taken back", claim.key, pod.key)
+        return False
+
+    def _refuse(self, pod: schedplan.PodInfo, refusal: Refusal, *, started: float) -> None:
+        """Report on the pod why it is not scheduled (condition and Event, only when the message changed)."""
+        with self._lock:
+            self._waiting.pop(pod.key, None)
+            if refusal.retry:
+                self._unschedulable.add(pod.key)
+                self._refused.discard(pod.key)
+            else:
+                self._refused.add(pod.key)
+                self._unschedulable.discard(pod.key)
+        self.metrics.attempts.labels(result="unschedulable").inc()
+        self.metrics.latency.labels(result="unschedulable").observe(time.monotonic() - started)
+        patch = schedplan.condition_patch(pod, refusal.message, now=_now())
+        if patch is not None:
+            self.client.patch(kube_client.PODS, pod.name, namespace=pod.namespace, subresource="status", patch=patch)
+            self._warn(pod, refusal.message)
+            log.info("pod %s is unschedulable: %s", pod.key, refusal.message)
+        if refusal.retry:
+            self.queue.add_after(pod.key, UNSCHEDULABLE_RETRY)
+
+    def _wait(self, pod: schedplan.PodInfo, wait: Wait) -> None:
+        with self._lock:
+            self._waiting[pod.key] = wait.claim
+        log.debug("pod %s: %s", pod.key, wait.reason)
+
+    def _warn(self, pod: schedplan.PodInfo, message: str) -> None:
+        ref = events.ObjectRef.of(pod.state.pod.meta, api_version="v1", kind="Pod")
+        self.recorder.event(ref, type=events.WARNING, reason=schedplan.FAILED_SCHEDULING, message=message)

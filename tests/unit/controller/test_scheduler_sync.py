@@ -1,0 +1,500 @@
+"""The scheduler's syncs over an in-memory API stub and the real allocator: the exact writes of a decision, the
+rollback of every failed write, reports on pods that cannot be scheduled, what requeues whom, and the allocator's
+ledger kept from claim events."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import prometheus_client
+import pytest
+from support import scheduler_inputs as raw
+
+from dractl.controller import scheduler as sched
+from dractl.kube import client, informer, workqueue
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """JSON merge patch (RFC 7386) applied in place."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+class StubApi:
+    """Objects by (plural, namespace, name); merge patches honour the resourceVersion precondition; every write is
+    recorded as (method, path) and `fail(method, fragment, error)` makes matching requests raise instead."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.bodies: list[Any] = []
+        self.faults: list[list[Any]] = []  # [method, fragment, error, after, matches to let through first]
+        self.version = 100
+
+    def put(self, body: dict[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        plural = {"Pod": "pods", "ResourceClaim": "resourceclaims"}.get(body["kind"], body["kind"].lower() + "s")
+        self.objects[(plural, meta.get("namespace", ""), meta["name"])] = copy.deepcopy(body)
+        return body
+
+    def fail(self, method: str, fragment: str, error: client.ApiError, *, after: bool = False, skip: int = 0) -> None:
+        """Matching requests raise `error` (with `after`, once the write has been applied, as a lost answer), after
+        letting the first `skip` of them through."""
+        self.faults.append([method, fragment, error, after, skip])
+
+    def _fault(self, method: str, path: str) -> tuple[client.ApiError, bool] | None:
+        for fault in self.faults:
+            if fault[0] == method and fault[1] in path:
+                if fault[4] > 0:
+                    fault[4] -= 1
+                    return None
+                return fault[2], fault[3]
+        return None
+
+    def get(self, resource: client.Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
+        fault = self._fault("GET", f"{namespace}/{resource.plural}/{name}")
+        if fault is not None:
+            raise fault[0]
+        found = self.objects.get((resource.plural, namespace, name))
+        if found is None:
+            raise client.NotFound(404, "NotFound", f"{resource.plural} {name} not found")
+        return copy.deepcopy(found)
+
+    def create(
+        self,
+        resource: client.Resource,
+        body: dict[str, Any],
+        *,
+        namespace: str = "",
+        name: str = "",
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        path = f"{namespace}/{resource.plural}" + (f"/{name}/{subresource}" if subresource else "")
+        self.writes.append(("POST", path))
+        self.bodies.append(copy.deepcopy(body))
+        fault = self._fault("POST", path)
+        if fault is not None and not fault[1]:
+            raise fault[0]
+        if subresource == "binding":
+            pod = self.objects[("pods", namespace, body["metadata"]["name"])]
+            pod["spec"]["nodeName"] = body["target"]["name"]
+            self._bump(pod)
+        if fault is not None:
+            raise fault[0]
+        return {**body, "metadata": {**body.get("metadata", {}), "name": "made", "resourceVersion": "1"}}
+
+    def patch(
+        self,
+        resource: client.Resource,
+        name: str,
+        patch: dict[str, Any],
+        *,
+        namespace: str = "",
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        path = f"{namespace}/{resource.plural}/{name}" + (f"/{subresource}" if subresource else "")
+        self.writes.append(("PATCH", path))
+        self.bodies.append(copy.deepcopy(patch))
+        fault = self._fault("PATCH", path)
+        if fault is not None:
+            raise fault[0]
+        if resource.plural == "events":
+            return {}
+        stored = self.objects.get((resource.plural, namespace, name))
+        if stored is None:
+            raise client.NotFound(404, "NotFound", path)
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted and wanted != stored["metadata"]["resourceVersion"]:
+            raise client.Conflict(409, "Conflict", f"{path}: the object has been modified")
+        body = copy.deepcopy(dict(patch))
+        (body.get("metadata") or {}).pop("resourceVersion", None)
+        _merge(stored, body)
+        self._bump(stored)
+        return copy.deepcopy(stored)
+
+    def _bump(self, stored: dict[str, Any]) -> None:
+        self.version += 1
+        stored["metadata"]["resourceVersion"] = str(self.version)
+
+    def claim(self, name: str) -> dict[str, Any]:
+        return self.get(client.RESOURCE_CLAIMS, name, namespace="ns")
+
+    def pod(self, name: str) -> dict[str, Any]:
+        return self.get(client.PODS, name, namespace="ns")
+
+
+def _feed(source: informer.Informer[Any], body: dict[str, Any]) -> None:
+    """Deliver `body` as a watch event would (decode, store, handlers)."""
+    source._apply(informer.key_of(body), copy.deepcopy(body))
+
+
+def _delete(source: informer.Informer[Any], body: dict[str, Any]) -> None:
+    source._delete(informer.key_of(body))
+
+
+class Cluster:
+    """A scheduler over a `StubApi`, its caches filled by hand; `sync` the pod, `seen` re-feeds the API's state."""
+
+    def __init__(self, *, nodes: int = 1, gpus: int = 2, cpu: str = "8") -> None:
+        self.api = StubApi()
+        self.queue = workqueue.WorkQueue()
+        self.scheduler = sched.Scheduler(
+            self.api,  # type: ignore[arg-type]
+            registry=prometheus_client.CollectorRegistry(),
+            queue=self.queue,
+        )
+        _feed(self.scheduler.classes, raw.device_class())
+        for index in range(1, nodes + 1):
+            _feed(self.scheduler.nodes, raw.node(f"n{index}", cpu=cpu))
+            _feed(self.scheduler.slices, raw.resource_slice(f"n{index}", gpus=gpus))
+
+    def add(self, *bodies: dict[str, Any]) -> None:
+        for body in bodies:
+            self.api.put(body)
+            _feed(self.scheduler.pods if body["kind"] == "Pod" else self.scheduler.claims, body)
+
+    def seen(self) -> None:
+        """The informers catch up with the stub's claims and pods."""
+        for (plural, _, _), body in sorted(self.api.objects.items()):
+            if plural == "pods":
+                _feed(self.scheduler.pods, body)
+            elif plural == "resourceclaims":
+                _feed(self.scheduler.claims, body)
+
+    def sync(self, name: str) -> None:
+        self.scheduler.sync_pod("ns", name)
+
+    def queued(self) -> list[str]:
+        keys: list[str] = []
+        while (key := self.queue.get(timeout=0)) is not None:
+            keys.append(key)
+            self.queue.done(key)
+        return keys
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.scheduler.registry.get_sample_value(name, labels)
+
+
+def _devices(body: dict[str, Any]) -> list[str]:
+    allocation = (body.get("status") or {}).get("allocation") or {}
+    return [r["device"] for r in (allocation.get("devices") or {}).get("results") or ()]
+
+
+def _reserved(body: dict[str, Any]) -> list[str]:
+    return [entry["name"] for entry in (body.get("status") or {}).get("reservedFor") or ()]
+
+
+def test_a_decision_writes_the_finalizer_the_allocation_and_the_binding_and_a_resync_writes_nothing() -> None:
+    """Guards: the exact writes of one decision, in order (finalizer, status with allocation and reservedFor,
+    binding), the metrics, and that syncing the converged pod again writes nothing."""
+    cluster = Cluster()
+    cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.sync("trainer")
+    assert cluster.api.writes == [
+        ("PATCH", "ns/resourceclaims/c"),
+        ("PATCH", "ns/resourceclaims/c/status"),
+        ("POST", "ns/pods/trainer/binding"),
+    ]
+    stored = cluster.api.claim("c")
+    assert stored["metadata"]["finalizers"] == [raw.FINALIZER]
+    assert _devices(stored) == ["gpu-0"] and _reserved(stored) == ["trainer"]
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+    assert cluster.metric("dractl_scheduler_attempts_total", result="scheduled") == 1
+    assert cluster.metric("dractl_scheduler_claims_allocated_total") == 1
+
+    cluster.sync("trainer")  # The cache has not seen the binding yet: the assumed pod is left alone.
+    cluster.seen()
+    cluster.sync("trainer")
+    assert len(cluster.api.writes) == 3
+
+
+def test_pods_bound_but_not_yet_seen_bound_count_on_their_node() -> None:
+    """Guards: decisions are assumed: a second pod does not get the CPUs the first (bound, cache behind) took."""
+    cluster = Cluster(cpu="8")
+    cluster.add(raw.pod("first", cpu="5"), raw.pod("second", cpu="5"))
+    cluster.scheduler.open_ledger()
+    cluster.sync("first")
+    cluster.sync("second")
+    assert cluster.api.pod("first")["spec"]["nodeName"] == "n1"
+    condition = cluster.api.pod("second")["status"]["conditions"][0]
+    assert condition["message"] == "0/1 nodes are available: 1 Insufficient cpu."
+
+
+def test_a_conflict_on_the_allocation_takes_back_the_finalizer_and_gives_back_the_devices() -> None:
+    """Guards: a 409 on the status write raises (retry with backoff) after removing the finalizer this attempt
+    added; the allocator holds nothing for the claim, so the retry allocates the same device again."""
+    cluster = Cluster()
+    cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.api.fail("PATCH", "resourceclaims/c/status", client.Conflict(409, "Conflict", "modified"))
+    with pytest.raises(client.Conflict):
+        cluster.sync("trainer")
+    assert cluster.api.writes == [
+        ("PATCH", "ns/resourceclaims/c"),
+        ("PATCH", "ns/resourceclaims/c/status"),
+        ("POST", "ns/events"),
+        ("PATCH", "ns/resourceclaims/c"),
+    ]
+    stored = cluster.api.claim("c")
+    assert not stored["metadata"].get("finalizers") and _devices(stored) == []
+    assert cluster.scheduler.allocator.held("uid-c") is None
+    assert cluster.metric("dractl_scheduler_attempts_total", result="error") == 1
+
+    cluster.api.faults.clear()
+    cluster.seen()
+    cluster.sync("trainer")
+    assert _devices(cluster.api.claim("c")) == ["gpu-0"]
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+
+
+def test_a_failed_binding_takes_back_the_allocation_and_the_reservation() -> None:
+    """Guards: when the binding fails, the claim this decision allocated is deallocated (allocation, reservedFor
+    and the finalizer it added), so no claim stays allocated for an unbound pod, and the devices are free again."""
+    cluster = Cluster()
+    cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.api.fail("POST", "binding", client.Transient(500, "InternalError", "boom"))
+    with pytest.raises(client.Transient):
+        cluster.sync("trainer")
+    stored = cluster.api.claim("c")
+    assert _devices(stored) == [] and _reserved(stored) == [] and not stored["metadata"].get("finalizers")
+    assert not cluster.api.pod("trainer")["spec"].get("nodeName")
+    assert cluster.scheduler.allocator.held("uid-c") is None
+    [event] = [body for body in cluster.api.bodies if isinstance(body, dict) and body.get("kind") == "Event"]
+    assert event["reason"] == "FailedScheduling" and "boom" in event["message"]
+
+
+def test_a_failed_binding_keeps_a_shared_claims_allocation_and_removes_only_the_pod() -> None:
+    """Guards: for a claim that was already allocated (shared with another pod) only this pod's reservedFor entry
+    is taken back; the allocation and the allocator's hold stay."""
+    cluster = Cluster()
+    cluster.add(raw.claim("s", allocated_on="n1", reserved=("other",), finalizer=True), raw.pod(claims={"gpu": "s"}))
+    cluster.scheduler.open_ledger()
+    cluster.api.fail("POST", "binding", client.Transient(500, "InternalError", "boom"))
+    with pytest.raises(client.Transient):
+        cluster.sync("trainer")
+    stored = cluster.api.claim("s")
+    assert _devices(stored) == ["gpu-0"] and _reserved(stored) == ["other"]
+    assert stored["metadata"]["finalizers"] == [raw.FINALIZER]
+    assert cluster.scheduler.allocator.held("uid-s") is not None
+
+
+def test_a_binding_whose_answer_was_lost_counts_as_bound() -> None:
+    """Guards: a binding refused although it landed (a retried POST answered 409) is recognised by reading the pod:
+    nothing is taken back."""
+    cluster = Cluster()
+    cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.api.fail("POST", "binding", client.Conflict(409, "Conflict", "already assigned"), after=True)
+    cluster.sync("trainer")
+    assert _devices(cluster.api.claim("c")) == ["gpu-0"]
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+
+
+def test_an_unschedulable_pod_gets_the_condition_and_one_event_and_a_resync_writes_nothing() -> None:
+    """Guards: the condition (summary plus the allocator's reason naming the claim and request), one Warning
+    Event, the gauge, and no write when syncing again over the same state; a freed claim requeues the pod."""
+    cluster = Cluster(gpus=1)
+    cluster.add(raw.claim("two", count=2), raw.pod(claims={"gpu": "two"}))
+    cluster.scheduler.open_ledger()
+    cluster.sync("trainer")
+    assert cluster.api.writes == [("PATCH", "ns/pods/trainer/status"), ("POST", "ns/events")]
+    condition = cluster.api.pod("trainer")["status"]["conditions"][0]
+    assert (condition["type"], condition["status"], condition["reason"]) == ("PodScheduled", "False", "Unschedulable")
+    assert condition["message"].startswith("0/1 nodes are available: 1 cannot allocate all claims. ")
+    assert "ResourceClaim ns/two request gpu" in condition["message"]
+    assert cluster.api.bodies[1]["message"] == condition["message"]
+    assert cluster.metric("dractl_scheduler_unschedulable_pods") == 1
+
+    cluster.seen()
+    cluster.queued()
+    cluster.sync("trainer")
+    assert len(cluster.api.writes) == 2
+    _feed(cluster.scheduler.slices, raw.resource_slice("n1", gpus=2) | {"metadata": {"name": "n1-slice"}})
+    assert cluster.queued() == ["ns/trainer"]
+
+
+def test_a_pod_asking_for_what_dractl_cannot_check_is_reported_and_not_retried_on_cluster_changes() -> None:
+    """Guards: an unsupported feature (required pod anti-affinity) is reported on the pod (condition, Event) instead
+    of ignored, and cluster changes do not requeue it."""
+    cluster = Cluster()
+    term = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}
+    pod = raw.pod(affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}})
+    cluster.add(pod)
+    cluster.scheduler.open_ledger()
+    cluster.sync("trainer")
+    message = cluster.api.pod("trainer")["status"]["conditions"][0]["message"]
+    assert "podAntiAffinity" in message and not cluster.api.pod("trainer")["spec"].get("nodeName")
+    assert ("POST", "ns/events") in cluster.api.writes
+    cluster.queued()
+    _feed(cluster.scheduler.nodes, raw.node("n9"))
+    assert cluster.queued() == []
+    assert cluster.metric("dractl_scheduler_unschedulable_pods") == 1
+
+
+def test_a_pod_with_unreadable_requests_is_reported_with_the_field() -> None:
+    """Guards: bad input on the pod (cpu "abc") gets one message naming the pod and the field, no traceback."""
+    cluster = Cluster()
+    cluster.add(raw.pod(cpu="abc"))
+    cluster.scheduler.open_ledger()
+    cluster.sync("trainer")
+    message = cluster.api.pod("trainer")["status"]["conditions"][0]["message"]
+    assert "trainer" in message and "cpu" in message
+
+
+def test_a_claim_the_model_refuses_is_named_on_the_pod() -> None:
+    """Guards: a claim that does not decode is reported on the pod using it (not waited for in silence)."""
+    cluster = Cluster()
+    bad = raw.claim("bad")
+    bad["spec"]["devices"]["requests"][0]["exactly"]["count"] = -1
+    cluster.add(bad, raw.pod(claims={"gpu": "bad"}))
+    cluster.scheduler.open_ledger()
+    cluster.sync("trainer")
+    message = cluster.api.pod("trainer")["status"]["conditions"][0]["message"]
+    assert "ResourceClaim ns/bad" in message and "invalid" in message
+
+
+def test_pods_of_other_schedulers_and_bound_pods_are_never_written() -> None:
+    """Guards: syncing another scheduler's pod, or a pod already bound, writes nothing and queues nothing."""
+    cluster = Cluster()
+    cluster.add(raw.claim("c"), raw.pod("theirs", scheduler="default-scheduler", claims={"gpu": "c"}))
+    cluster.add(raw.pod("bound", node="n1"))
+    cluster.scheduler.open_ledger()
+    assert cluster.queued() == []
+    cluster.sync("theirs")
+    cluster.sync("bound")
+    assert cluster.api.writes == []
+
+
+def test_a_pod_waits_for_its_claim_and_is_queued_when_it_appears() -> None:
+    """Guards: a missing claim means no write; another claim appearing does not queue the pod, creating its claim
+    does, and the pod is then scheduled."""
+    cluster = Cluster()
+    cluster.add(raw.pod(claims={"gpu": "late"}))
+    cluster.scheduler.open_ledger()
+    cluster.queued()
+    cluster.sync("trainer")
+    assert cluster.api.writes == []
+    cluster.add(raw.claim("unrelated"))
+    assert cluster.queued() == []
+    cluster.add(raw.claim("late"))
+    assert cluster.queued() == ["ns/trainer"]
+    cluster.sync("trainer")
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+
+
+def test_a_shared_claim_written_but_not_yet_seen_makes_the_second_pod_wait_then_join_on_the_same_node() -> None:
+    """Guards: while the cache lags behind the first pod's allocation, the second pod waits (no second allocation);
+    once the claim is seen allocated it is reserved for the second pod on the same node."""
+    cluster = Cluster(nodes=2)
+    cluster.add(raw.claim("s"), raw.pod("first", claims={"gpu": "s"}), raw.pod("second", claims={"gpu": "s"}))
+    cluster.scheduler.open_ledger()
+    cluster.sync("first")
+    node = cluster.api.pod("first")["spec"]["nodeName"]
+    writes = len(cluster.api.writes)
+    cluster.sync("second")
+    assert len(cluster.api.writes) == writes
+    cluster.queued()
+    cluster.seen()
+    assert "ns/second" in cluster.queued()
+    cluster.sync("second")
+    assert cluster.api.pod("second")["spec"]["nodeName"] == node
+    assert _reserved(cluster.api.claim("s")) == ["first", "second"]
+    assert len(_devices(cluster.api.claim("s"))) == 1
+
+
+def test_claims_allocated_in_the_api_are_held_and_released_when_deallocated() -> None:
+    """Guards: an allocation seen before the first decision is held (the pod gets the other GPU); when the claim
+    is deallocated or deleted the allocator gives the device back."""
+    cluster = Cluster(gpus=2)
+    taken = raw.claim("taken", allocated_on="n1", devices=("gpu-0",))
+    cluster.add(taken, raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.sync("trainer")
+    assert _devices(cluster.api.claim("c")) == ["gpu-1"]
+    assert cluster.scheduler.allocator.held("uid-taken") is not None
+    _feed(cluster.scheduler.claims, raw.claim("taken", version="9"))
+    assert cluster.scheduler.allocator.held("uid-taken") is None
+    _feed(cluster.scheduler.claims, raw.claim("taken", allocated_on="n1", version="10"))
+    assert cluster.scheduler.allocator.held("uid-taken") is not None
+    _delete(cluster.scheduler.claims, taken)
+    assert cluster.scheduler.allocator.held("uid-taken") is None
+
+
+def test_a_stale_event_older_than_a_decision_does_not_drop_its_hold() -> None:
+    """Guards: an event showing the claim unallocated (e.g. the finalizer write) that arrives after the decision
+    does not release the devices the decision holds: only a transition allocated -> unallocated releases."""
+    cluster = Cluster(gpus=1)
+    cluster.add(raw.claim("c"), raw.claim("d"), raw.pod(claims={"gpu": "c"}), raw.pod("other", claims={"gpu": "d"}))
+    cluster.scheduler.open_ledger()
+    cluster.sync("trainer")
+    _feed(cluster.scheduler.claims, raw.claim("c", finalizer=True, version="50"))
+    assert cluster.scheduler.allocator.held("uid-c") is not None
+    cluster.sync("other")
+    assert not cluster.api.pod("other")["spec"].get("nodeName")
+
+
+def test_a_rollback_that_cannot_write_keeps_the_hold_and_the_next_sync_binds_with_the_same_devices() -> None:
+    """Guards: when taking back the allocation fails too (the API still shows it), the allocator keeps holding the
+    devices (nobody else gets them); the next sync reads the claim, and once the cache shows it allocated and
+    reserved for the pod, binds the pod there without a second allocation."""
+    cluster = Cluster(gpus=2)
+    cluster.add(raw.claim("c"), raw.claim("d"), raw.pod(claims={"gpu": "c"}), raw.pod("other", claims={"gpu": "d"}))
+    cluster.scheduler.open_ledger()
+    cluster.api.fail("POST", "binding", client.Transient(500, "InternalError", "boom"))
+    cluster.api.fail("PATCH", "resourceclaims/c/status", client.Transient(503, "Unavailable", "down"), skip=1)
+    with pytest.raises(client.Transient):
+        cluster.sync("trainer")
+    assert _devices(cluster.api.claim("c")) == ["gpu-0"]  # The undo did not land.
+    assert cluster.scheduler.allocator.held("uid-c") is not None
+    cluster.api.faults.clear()
+    cluster.sync("other")
+    assert _devices(cluster.api.claim("d")) == ["gpu-1"]  # Not gpu-0: it is still held for c.
+
+    cluster.sync("trainer")  # Reads the claim: allocated, so it stays held and the pod waits for the cache.
+    assert not cluster.api.pod("trainer")["spec"].get("nodeName")
+    cluster.seen()
+    cluster.sync("trainer")
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+    assert _devices(cluster.api.claim("c")) == ["gpu-0"]
+
+
+def test_a_rollback_that_cannot_read_the_claim_releases_once_the_claim_is_read_unallocated() -> None:
+    """Guards: when the allocation write failed and the rollback cannot even read the claim, the devices stay held
+    (the API's state is unknown); the next sync reads the claim unallocated, releases them and schedules again."""
+    cluster = Cluster(gpus=1)
+    cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.api.fail("PATCH", "resourceclaims/c/status", client.Transient(503, "Unavailable", "down"))
+    cluster.api.fail("GET", "resourceclaims/c", client.Transient(503, "Unavailable", "down"))
+    with pytest.raises(client.Transient):
+        cluster.sync("trainer")
+    assert cluster.scheduler.allocator.held("uid-c") is not None
+    cluster.api.faults.clear()
+    cluster.seen()  # The cache sees the finalizer that landed.
+    cluster.sync("trainer")
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+    assert _devices(cluster.api.claim("c")) == ["gpu-0"]
+
+
+def test_a_node_that_grows_takes_a_pod_it_refused_before() -> None:
+    """Guards: the node filter's remembered answers go stale when the node changes: a pod refused for CPU is
+    queued again by the node's update and then bound there."""
+    cluster = Cluster(cpu="1")
+    cluster.add(raw.pod(cpu="2"))
+    cluster.scheduler.open_ledger()
+    cluster.sync("trainer")
+    assert "Insufficient cpu" in cluster.api.pod("trainer")["status"]["conditions"][0]["message"]
+    cluster.seen()
+    cluster.queued()
+    _feed(cluster.scheduler.nodes, raw.node("n1", cpu="8"))
+    assert cluster.queued() == ["ns/trainer"]
+    cluster.sync("trainer")
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
