@@ -37,6 +37,8 @@ cdef enum:
     N_STATS_C = 11
 
 cdef int64_t INT64_LAST = 0x7FFFFFFFFFFFFFFF  # a rank after every other
+cdef int32_t FLEX_NONE = 0x3FFFFFFF  # binpack's node key part for a shape without a free candidate there
+cdef int64_t FLEX_SCALE = 0x40000000  # every flexibility is below this, so it is the last part of a rank
 
 # Search results (the facade maps them to reasons).
 OK = 0
@@ -769,10 +771,11 @@ cdef class Core:
 
     cdef void _node_keys(self, Search* s, int32_t* order, int32_t n, int64_t* keys, int32_t max_visible) noexcept nogil:
         """Binpack's sort key per node, smallest first. First the nodes whose free candidates
-        are the least flexible (a device's flexibility is how many request shapes it serves,
-        so a small claim lands on a small GPU and leaves large ones to the claims that need
-        them), then the most used nodes (devices held or shared); ties keep the given order
-        (node names)."""
+        are the least flexible (`_flex`: the request shapes a device and the placements carved
+        from the same GPU serve, so a small claim lands on a small GPU and a whole-GPU claim on
+        one that cannot be partitioned, leaving the others to the claims that need them), then
+        the most used nodes (devices held or shared); ties keep the given order (node names),
+        which only decides between nodes alike in all of these."""
         cdef int32_t i, r, a, node
         cdef int64_t value
         cdef Shape* sh
@@ -790,15 +793,38 @@ cdef class Core:
             keys[i] = value * (max_visible + 1) + (max_visible - self.node_used[node])
 
     cdef int32_t _least_value(self, Shape* sh, int32_t node, bint admin) noexcept nogil:
-        """The least `dev_value` of the shape's candidates on `node` that are free (held
-        ones count for admin access), or one more than any value when there is none."""
-        cdef int32_t k, d
-        cdef int32_t best = self.n_shapes + 1
+        """The least flexibility (`_flex`) of the shape's candidates on `node` that are free
+        (held ones count for admin access), or `FLEX_NONE` when there is none."""
+        cdef int32_t k, d, v
+        cdef int32_t best = FLEX_NONE
         for k in range(self.node_off[node], self.node_off[node + 1]):
             d = self.node_dev[k]
-            if sh.cand[d] and self.dev_value[d] < best and (admin or self.multi[d] or not self.in_use[d]):
-                best = self.dev_value[d]
+            if sh.cand[d] and (admin or self.multi[d] or not self.in_use[d]):
+                v = self._flex(d)
+                if v < best:
+                    best = v
         return best
+
+    cdef int32_t _flex(self, int32_t d) noexcept nogil:
+        """How flexible a device is: the request shapes it serves (`dev_value`), plus, for every
+        other free device that consumes its first counter set, one and the shapes that device
+        serves. A full GPU thereby counts the MIG devices carved from it: a partitionable GPU is
+        valuable to MIG requests even when its full-GPU device is the candidate, so whole-GPU
+        requests take GPUs that cannot be partitioned first, whatever the nodes are called, and
+        a MIG request prefers a GPU whose other placements are already taken. Placements that
+        only counters block still count: it says what the GPU could serve, not what fits now.
+        Depends on usage only through `in_use` of the node's own devices, which a commit or a
+        release marks in `node_changed`, so the cached node keys stay valid."""
+        cdef int32_t j, sib, st
+        cdef int32_t v = self.dev_value[d]
+        if self.cons_off[d] == self.cons_off[d + 1]:
+            return v
+        st = self.cnt_set[self.cons_id[self.cons_off[d]]]
+        for j in range(self.set_off[st], self.set_off[st + 1]):
+            sib = self.set_dev[j]
+            if sib != d and not self.in_use[sib]:
+                v += 1 + self.dev_value[sib]
+        return v
 
     cdef inline void _node_cache(self, Shape* sh, int32_t node) noexcept nogil:
         """Bring the shape's cached free count and least value on `node` (without admin
@@ -1212,9 +1238,9 @@ cdef class Core:
     cdef void _score_order(self, Search* s, int32_t a, int32_t* order, int32_t n, int32_t need) noexcept nogil:
         """Reorder the candidates of one request: locality groups that can hold the whole
         request first (fewest free devices first), then partly used GPUs or counter sets,
-        then the least flexible devices (serving the fewest request shapes), then the
-        placement that keeps the largest sibling partition placeable, then the first-fit
-        position. Stable insertion sort over (rank, keep, position)."""
+        then the least flexible devices (`_flex`), then the placement that keeps the largest
+        sibling partition placeable, then the first-fit position. Stable insertion sort over
+        (rank, keep, position)."""
         cdef int32_t i, j, d, g
         cdef int64_t* rank = s.rank
         cdef double* keep = s.keep
@@ -1238,7 +1264,7 @@ cdef class Core:
                     kr = self.group_free[g]
                 else:
                     kr = 1000000 - self.group_free[g]
-            kr = (kr * 2 + (0 if self._unit_used(d) else 1)) * (self.n_shapes + 1) + self.dev_value[d]
+            kr = (kr * 2 + (0 if self._unit_used(d) else 1)) * FLEX_SCALE + self._flex(d)
             if sh.err != NULL and sh.err[d]:
                 # A device whose selector failed cannot be allocated: binpack tries it after
                 # every candidate, so the error ends the attempt only when nothing else fits.

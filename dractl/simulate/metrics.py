@@ -199,13 +199,48 @@ def inventory(slices: Sequence[model.ResourceSlice], claims: Iterable[model.Reso
 
 class _Amounts:
     """Counter values as integers, computed once per counter mapping: the slices of nodes made
-    from one template share their mappings, so a 1,000-node cluster converts a few hundred."""
+    from one template share their mappings, so a 1,000-node cluster converts a few hundred. The
+    same goes for a MIG device's memory slices and for whether a consumption fits an unused
+    counter set."""
 
-    __slots__ = ("_seen",)
+    __slots__ = ("_capacity", "_fits", "_indexes", "_seen")
 
     def __init__(self) -> None:
         # Keyed by identity: the mappings are alive for the whole call that owns this cache.
         self._seen: dict[int, tuple[Mapping[str, model.quantity.Quantity], tuple[tuple[str, int], ...]]] = {}
+        self._indexes: dict[int, tuple[object, tuple[int, ...]]] = {}
+        self._fits: dict[tuple[int, int], tuple[object, object, bool]] = {}
+        self._capacity: dict[tuple[int, str], tuple[object, int]] = {}
+
+    def capacity(self, device: model.Device, driver: str, name: str) -> int:
+        """A capacity of the device as an integer (0 when it has none), bare or `<driver>/name`."""
+        key = (id(device.capacity), name)
+        found = self._capacity.get(key)
+        if found is None or found[0] is not device.capacity:
+            entry = device.capacity.get(name) or device.capacity.get(f"{driver}/{name}")
+            found = (device.capacity, 0 if entry is None else entry.value.as_int())
+            self._capacity[key] = found
+        return found[1]
+
+    def indexes(self, device: model.Device) -> tuple[int, ...]:
+        """The memory slices the MIG device covers, ascending (see `_placement`)."""
+        source: object = device.consumes_counters[0].counters if device.consumes_counters else device.capacity
+        found = self._indexes.get(id(source))
+        if found is None or found[0] is not source:
+            found = (source, _slice_indexes(device))
+            self._indexes[id(source)] = found
+        return found[1]
+
+    def fits(self, need: Mapping[str, model.quantity.Quantity], have: Mapping[str, model.quantity.Quantity]) -> bool:
+        """Whether consuming `need` from a counter set of values `have`, with nothing consumed yet, fits."""
+        key = (id(need), id(have))
+        found = self._fits.get(key)
+        if found is None or found[0] is not need or found[1] is not have:
+            totals = dict(self.of(have))
+            ok = all(name in totals and amount <= totals[name] for name, amount in self.of(need))
+            found = (need, have, ok)
+            self._fits[key] = found
+        return found[2]
 
     def of(self, counters: Mapping[str, model.quantity.Quantity]) -> tuple[tuple[str, int], ...]:
         found = self._seen.get(id(counters))
@@ -220,8 +255,10 @@ def _pool_gpus(
 ) -> list[Gpu]:
     driver = pool.driver
     totals: dict[tuple[str, str], int] = {}
+    sets: dict[str, Mapping[str, model.quantity.Quantity]] = {}
     for s in pool.slices:
         for counter_set in s.shared_counters:
+            sets[counter_set.name] = counter_set.counters
             for counter, value in amounts.of(counter_set.counters):
                 totals[(counter_set.name, counter)] = value
     devices = [(s, d) for s in pool.slices for d in s.devices]
@@ -236,10 +273,18 @@ def _pool_gpus(
                 for counter, amount in amounts.of(use.counters):
                     consumed[(use.counter_set, counter)] += amount
 
+    used_sets = {name for name, _ in consumed}
+
     def placeable(device: model.Device) -> bool:
         if is_held(device):
             return False
         for use in device.consumes_counters:
+            if use.counter_set not in used_sets:
+                # Nothing consumes this set yet: the answer depends on the two mappings only.
+                have = sets.get(use.counter_set)
+                if have is None or not amounts.fits(use.counters, have):
+                    return False
+                continue
             for counter, amount in amounts.of(use.counters):
                 total = totals.get((use.counter_set, counter))
                 if total is None or consumed[(use.counter_set, counter)] + amount > total:
@@ -280,13 +325,24 @@ def _pool_gpus(
                 slices=slice_count,
                 held=held,
                 placeable=placeable,
+                amounts=amounts,
             )
         )
     for s, group in orphans.values():
-        placements = [_placement(m, driver=driver, holders=(), placeable=False) for m in group]
+        placements = [_placement(m, driver=driver, holders=(), placeable=False, amounts=amounts) for m in group]
         slice_count = max((p.start + p.size for p in placements), default=0)
         out.append(
-            _gpu(s, group[0], pool=pool, full=None, migs=group, slices=slice_count, held=held, placeable=placeable)
+            _gpu(
+                s,
+                group[0],
+                pool=pool,
+                full=None,
+                migs=group,
+                slices=slice_count,
+                held=held,
+                placeable=placeable,
+                amounts=amounts,
+            )
         )
     return out
 
@@ -301,12 +357,19 @@ def _gpu(
     slices: int,
     held: Mapping[tuple[str, str, str], tuple[str, ...]],
     placeable: Callable[[model.Device], bool],
+    amounts: _Amounts,
 ) -> Gpu:
     """One GPU from its full-GPU device (None under static MIG, where `device` is its first MIG
     device and the GPU's memory is that of its MIG devices)."""
     driver = pool.driver
     placements = tuple(
-        _placement(m, driver=driver, holders=held.get((driver, pool.name, m.name), ()), placeable=placeable(m))
+        _placement(
+            m,
+            driver=driver,
+            holders=held.get((driver, pool.name, m.name), ()),
+            placeable=placeable(m),
+            amounts=amounts,
+        )
         for m in migs
     )
     holders = () if full is None else held.get((driver, pool.name, full.name), ())
@@ -317,7 +380,7 @@ def _gpu(
         state, allocated = State.PARTITIONED, sum(p.memory for p in placements if p.holders)
     else:
         state, allocated = State.FREE, 0
-    candidates = [(p, _multiprocessors(m, driver)) for p, m in zip(placements, migs, strict=True)]
+    candidates = [(p, amounts.capacity(m, driver, "multiprocessors")) for p, m in zip(placements, migs, strict=True)]
     best = max((c for c in candidates if c[0].placeable), key=lambda c: (c[0].memory, c[1], -c[0].start), default=None)
     name = full.name if full is not None else device.name.partition("-mig-")[0]
     return Gpu(
@@ -338,25 +401,30 @@ def _gpu(
     )
 
 
-def _multiprocessors(device: model.Device, driver: str) -> int:
-    found = device.capacity.get("multiprocessors") or device.capacity.get(f"{driver}/multiprocessors")
-    return 0 if found is None else found.value.as_int()
-
-
-def _placement(device: model.Device, *, driver: str, holders: tuple[str, ...], placeable: bool) -> Placement:
+def _slice_indexes(device: model.Device) -> tuple[int, ...]:
     """Dynamic MIG names the memory slices as consumed counters, static MIG as `memorySlice<N>` capacities."""
-    indexes = sorted(
-        int(match.group(1))
-        for use in device.consumes_counters[:1]
-        for counter in use.counters
-        if (match := _MEMORY_SLICE.match(counter))
-    ) or sorted(int(match.group(1)) for key in device.capacity if (match := _STATIC_SLICE.match(key)))
+    return tuple(
+        sorted(
+            int(match.group(1))
+            for use in device.consumes_counters[:1]
+            for counter in use.counters
+            if (match := _MEMORY_SLICE.match(counter))
+        )
+        or sorted(int(match.group(1)) for key in device.capacity if (match := _STATIC_SLICE.match(key)))
+    )
+
+
+def _placement(
+    device: model.Device, *, driver: str, holders: tuple[str, ...], placeable: bool, amounts: _Amounts
+) -> Placement:
+    """One MIG device's placement: its memory slices (`_slice_indexes`, cached per mapping)."""
+    indexes = amounts.indexes(device)
     return Placement(
         device=device.name,
         profile=_text(device, driver, "profile"),
         start=indexes[0] if indexes else 0,
         size=len(indexes),
-        memory=_memory(device, driver),
+        memory=amounts.capacity(device, driver, "memory"),
         holders=holders,
         placeable=placeable,
     )

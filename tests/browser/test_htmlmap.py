@@ -1,4 +1,5 @@
-"""The HTML allocation map in a real browser: GPU boxes, MIG slices at their offsets, NVLink bands, no errors."""
+"""The HTML allocation map in a real browser: GPU boxes, MIG slices at their offsets, NVLink bands, no errors,
+also for a replayed trace with its utilisation chart."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from dractl import model, simulate
+from dractl import cli, model, simulate
 from dractl.model import decode
-from dractl.simulate import htmlmap, metrics
+from dractl.simulate import htmlmap, metrics, replay, trace
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
@@ -130,3 +132,54 @@ def test_console_errors_are_seen(render: Callable[[pathlib.Path], Any], tmp_path
     console = render(page_file).console
     assert any('"boom"' in line for line in console)
     assert any("missing is not defined" in line for line in console)
+
+
+def test_replayed_trace_map_has_every_gpu_its_slices_and_the_utilisation_chart(
+    render: Callable[[pathlib.Path], Any], tmp_path: pathlib.Path
+) -> None:
+    """`dractl simulate --trace --html` on a generated trace: one box per GPU, every held MIG slice
+    at its memory-slice offset, the replay's utilisation chart, and no console errors."""
+    spec = "mix=reference,seed=5,claims=80,a100=2,h100=1,t4=1,round=20"
+    trace_file = tmp_path / "trace.yaml"
+    trace.write(trace.generate(spec), trace_file)
+    page_file = tmp_path / "replay.html"
+    invoked = CliRunner().invoke(
+        cli.main, ["simulate", "--trace", str(trace_file), "--html", str(page_file), "-o", "json"]
+    )
+    assert invoked.exit_code == 0, invoked.stderr
+    expected = replay.replay(trace.load(trace_file))
+    assert expected.metrics.time is not None
+
+    page = render(page_file)
+    assert page.console == []
+    found = _parse(page.dom)
+    assert found.root.get("data-ready") == "1" and "data-errors" not in found.root
+    gpus = 2 * 8 + 8 + 2
+    assert found.root.get("data-gpu-boxes") == str(gpus)
+    assert len({a["data-gpu"] for _, a in found.found if "data-gpu" in a}) == gpus
+
+    # Every held MIG device is drawn at its memory-slice offset, with its claim.
+    held = {
+        (claim, p.device): (p.start, p.size)
+        for g in expected.metrics.gpus
+        if not g.holders
+        for p in g.placements
+        for claim in p.holders[:1]
+    }
+    drawn = {
+        (a["data-claim"].split(" ")[0], a["data-profile"], int(a["data-slice-start"]), int(a["data-slice-size"]))
+        for _, a in found.found
+        if "data-slice-start" in a
+    }
+    assert held, "the trace should leave MIG slices held at the end"
+    assert len(drawn) == len(held)
+    profiles = {p.device: p.profile for g in expected.metrics.gpus for p in g.placements if p.holders and not g.holders}
+    assert drawn == {(claim, profiles[device], start, size) for (claim, device), (start, size) in held.items()}
+    width = htmlmap._BAR_WIDTH / 8
+    for _, a in found.found:
+        if "data-slice-start" in a:
+            assert float(a["x"]) == pytest.approx(int(a["data-slice-start"]) * width, abs=0.01)
+
+    charts = [a for _, a in found.found if "data-series-points" in a]
+    assert [int(c["data-series-points"]) for c in charts] == [len(expected.metrics.time.points)]
+    assert len(expected.metrics.time.points) > 10
