@@ -97,10 +97,12 @@ _MAX_SHAPES = 8192
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Holding:
-    """What one claim holds: the claim with its allocation, and in the current tables each
-    device it takes (index, as a share) and each capacity it consumes (device, slot, amount)."""
+    """What one claim holds: the claim (whose own `allocation` may be unset: it was allocated
+    here), its allocation, and in the current tables each device it takes (index, as a share)
+    and each capacity it consumes (device, slot, amount)."""
 
     claim: model.ResourceClaim
+    allocation: model.AllocationResult | None
     devices: tuple[tuple[int, bool], ...]
     slots: tuple[tuple[int, int, int], ...]
 
@@ -189,8 +191,10 @@ class Allocator:
 
     Both policies search completely (they agree on whether claims fit). FIRST_FIT tries
     nodes by name and devices in upstream's order, so it makes upstream's choices. BINPACK
-    tries first the nodes whose free candidates serve the fewest request shapes seen so far
-    (small claims take small GPUs), then the most used nodes, then names; inside a node it
+    tries first the nodes whose free candidates are the least flexible (a device counts the
+    request shapes seen so far or made known by `consider` that it serves, and those of the
+    free placements carved from the same GPU: small claims take small GPUs, whole-GPU claims
+    GPUs that cannot be partitioned), then the most used nodes, then names; inside a node it
     prefers a PCIe root / NVLink partition that holds the whole request, GPUs and counter
     sets already partly used, the least flexible devices, and the partition that keeps the
     largest sibling partition placeable. Share ids are UUIDv5 of (claim, request, device,
@@ -257,7 +261,7 @@ class Allocator:
             outcome, taken = self._allocate(claims, nodes)
             if outcome.allocations is not None:
                 for claim, allocation, indices in zip(claims, outcome.allocations, taken, strict=True):
-                    self._record(dataclasses.replace(claim, allocation=allocation), indices)
+                    self._record(claim, allocation, indices)
             return outcome
 
     def consider(self, claims: Sequence[model.ResourceClaim]) -> None:
@@ -289,23 +293,23 @@ class Allocator:
         key = claim_id(claim)
         with self._lock:
             existing = self._holdings.get(key)
-            if existing is not None and existing.claim.allocation == claim.allocation:
+            if existing is not None and existing.allocation == claim.allocation:
                 return
             self.release(key)
             if claim.allocation is None:
                 return
             if self._dirty:
-                self._holdings[key] = _Holding(claim, (), ())
+                self._holdings[key] = _Holding(claim, claim.allocation, (), ())
                 return
             devices, slots = self._index.takes(claim.allocation)
-            holding = self._holdings[key] = _Holding(claim, tuple(devices), tuple(slots))
+            holding = self._holdings[key] = _Holding(claim, claim.allocation, tuple(devices), tuple(slots))
             self._apply(holding, 1)
 
     def held(self, claim: str) -> model.AllocationResult | None:
         """The allocation the claim (`claim_id`) holds, if any."""
         with self._lock:
             holding = self._holdings.get(claim)
-            return None if holding is None else holding.claim.allocation
+            return None if holding is None else holding.allocation
 
     def update(
         self,
@@ -356,12 +360,11 @@ class Allocator:
             seen.add(key)
         return tuple(reasons)
 
-    def _record(self, claim: model.ResourceClaim, indices: Sequence[int]) -> None:
+    def _record(self, claim: model.ResourceClaim, allocation: model.AllocationResult, indices: Sequence[int]) -> None:
         """Enter a committed search result in the ledger: the core already holds it."""
-        assert claim.allocation is not None
         devices: list[tuple[int, bool]] = []
         slots: list[tuple[int, int, int]] = []
-        for index, result in zip(indices, claim.allocation.results, strict=True):
+        for index, result in zip(indices, allocation.results, strict=True):
             if result.admin_access:
                 continue
             shared = result.share_id is not None
@@ -371,7 +374,7 @@ class Allocator:
             ) + 1
             for name, amount in result.consumed_capacity.items():
                 slots.append((index, self._index.slot_of[(index, name)], amount.as_int()))
-        self._holdings[claim_id(claim)] = _Holding(claim, tuple(devices), tuple(slots))
+        self._holdings[claim_id(claim)] = _Holding(claim, allocation, tuple(devices), tuple(slots))
 
     def _apply(self, holding: _Holding, sign: int) -> None:
         """Add (1) or give back (-1) what a holding takes, in the ledger and in the core."""
@@ -393,7 +396,11 @@ class Allocator:
             self._plans.clear()
             self._plans_by_id.clear()
         if self._dirty or len(self._shapes) > _MAX_SHAPES:
-            self._build([holding.claim for holding in self._holdings.values()], check=False, previous=self._index)
+            held = [
+                h.claim if h.claim.allocation is h.allocation else dataclasses.replace(h.claim, allocation=h.allocation)
+                for h in self._holdings.values()
+            ]
+            self._build(held, check=False, previous=self._index)
 
     def _build(
         self, allocated: Sequence[model.ResourceClaim], *, check: bool, previous: _allocindex.Index | None
@@ -442,7 +449,7 @@ class Allocator:
             if claim.allocation is None or claim.key in index.rejected:
                 continue
             devices, slots = index.takes(claim.allocation)
-            self._holdings[claim_id(claim)] = _Holding(claim, tuple(devices), tuple(slots))
+            self._holdings[claim_id(claim)] = _Holding(claim, claim.allocation, tuple(devices), tuple(slots))
             for device, shared in devices:
                 counts = self._shared if shared else self._dedicated
                 counts[device] = counts.get(device, 0) + 1

@@ -37,9 +37,17 @@ def problems(objects: model.Objects) -> tuple[str, ...]:
     for device_class in objects.device_classes:
         prefix = f"{device_class.source}: DeviceClass {device_class.meta.name}"
         found.extend(_selector_problems(prefix, "spec.selectors", device_class.selectors))
+    # Decoding shares one spec value between equal claims: a spec found clean once is clean again.
+    clean: set[int] = set()  # ids of specs alive in `objects`
     for claim in objects.resource_claims:
+        if id(claim.spec) in clean:
+            continue
         prefix = f"{claim.source}: ResourceClaim {claim.meta.namespace}/{claim.meta.name}"
-        found.extend(_claim_spec_problems(prefix, "spec.devices", claim.spec))
+        spec_problems = list(_claim_spec_problems(prefix, "spec.devices", claim.spec))
+        if spec_problems:
+            found.extend(spec_problems)
+        else:
+            clean.add(id(claim.spec))
     for template in objects.resource_claim_templates:
         prefix = f"{template.source}: ResourceClaimTemplate {template.meta.namespace}/{template.meta.name}"
         found.extend(_claim_spec_problems(prefix, "spec.spec.devices", template.spec))

@@ -18,7 +18,7 @@ import re
 import typing
 
 from dractl import model
-from dractl.cel import checked, cost, environment, fixes, lexer
+from dractl.cel import checked, cost, environment, lexer
 
 MAX_EXPRESSION_BYTES = 10 * 1024
 """Kubernetes' `CELSelectorExpressionMaxLength`."""
@@ -165,6 +165,9 @@ def compile(expression: str) -> Program:
         written = environment.ENV.compile(expression)
         compiled = environment.ENV.compile(lexer.optional_domains(expression))
     except RuntimeError as error:
+        # Imported here: the "write instead" fixes (and difflib) serve only expressions that fail.
+        from dractl.cel import fixes
+
         raise CompileError(expression, fixes.compile_message(expression, str(error))) from None
     if compiled.return_type() != environment.BOOL and compiled.return_type() != environment.DYN:
         kind = str(compiled.return_type().name()).lower()

@@ -70,6 +70,8 @@ class Source:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ObjectMeta:
+    """The metadata fields dractl reads and writes back; `namespace` is "" for cluster-scoped objects."""
+
     name: str
     namespace: str = ""
     uid: str = ""
@@ -88,6 +90,8 @@ class ObjectMeta:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeSelectorRequirement:
+    """One core/v1 node selector requirement: a label (or field) key, an operator and its values."""
+
     key: str
     operator: str  # In, NotIn, Exists, DoesNotExist, Gt, Lt
     values: tuple[str, ...] = ()
@@ -95,6 +99,8 @@ class NodeSelectorRequirement:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeSelectorTerm:
+    """One core/v1 node selector term: its label and field requirements, all of which must match."""
+
     match_expressions: tuple[NodeSelectorRequirement, ...] = ()
     match_fields: tuple[NodeSelectorRequirement, ...] = ()
 
@@ -139,6 +145,8 @@ class DeviceAttribute:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CapacityRequestPolicyRange:
+    """The amounts a request may take from a shared capacity: from `min`, up to `max`, in `step`s."""
+
     min: quantity.Quantity
     max: quantity.Quantity | None = None
     step: quantity.Quantity | None = None
@@ -146,6 +154,8 @@ class CapacityRequestPolicyRange:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CapacityRequestPolicy:
+    """How much of a shared capacity a request takes by default and which amounts it may ask for."""
+
     default: quantity.Quantity | None = None
     valid_values: tuple[quantity.Quantity, ...] = ()
     valid_range: CapacityRequestPolicyRange | None = None
@@ -153,18 +163,24 @@ class CapacityRequestPolicy:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceCapacity:
+    """One capacity of a device, e.g. its memory, and how requests may share it."""
+
     value: quantity.Quantity
     request_policy: CapacityRequestPolicy | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceCounterConsumption:
+    """The counters a device uses up, by name, from one counter set of its pool."""
+
     counter_set: str
     counters: Mapping[str, quantity.Quantity]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CounterSet:
+    """A named set of counters a slice shares between the devices of its pool."""
+
     name: str
     counters: Mapping[str, quantity.Quantity]
 
@@ -177,6 +193,8 @@ class TaintEffect(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceTaint:
+    """A taint on a device: claims that do not tolerate it do not get the device."""
+
     key: str
     value: str = ""
     effect: str = "NoSchedule"  # kept as text: unknown effects are treated like None
@@ -204,6 +222,8 @@ class Device:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResourcePool:
+    """The pool a slice belongs to, with its generation and how many slices it has."""
+
     name: str
     generation: int = 0
     resource_slice_count: int = 1
@@ -211,6 +231,8 @@ class ResourcePool:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResourceSlice:
+    """A ResourceSlice: devices of one driver's pool, and the nodes that can use them."""
+
     meta: ObjectMeta
     driver: str
     pool: ResourcePool
@@ -228,12 +250,16 @@ class ResourceSlice:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OpaqueDeviceConfiguration:
+    """Driver-specific configuration, passed to the driver as written."""
+
     driver: str
     parameters: Any  # a JSON object, kept as decoded
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceClass:
+    """A DeviceClass: selectors every device of the class matches, and configuration for its devices."""
+
     meta: ObjectMeta
     selectors: tuple[str, ...] = ()  # CEL expressions, in order
     config: tuple[OpaqueDeviceConfiguration, ...] = ()
@@ -251,6 +277,8 @@ class AllocationMode(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceToleration:
+    """A toleration of device taints, as in a request."""
+
     key: str = ""
     operator: str = "Equal"  # Equal or Exists
     value: str = ""
@@ -260,6 +288,8 @@ class DeviceToleration:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ExactDeviceRequest:
+    """A request for devices of one class: how many, which (selectors), and with what capacity."""
+
     device_class_name: str
     selectors: tuple[str, ...] = ()
     allocation_mode: AllocationMode = AllocationMode.EXACT_COUNT
@@ -271,6 +301,8 @@ class ExactDeviceRequest:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceSubRequest:
+    """One alternative of a `firstAvailable` request, tried in order."""
+
     name: str
     device_class_name: str
     selectors: tuple[str, ...] = ()
@@ -300,12 +332,16 @@ class DeviceConstraint:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceClaimConfiguration:
+    """Configuration a claim gives the drivers for some (or all) of its requests."""
+
     requests: tuple[str, ...]
     opaque: OpaqueDeviceConfiguration
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResourceClaimSpec:
+    """What a claim asks for: its requests, the constraints between them, and their configuration."""
+
     requests: tuple[DeviceRequest, ...] = ()
     constraints: tuple[DeviceConstraint, ...] = ()
     config: tuple[DeviceClaimConfiguration, ...] = ()
@@ -313,6 +349,8 @@ class ResourceClaimSpec:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceRequestAllocationResult:
+    """One device allocated to a request, as `status.allocation.devices.results` holds it."""
+
     request: str  # "req" or "req/sub"
     driver: str
     pool: str
@@ -327,6 +365,8 @@ class DeviceRequestAllocationResult:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceAllocationConfiguration:
+    """Configuration recorded with an allocation, from the device class or from the claim."""
+
     source: str  # FromClass or FromClaim
     requests: tuple[str, ...]  # empty: every request
     opaque: OpaqueDeviceConfiguration
@@ -334,6 +374,8 @@ class DeviceAllocationConfiguration:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AllocationResult:
+    """A claim's `status.allocation`: its devices, their configuration, and the nodes that can use them."""
+
     results: tuple[DeviceRequestAllocationResult, ...] = ()
     config: tuple[DeviceAllocationConfiguration, ...] = ()
     node_selector: NodeSelector | None = None
@@ -342,6 +384,8 @@ class AllocationResult:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResourceClaimConsumerReference:
+    """A consumer in a claim's `status.reservedFor`, usually a pod."""
+
     resource: str
     name: str
     uid: str
@@ -350,6 +394,8 @@ class ResourceClaimConsumerReference:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResourceClaim:
+    """A ResourceClaim: its spec, and its allocation and consumers when it has them."""
+
     meta: ObjectMeta
     spec: ResourceClaimSpec
     allocation: AllocationResult | None = None
@@ -363,6 +409,8 @@ class ResourceClaim:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResourceClaimTemplate:
+    """A ResourceClaimTemplate: the spec, labels and annotations of the claims made from it."""
+
     meta: ObjectMeta
     spec: ResourceClaimSpec
     claim_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -384,6 +432,8 @@ class PodResourceClaim:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ContainerClaim:
+    """A container's use of a pod claim (`resources.claims`), optionally of one request of it."""
+
     container: str
     name: str
     request: str = ""
@@ -391,6 +441,8 @@ class ContainerClaim:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Pod:
+    """The fields of a Pod that allocation needs: its claims, its node and its scheduler."""
+
     meta: ObjectMeta
     resource_claims: tuple[PodResourceClaim, ...] = ()
     container_claims: tuple[ContainerClaim, ...] = ()
@@ -402,6 +454,8 @@ class Pod:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Node:
+    """A Node: its name and labels, which node selectors match."""
+
     meta: ObjectMeta
     source: Source = Source()
 

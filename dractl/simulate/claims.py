@@ -9,7 +9,6 @@ lookup in the pod's namespace per `resourceClaimName` entry.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
 
@@ -70,6 +69,8 @@ class Plan:
 def generated_claim_name(pod_name: str, pod_claim_name: str, *, namespace: str) -> str:
     """`generate_name(...)` plus five characters from the API server's alphabet, derived
     from a hash of namespace, pod and pod claim so that every run names claims alike. Pure."""
+    import hashlib  # imported here: loading OpenSSL takes milliseconds that runs without pods do not need
+
     digest = hashlib.sha256(f"{namespace}/{pod_name}/{pod_claim_name}".encode()).digest()
     suffix = "".join(_SUFFIX_ALPHABET[byte % len(_SUFFIX_ALPHABET)] for byte in digest[:_SUFFIX_LEN])
     return generate_name(pod_name, pod_claim_name) + suffix

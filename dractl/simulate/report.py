@@ -22,12 +22,10 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-import msgspec
-
 from dractl import config, model
 from dractl.model import encode
 from dractl.model import nodes as model_nodes
-from dractl.simulate import engine, yamlout
+from dractl.simulate import engine
 
 CLUSTER_WIDE = "(cluster-wide)"
 
@@ -92,8 +90,13 @@ def usage(
     for usable in view.usable:
         pool = usable.pool
         for s in pool.slices:
-            for device in s.devices:
-                devices[(pool.driver, pool.name, device.name)] = (model_nodes.home(s, device) or CLUSTER_WIDE, device)
+            if s.node_name:
+                # Every device of a node's slice lives there (`model_nodes.home`): no call per device.
+                devices.update(((pool.driver, pool.name, device.name), (s.node_name, device)) for device in s.devices)
+            else:
+                for device in s.devices:
+                    home = model_nodes.home(s, device) or CLUSTER_WIDE
+                    devices[(pool.driver, pool.name, device.name)] = (home, device)
             counter_sets.extend((s.node_name or CLUSTER_WIDE, pool.driver, pool.name, c) for c in s.shared_counters)
     used = {
         (result.driver, result.pool, result.device)
@@ -201,6 +204,9 @@ def write_json(
         "summary": _summary(result, nodes, pool_problems=pool_problems, policy=policy),
     }
     # msgspec's encoder and formatter are C: the stdlib's indenting encoder is pure Python.
+    # Imported here, like yamlout and rich: each output format imports only what it needs.
+    import msgspec
+
     out.write(msgspec.json.format(msgspec.json.encode(document), indent=2).decode())
     out.write("\n")
 
@@ -217,6 +223,8 @@ def write_yaml(result: engine.Result, *, out: TextIO, err: TextIO) -> None:
     conflict or invalid) keeps that allocation, as the API holds it, under a `# dractl:
     conflict: ...` comment; the reasons of unallocated claims go to `err` so that `out` holds
     only API objects."""
+    from dractl.simulate import yamlout  # imported here: it imports PyYAML, which other formats do not need
+
     shown = [o for o in result.claims if o.claim is not None]
     writer = yamlout.Writer(out)
     writer.documents(
@@ -231,8 +239,13 @@ def _devices(outcome: engine.ClaimOutcome) -> str:
     """One line per request: its devices, with the pool when it is not named after the node."""
     if outcome.claim is None or outcome.claim.allocation is None:
         return ""
+    results = outcome.claim.allocation.results
+    if len(results) == 1:
+        # The common claim, one device: the same line without grouping.
+        r = results[0]
+        return f"{r.request}: {r.device}" if r.pool == outcome.node else f"{r.request}: {r.pool}/{r.device}"
     by_request: dict[str, list[str]] = {}
-    for r in outcome.claim.allocation.results:
+    for r in results:
         by_request.setdefault(r.request, []).append(r.device if r.pool == outcome.node else f"{r.pool}/{r.device}")
     return "\n".join(f"{request}: {', '.join(devices)}" for request, devices in by_request.items())
 
@@ -282,26 +295,31 @@ def _plain(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], out
     """A kubectl-style table: columns padded to their widest line, three spaces apart; a
     cell with several lines continues on the next lines in its own column. No wrapping, so
     every reason stays on one line (grep-able)."""
-    widths = [len(h) for h in header]
-    split = [[cell.split("\n") for cell in row] for row in rows]
-    for row in split:
-        for i, cell in enumerate(row[:-1]):
-            widths[i] = max(widths[i], max(len(line) for line in cell))
-    pad = [w + 3 for w in widths[:-1]]
-    lines = [title, "".join(h.ljust(p) for h, p in zip(header, pad, strict=False)) + header[-1]]
-    for row in split:
-        height = max(len(cell) for cell in row)
-        if height == 1:
-            # The common row, one line per cell, has no continuation lines to pad.
-            lines.append(("".join(cell[0].ljust(p) for cell, p in zip(row, pad, strict=False)) + row[-1][0]).rstrip())
-            continue
-        for k in range(height):
-            lines.append(
-                (
-                    "".join((cell[k] if k < len(cell) else "").ljust(p) for cell, p in zip(row, pad, strict=False))
-                    + (row[-1][k] if k < len(row[-1]) else "")
-                ).rstrip()
-            )
+    last = len(header) - 1
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in header]
+    # Columns are measured whole, and split into lines only where some cell has several:
+    # the claim, node and status columns never do, and thousands of rows pass through here.
+    multiline = [i for i, column in enumerate(columns) if "\n" in "".join(column)]
+    widths = [
+        max(
+            len(header[i]),
+            max((len(line) for cell in columns[i] for line in cell.split("\n")), default=0)
+            if i in multiline
+            else max(map(len, columns[i]), default=0),
+        )
+        for i in range(last)
+    ]
+    # One format call per line: each cell but the last left-justified to its column's width
+    # plus three spaces (as str.ljust pads), the last as it is.
+    line = "".join(f"{{:<{width + 3}}}" for width in widths) + "{}"
+    lines = [title, line.format(*header)]
+    for row in rows:
+        if multiline and any("\n" in row[i] for i in multiline):
+            split = [cell.split("\n") for cell in row]
+            for k in range(max(map(len, split))):
+                lines.append(line.format(*(cell[k] if k < len(cell) else "" for cell in split)).rstrip())
+        else:
+            lines.append(line.format(*row).rstrip())
     out.write("\n".join(lines) + "\n")
 
 

@@ -35,7 +35,8 @@ The package, one module per concern: `loading` (files, text, JSON, one object), 
 (YAML as kubectl reads it, with `_fastyaml`, its libyaml fast path in Cython, built by
 setup.py), `dispatch` (apiVersion/kind -> decoder), `common` (field helpers, limits, name formats,
 metadata), `device_classes`, `resource_claims`, `resource_slices`, `node_selectors`, `pods`,
-`seed_hints` ("write instead" messages) and `problems` (results and `DecodeError`).
+`seed_hints` ("write instead" messages) and `problems` (results and `DecodeError`); `yaml11_pyyaml`
+is `yaml11`'s PyYAML path (anchors, tags, errors), imported only when a document needs it.
 
 What it must not do: compile or evaluate CEL (`dractl.cel` does, one layer up; only empty
 and over-long expressions are refused here), check that referenced DeviceClasses exist (the

@@ -73,12 +73,14 @@ def load_all(bytes data, resolve, Py_ssize_t max_depth):
     cdef yaml_parser_t parser
     cdef yaml_event_t event
     cdef list documents = []
-    cdef list stack = []  # open containers
-    cdef list keys = []  # per open container: the pending key of a mapping, or a marker
-    cdef object value, top
+    cdef list stack = []  # the open containers around `top`, outermost first
+    cdef list keys = []  # the pending key of each container in `stack`, or `no_key`
+    cdef dict resolved = {}  # plain scalar text -> its value: keys and values repeat across objects
+    cdef object value, top = None, key
     cdef object no_key = keys  # a marker no YAML value can be
-    cdef bint done = False, bail = False, container
-    cdef Py_ssize_t last
+    cdef bint done = False, bail = False, container, top_is_list = False
+    cdef Py_ssize_t depth = 0
+    key = no_key
     if not yaml_parser_initialize(&parser):
         return None
     yaml_parser_set_input_string(&parser, data, len(data))
@@ -88,9 +90,7 @@ def load_all(bytes data, resolve, Py_ssize_t max_depth):
                 return None  # a syntax error: PyYAML reports it with its position
             container = False
             value = None
-            if event.type == YAML_STREAM_END_EVENT:
-                done = True
-            elif event.type == YAML_SCALAR_EVENT:
+            if event.type == YAML_SCALAR_EVENT:
                 if event.data.scalar.anchor != NULL or not _plain_tag(event.data.scalar.tag):
                     bail = True
                 else:
@@ -100,40 +100,52 @@ def load_all(bytes data, resolve, Py_ssize_t max_depth):
                         if value == "<<":
                             bail = True  # merge keys
                         else:
-                            value = resolve(value)
+                            hit = resolved.get(value, no_key)
+                            if hit is no_key:
+                                hit = resolve(value)
+                                resolved[value] = hit
+                            value = hit
                     container = True
             elif event.type == YAML_MAPPING_START_EVENT or event.type == YAML_SEQUENCE_START_EVENT:
                 if event.data.mapping_start.anchor != NULL or not _plain_tag(event.data.mapping_start.tag):
                     bail = True
-                elif len(stack) >= max_depth:
+                elif depth >= max_depth:
                     bail = True
                 else:
-                    stack.append({} if event.type == YAML_MAPPING_START_EVENT else [])
-                    keys.append(no_key)
+                    if depth:
+                        stack.append(top)
+                        keys.append(key)
+                    depth += 1
+                    top_is_list = event.type == YAML_SEQUENCE_START_EVENT
+                    top = [] if top_is_list else {}
+                    key = no_key
             elif event.type == YAML_MAPPING_END_EVENT or event.type == YAML_SEQUENCE_END_EVENT:
-                value = stack.pop()
-                keys.pop()
+                value = top
+                depth -= 1
+                if depth:
+                    top = stack.pop()
+                    key = keys.pop()
+                    top_is_list = type(top) is list
                 container = True
+            elif event.type == YAML_STREAM_END_EVENT:
+                done = True
             elif event.type == YAML_ALIAS_EVENT:
                 bail = True
             yaml_event_delete(&event)
             if container and not bail:
                 # Attach the finished value to its parent, or close the document.
-                if not stack:
+                if not depth:
                     documents.append(value)
-                else:
-                    last = len(stack) - 1
-                    top = stack[last]
-                    if type(top) is list:
-                        (<list>top).append(value)
-                    elif keys[last] is no_key:
-                        if type(value) is dict or type(value) is list:
-                            bail = True  # a collection as a key
-                        else:
-                            keys[last] = value
+                elif top_is_list:
+                    (<list>top).append(value)
+                elif key is no_key:
+                    if type(value) is dict or type(value) is list:
+                        bail = True  # a collection as a key
                     else:
-                        (<dict>top)[keys[last]] = value
-                        keys[last] = no_key
+                        key = value
+                else:
+                    (<dict>top)[key] = value
+                    key = no_key
     finally:
         yaml_parser_delete(&parser)
     return None if bail else documents

@@ -9,7 +9,6 @@ memoised because the same names repeat across thousands of devices.
 from __future__ import annotations
 
 import datetime
-import difflib
 import functools
 import json
 import math
@@ -68,6 +67,8 @@ def check_keys(
             continue
         hint = hints.get(key)
         if hint is None:
+            import difflib  # imported here: only unknown fields need it, and valid manifests have none
+
             close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
             hint = (
                 f"unknown field; did you mean {close[0]}?"
@@ -385,12 +386,11 @@ def top_keys(
 _NAME_ONLY = frozenset({"name", "namespace"})
 
 
-def object_meta(
-    o: problems.Report, raw: Mapping[str, Any], *, namespaced: bool, path: str = "metadata", required: bool = True
-) -> types.ObjectMeta:
+def plain_object_meta(raw: Mapping[str, Any], *, namespaced: bool) -> types.ObjectMeta | None:
+    """`object_meta` for the common case, `metadata` with just a valid name (and namespace),
+    else None. Pure: thousands of generated claims and slices look like this, and the full
+    checks cost ten lookups."""
     m = raw.get("metadata")
-    # Fast path for the common case, metadata with just a valid name (and namespace): thousands
-    # of generated claims and slices look like this, and the full checks below cost ten lookups.
     if type(m) is dict and m.keys() <= _NAME_ONLY:
         name, namespace = m.get("name"), m.get("namespace") if namespaced else ""
         if (
@@ -400,7 +400,16 @@ def object_meta(
             and (namespace is None or (type(namespace) is str and namespace and dns_label(namespace) is None))
         ):
             return types.ObjectMeta(name=name, namespace=namespace if namespace is not None else "default")
-    m = as_map(o, m, path, _META_KEYS) or {}
+    return None
+
+
+def object_meta(
+    o: problems.Report, raw: Mapping[str, Any], *, namespaced: bool, path: str = "metadata", required: bool = True
+) -> types.ObjectMeta:
+    plain = plain_object_meta(raw, namespaced=namespaced)
+    if plain is not None:
+        return plain
+    m = as_map(o, raw.get("metadata"), path, _META_KEYS) or {}
     name = as_str(o, m, "name", path) or ""
     if not name:
         if required:

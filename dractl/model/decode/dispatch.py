@@ -7,6 +7,7 @@ skipped. What it must not do: parse text (`loading` does) or validate fields its
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,8 @@ _CLUSTER_SCOPED = frozenset(
         "PodGroup",
     }
 )
+# Versions whose ResourceClaims `resource_claims.plain_claim` may take: those with v1's shape.
+_PLAIN_CLAIM_VERSIONS = frozenset({f"{_GROUP}/v1", f"{_GROUP}/v1beta2"})
 _WORKLOADS = {
     ("apps/v1", "Deployment"): "replicas",
     ("apps/v1", "ReplicaSet"): "replicas",
@@ -42,9 +45,10 @@ _WORKLOADS = {
 
 
 def document(out: problems.Results, raw: object, file: str, index: int) -> None:
-    where = f"{file}: document {index + 1}"
     if not isinstance(raw, dict):
-        out.problems.append(f"{where}: must be a Kubernetes object (a mapping with apiVersion and kind)")
+        out.problems.append(
+            f"{file}: document {index + 1}: must be a Kubernetes object (a mapping with apiVersion and kind)"
+        )
         return
     kind = raw.get("kind")
     api_version = raw.get("apiVersion")
@@ -53,13 +57,22 @@ def document(out: problems.Results, raw: object, file: str, index: int) -> None:
             document(out, item, file, index)
         return
     if not isinstance(kind, str) or not kind:
-        out.problems.append(f"{where}: kind: required (for example DeviceClass, ResourceClaim, Pod)")
+        out.problems.append(
+            f"{file}: document {index + 1}: kind: required (for example DeviceClass, ResourceClaim, Pod)"
+        )
         return
     if not isinstance(api_version, str) or not api_version:
-        out.problems.append(f"{where}: apiVersion: required (for example resource.k8s.io/v1 or v1)")
+        out.problems.append(
+            f"{file}: document {index + 1}: apiVersion: required (for example resource.k8s.io/v1 or v1)"
+        )
         return
     group, _, version = api_version.rpartition("/")
-    source = types.Source(file=file, document=index)
+    source = _source(file, index)
+    if kind == "ResourceClaim" and api_version in _PLAIN_CLAIM_VERSIONS:
+        claim = resource_claims.plain_claim(raw, source)
+        if claim is not None:
+            out.claims.append(claim)
+            return
     o = problems.Report(_prefix(raw, kind, file, index), out)
     if group == _GROUP:
         _resource(out, o, raw, kind, version, source)
@@ -83,6 +96,12 @@ def document(out: problems.Results, raw: object, file: str, index: int) -> None:
         if kind.endswith(("ClaimParameters", "ClassParameters")):
             skipped += "; " + seed_hints.NO_CLAIM_PARAMETERS.format(path="the claim's spec")
         out.warnings.append(skipped)
+
+
+@functools.lru_cache(maxsize=1)
+def _source(file: str, index: int) -> types.Source:
+    """Where a document came from. The objects of one `List` (one document) share the value. Pure."""
+    return types.Source(file=file, document=index)
 
 
 def _prefix(raw: Mapping[str, Any], kind: str, file: str, index: int) -> str:

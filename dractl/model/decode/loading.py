@@ -177,6 +177,16 @@ def _json(text: str) -> object:
 
     YAML flow style also starts with a brace: text that is not JSON goes to the YAML parser.
     """
+    # msgspec's decoder reads a large manifest about a quarter faster than json's, and what it
+    # accepts json.loads reads alike; where it refuses (malformed text, and some input json.loads
+    # takes: NaN, Infinity, lone surrogates, numbers beyond its range), json.loads decides as
+    # before. Imported here, so YAML input does not pay for it.
+    import msgspec
+
+    try:
+        return msgspec.json.decode(text)
+    except (msgspec.MsgspecError, RecursionError):
+        pass
     try:
         # No depth scan first: json.loads guards its C recursion and raises RecursionError itself.
         return json.loads(text)

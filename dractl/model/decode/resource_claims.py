@@ -37,6 +37,24 @@ def resource_claim(o: problems.Report, raw: Mapping[str, Any], source: types.Sou
     return types.ResourceClaim(meta=meta, spec=spec, allocation=allocation, reserved_for=reserved, source=source)
 
 
+def plain_claim(raw: Mapping[str, Any], source: types.Source) -> types.ResourceClaim | None:
+    """`resource_claim` for a `resource.k8s.io/v1` (or `v1beta2`) claim without status whose
+    metadata is a plain valid name and whose spec decoded before without any message (see
+    `_shared_claim_spec`), else None. Reads the shared specs; changes nothing.
+
+    The claims of a generated workload look like this by the thousand; the caller then needs
+    no problem reporter at all, as nothing here can produce a message."""
+    if not raw.keys() <= common.TOP_KEYS:
+        return None
+    meta = common.plain_object_meta(raw, namespaced=True)
+    if meta is None:
+        return None
+    shared = _SPECS.get((False, repr(raw.get("spec"))))
+    if shared is None:
+        return None
+    return types.ResourceClaim(meta=meta, spec=shared[0], source=source)
+
+
 # Valid claim specs by their text: generated workloads repeat a handful of specs thousands
 # of times, and the values are immutable, so equal specs share one decoded value.
 _SPECS: dict[tuple[bool, str], tuple[types.ResourceClaimSpec, RequestNames]] = {}

@@ -19,23 +19,18 @@ an alias to a node that contains it, or aliases that would expand the document p
 
 Plain documents (nearly every manifest) are read by `_fastyaml`, libyaml's events straight into
 values; documents with anchors, aliases, tags or merge keys, and syntax errors, go through
-PyYAML with the same scalar rules.
+PyYAML with the same scalar rules (`yaml11_pyyaml`, imported only then).
 
 What it must not do: validate Kubernetes fields (the decoders do) or read files. Pure.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import itertools
 import math
 import re
 from collections.abc import Iterator
-from typing import Any
-
-import yaml
 
 from dractl.model.decode import _fastyaml
 
@@ -43,8 +38,6 @@ MAX_FLOW_DEPTH = 1000
 MAX_INDENT = 2000
 MAX_EXPANDED_NODES = 1_000_000
 
-# PyYAML's libyaml binding; the dependency is declared as PyYAML built with it (see pyproject.toml).
-_CParser: type[Any] = yaml._yaml.CParser
 _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
 _BOOL = "tag:yaml.org,2002:bool"
@@ -120,30 +113,11 @@ def load_all_with_pyyaml(text: str) -> Iterator[object]:
     Pure; the caller must have run `check_flow_nesting` and `check_block_nesting`. Public so
     tests can hold the fast path to it.
     """
-    loader = _Loader(text)
-    index = 0
-    try:
-        while loader.check_node():
-            node = loader.get_node()
-            value = loader.construct_document(node)
-            index += 1
-            if loader.aliased:
-                loader.aliased = False
-                problem = _check_aliases(value)
-                if problem is not None:
-                    raise YamlError(f"document {index} (line {node.start_mark.line + 1}): {problem}")
-            yield value
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = " ".join(part for part in (error.context, error.problem) if part)
-        raise YamlError(f"{where}YAML syntax error: {problem}") from None
-    except yaml.YAMLError as error:
-        raise YamlError(f"YAML syntax error: {str(error).splitlines()[0]}") from None
-    except RecursionError:
-        raise YamlError(f"nested too deeply (at most {MAX_FLOW_DEPTH} levels)") from None
-    finally:
-        loader.dispose()
+    # Imported here: PyYAML's Python modules take about 15 ms to import, and JSON input and
+    # plain YAML documents (the fast path) never need them.
+    from dractl.model.decode import yaml11_pyyaml
+
+    return yaml11_pyyaml.load_all(text)
 
 
 def check_flow_nesting(text: str) -> None:
@@ -268,98 +242,3 @@ def _go_float(text: str) -> tuple[str, object] | None:
     if math.isinf(value):
         return None
     return _FLOAT, value
-
-
-def _short(tag: str) -> str:
-    return "!!" + tag.rsplit(":", 1)[-1]
-
-
-def _error(problem: str, node: yaml.Node) -> yaml.MarkedYAMLError:
-    error_type: Any = yaml.constructor.ConstructorError
-    error: yaml.MarkedYAMLError = error_type(None, None, problem, node.start_mark)
-    return error
-
-
-class _Resolver(yaml.resolver.BaseResolver):
-    """Tags for untagged nodes; plain scalars are resolved when constructed (see `_plain`)."""
-
-    def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
-        if kind is yaml.ScalarNode:
-            if implicit[0]:
-                # Merge keys must carry their tag already: PyYAML flattens them before construction.
-                return _MERGE if value == "<<" else "!plain"
-            return _STR
-        return _SEQ if kind is yaml.SequenceNode else _MAP
-
-
-class _Constructor(yaml.constructor.SafeConstructor):
-    aliased = False
-
-    def construct_plain(self, node: yaml.ScalarNode) -> object:
-        return _plain(node.value)[1]
-
-    def construct_tagged(self, node: yaml.Node) -> object:
-        """Explicit tags, as goyaml.v2 treats them; unknown tags are ignored."""
-        if isinstance(node, yaml.MappingNode):
-            return self.construct_yaml_map_now(node)
-        if isinstance(node, yaml.SequenceNode):
-            return self.construct_sequence(node, deep=True)
-        tag, text = node.tag, str(node.value)
-        if tag == _BINARY:
-            try:
-                # Like Go's base64 decoder: line breaks are fine, any other stray character is not.
-                packed = "".join(text.split()).encode("ascii", "strict")
-                return base64.b64decode(packed, validate=True).decode("utf-8")
-            except (binascii.Error, UnicodeError, ValueError):
-                raise _error("!!binary value is not base64 of UTF-8 text", node) from None
-        if tag not in _RESOLVABLE:
-            return text
-        resolved, value = _plain(text)
-        if tag == _STR:
-            return text
-        if tag == resolved or (tag == _TIMESTAMP and resolved == _TIMESTAMP):
-            return value
-        if tag == _FLOAT and resolved == _INT:
-            return float(value)  # type: ignore[arg-type]
-        raise _error(f"cannot decode {_short(resolved)} `{text[:40]}` as a {_short(tag)}", node)
-
-    def construct_yaml_map_now(self, node: yaml.MappingNode) -> dict[Any, Any]:
-        return self.construct_mapping(node, deep=True)
-
-    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
-        if node in self.constructed_objects:
-            self.aliased = True
-        base: Any = super()
-        return base.construct_object(node, deep=deep)
-
-
-_SAFE: Any = yaml.constructor.SafeConstructor
-_Constructor.yaml_constructors = {
-    **_SAFE.yaml_constructors,
-    "!plain": _Constructor.construct_plain,
-    _STR: _SAFE.construct_yaml_str,
-    _SEQ: _SAFE.construct_yaml_seq,
-    _MAP: _SAFE.construct_yaml_map,
-    **{
-        tag: _Constructor.construct_tagged
-        for tag in (
-            _INT,
-            _FLOAT,
-            _BOOL,
-            _NULL,
-            _TIMESTAMP,
-            _BINARY,
-            "tag:yaml.org,2002:set",
-            "tag:yaml.org,2002:omap",
-            "tag:yaml.org,2002:pairs",
-            None,
-        )
-    },
-}
-
-
-class _Loader(_CParser, _Constructor, _Resolver):  # type: ignore[misc]
-    def __init__(self, stream: str) -> None:
-        _CParser.__init__(self, stream)
-        _Constructor.__init__(self)
-        _Resolver.__init__(self)
