@@ -617,9 +617,15 @@ class ClaimController:
         if owner is not None:
             uid = str(owner.get("uid") or "")
             with self._lock:
-                self._owned.setdefault(uid, set()).add(claim.key)
+                siblings = set(self._owned.setdefault(uid, set()))
+                self._owned[uid].add(claim.key)
                 self._made.pop((uid, claim.meta.annotations.get(podclaims.POD_CLAIM_NAME_ANNOTATION, "")), None)
             self.queue.add(f"{POD_PREFIX}{claim.meta.namespace}/{owner.get('name')}")
+            if old is None:
+                # A new claim of the pod may be the one its status records, which makes an earlier
+                # sibling (kube-controller-manager's, made in the same moment) a duplicate to delete.
+                for key in sorted(siblings - {claim.key}):
+                    self.queue.add(CLAIM_PREFIX + key)
         if claim.allocation is not None and (old is None or old.allocation is None):
             # A bound pod may be waiting for this claim to be reserved for it. A scan, not an
             # index: a claim becomes allocated once, next to many pod events.

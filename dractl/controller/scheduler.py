@@ -90,6 +90,10 @@ class AllocatorService(Protocol):
         """What the claim holds, if anything."""
         ...
 
+    def consider(self, claims: Sequence[model.ResourceClaim]) -> None:
+        """Make the request shapes of pending claims known, without allocating."""
+        ...
+
     def update(
         self,
         *,
@@ -566,6 +570,15 @@ class Scheduler:
         except Exception:  # noqa: BLE001 (one odd claim must not stop the informer's other events)
             log.exception("ResourceClaim %s: the allocator could not record its allocation", claim.key)
 
+    def _consider(self, claim: model.ResourceClaim) -> None:
+        """Tell the allocator a pending claim's request shapes, so that binpack's choices depend on the claims
+        pending now (the same after a restart, whose first list has them all), not on the order pods came in.
+        Never raises."""
+        try:
+            self.allocator.consider([claim])
+        except Exception:  # noqa: BLE001 (one odd claim must not stop the informer's other events)
+            log.exception("ResourceClaim %s: the allocator could not read its requests", claim.key)
+
     def _claim_changed(self, old: model.ResourceClaim | None, claim: model.ResourceClaim) -> None:
         claim_id = alloc.claim_id(claim)
         freed = old is not None and old.allocation is not None and claim.allocation is None
@@ -576,6 +589,8 @@ class Scheduler:
                     self._hold(claim)
                 elif freed:
                     self.allocator.release(claim_id)
+            if claim.allocation is None:
+                self._consider(claim)
         self._requeue_users(claim.key, name=claim.meta.name)
         if freed:
             self._requeue_unschedulable()

@@ -152,3 +152,32 @@ def test_a_finished_pods_claim_is_unreserved_deallocated_unprotected_and_deleted
         ("PATCH", "resourceclaims", {"metadata": {"resourceVersion": "11", "finalizers": None}}),
         ("DELETE", "resourceclaims", {"name": "job-gpu-abcde", "resourceVersion": "12", "uid": "uid-job-gpu-abcde"}),
     ]
+
+
+def test_a_duplicate_seen_before_the_recorded_claim_is_deleted_once_that_claim_arrives() -> None:
+    """Guards: kube-controller-manager's claim for a pod claim arrives first, while the cache does not yet have the
+    claim the pod records; when the recorded claim arrives, the earlier sibling is synced again and deleted."""
+    trainer = build.pod(templates={"gpu": "one-gpu"}, recorded={"gpu": "ours"})
+    theirs = build.claim("theirs", owner=trainer)
+    ours = build.claim("ours", owner=trainer)
+    stub = StubClient()
+    ctl = _controller(stub, pods=(trainer,), claims=(theirs,))
+
+    def drain() -> list[str]:
+        keys = []
+        while (key := ctl.queue.get(timeout=0)) is not None:
+            keys.append(key)
+            ctl.queue.done(key)
+        return keys
+
+    ctl._claim_changed(None, theirs)
+    assert "claim:ns/theirs" in drain()
+    ctl.sync_claim("ns", "theirs")
+    assert stub.writes == [], "the recorded claim is not in the cache yet: nothing is known to be a duplicate"
+    ctl.claims.store._put(ours.key, ours.meta.resource_version, ours)
+    ctl._claim_changed(None, ours)
+    assert "claim:ns/theirs" in drain()
+    ctl.sync_claim("ns", "theirs")
+    assert stub.writes == [
+        ("DELETE", "resourceclaims", {"name": "theirs", "resourceVersion": "3", "uid": "uid-theirs"})
+    ]
