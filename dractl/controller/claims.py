@@ -420,6 +420,7 @@ def plan_claim(
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Metrics:
     creates: prometheus_client.Counter
+    deallocations: prometheus_client.Counter
     errors: prometheus_client.Counter
     depth: prometheus_client.Gauge
 
@@ -439,6 +440,11 @@ def _metrics_for(registry: prometheus_client.CollectorRegistry) -> _Metrics:
                     "dractl_claim_controller_creates",
                     "ResourceClaims created from templates, by outcome.",
                     ["status"],
+                    registry=registry,
+                ),
+                deallocations=prometheus_client.Counter(
+                    "dractl_claim_controller_deallocations",
+                    "ResourceClaims deallocated because nothing reserves them any more.",
                     registry=registry,
                 ),
                 errors=prometheus_client.Counter(
@@ -868,6 +874,7 @@ class ClaimController:
             )
             version = str(stored["metadata"]["resourceVersion"])
             if plan.deallocate:
+                self.metrics.deallocations.inc()
                 log.info("deallocated ResourceClaim %s/%s: nothing reserves it", namespace, name)
         if plan.remove_finalizer:
             with self._lock:

@@ -135,11 +135,14 @@ def test_a_full_claim_gets_a_warning_instead_of_a_257th_reservation() -> None:
 
 def test_a_finished_pods_claim_is_unreserved_deallocated_unprotected_and_deleted_in_order() -> None:
     """Guards: the writes of the cleanup are exactly: status (reservedFor and allocation cleared) at the read
-    resourceVersion, finalizer removal at the new one, delete with the UID and the newest resourceVersion."""
+    resourceVersion, finalizer removal at the new one, delete with the UID and the newest resourceVersion; the
+    deallocation is counted."""
     job = build.pod("job", phase="Succeeded")
     claim = build.claim("job-gpu-abcde", owner=job, reserved=(build.ref(job),), allocated=True, finalizer=True)
     stub = StubClient()
-    _controller(stub, pods=(job,), claims=(claim,)).sync_claim("ns", "job-gpu-abcde")
+    ctl = _controller(stub, pods=(job,), claims=(claim,))
+    ctl.sync_claim("ns", "job-gpu-abcde")
+    assert ctl.registry.get_sample_value("dractl_claim_controller_deallocations_total") == 1
     assert stub.writes == [
         (
             "PATCH",
