@@ -19,8 +19,9 @@ import logging
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import prometheus_client
 import structlog
@@ -184,3 +185,22 @@ def install_signal_handlers(on_signal: Callable[[], None]) -> dict[int, Any]:
 def restore_signal_handlers(previous: Mapping[int, Any]) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)
+
+
+_M = TypeVar("_M")
+_PER_REGISTRY: weakref.WeakKeyDictionary[prometheus_client.CollectorRegistry, dict[str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+_PER_REGISTRY_LOCK = threading.Lock()
+
+
+def metrics_once(registry: prometheus_client.CollectorRegistry, name: str, build: Callable[[], _M]) -> _M:
+    """The metrics set `name` on `registry`, built by `build()` the first time. A controller made again on the
+    same registry (leadership lost and regained) reuses its metrics instead of failing on a duplicate
+    registration."""
+    with _PER_REGISTRY_LOCK:
+        sets = _PER_REGISTRY.setdefault(registry, {})
+        if name not in sets:
+            sets[name] = build()
+        found: _M = sets[name]
+        return found

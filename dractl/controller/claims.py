@@ -41,13 +41,12 @@ import copy
 import dataclasses
 import logging
 import threading
-import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import prometheus_client
 
-from dractl import model
+from dractl import daemon, model
 from dractl.kube import client as kube_client
 from dractl.kube import events, informer, workqueue
 from dractl.model import limits, podclaims
@@ -425,42 +424,35 @@ class _Metrics:
     depth: prometheus_client.Gauge
 
 
-# One set of metrics per registry: a controller made again on the same registry (after leadership
-# was lost and regained) reuses them instead of failing on a duplicate registration.
-_METRICS: weakref.WeakKeyDictionary[prometheus_client.CollectorRegistry, _Metrics] = weakref.WeakKeyDictionary()
-_METRICS_LOCK = threading.Lock()
-
-
 def _metrics_for(registry: prometheus_client.CollectorRegistry) -> _Metrics:
-    with _METRICS_LOCK:
-        found = _METRICS.get(registry)
-        if found is None:
-            found = _Metrics(
-                creates=prometheus_client.Counter(
-                    "dractl_claim_controller_creates",
-                    "ResourceClaims created from templates, by outcome.",
-                    ["status"],
-                    registry=registry,
-                ),
-                deallocations=prometheus_client.Counter(
-                    "dractl_claim_controller_deallocations",
-                    "ResourceClaims deallocated because nothing reserves them any more.",
-                    registry=registry,
-                ),
-                errors=prometheus_client.Counter(
-                    "dractl_claim_controller_sync_errors",
-                    "Syncs that failed and were requeued, by key kind.",
-                    ["kind"],
-                    registry=registry,
-                ),
-                depth=prometheus_client.Gauge(
-                    "dractl_claim_controller_queue_depth",
-                    "Keys waiting in the claim controller's work queue.",
-                    registry=registry,
-                ),
-            )
-            _METRICS[registry] = found
-        return found
+    return daemon.metrics_once(registry, "claims", lambda: _build_metrics(registry))
+
+
+def _build_metrics(registry: prometheus_client.CollectorRegistry) -> _Metrics:
+    return _Metrics(
+        creates=prometheus_client.Counter(
+            "dractl_claim_controller_creates",
+            "ResourceClaims created from templates, by outcome.",
+            ["status"],
+            registry=registry,
+        ),
+        deallocations=prometheus_client.Counter(
+            "dractl_claim_controller_deallocations",
+            "ResourceClaims deallocated because nothing reserves them any more.",
+            registry=registry,
+        ),
+        errors=prometheus_client.Counter(
+            "dractl_claim_controller_sync_errors",
+            "Syncs that failed and were requeued, by key kind.",
+            ["kind"],
+            registry=registry,
+        ),
+        depth=prometheus_client.Gauge(
+            "dractl_claim_controller_queue_depth",
+            "Keys waiting in the claim controller's work queue.",
+            registry=registry,
+        ),
+    )
 
 
 def _split(key: str) -> tuple[str, str]:

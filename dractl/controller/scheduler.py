@@ -46,13 +46,12 @@ import datetime
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import prometheus_client
 
-from dractl import alloc, model
+from dractl import alloc, daemon, model
 from dractl.controller import claims, nodefit, schedplan
 from dractl.kube import client as kube_client
 from dractl.kube import events, informer, workqueue
@@ -224,48 +223,41 @@ class _Metrics:
     depth: prometheus_client.Gauge
 
 
-# One set of metrics per registry: a scheduler made again on the same registry (after leadership was lost and
-# regained) reuses them instead of failing on a duplicate registration.
-_METRICS: weakref.WeakKeyDictionary[prometheus_client.CollectorRegistry, _Metrics] = weakref.WeakKeyDictionary()
-_METRICS_LOCK = threading.Lock()
-
-
 def _metrics_for(registry: prometheus_client.CollectorRegistry) -> _Metrics:
-    with _METRICS_LOCK:
-        found = _METRICS.get(registry)
-        if found is None:
-            found = _Metrics(
-                attempts=prometheus_client.Counter(
-                    "dractl_scheduler_attempts",
-                    "Scheduling attempts by result: scheduled, unschedulable, error.",
-                    ["result"],
-                    registry=registry,
-                ),
-                latency=prometheus_client.Histogram(
-                    "dractl_scheduler_scheduling_duration_seconds",
-                    "Seconds from taking a pod off the queue to its binding (or its refusal), by result.",
-                    ["result"],
-                    buckets=LATENCY_BUCKETS,
-                    registry=registry,
-                ),
-                claims_allocated=prometheus_client.Counter(
-                    "dractl_scheduler_claims_allocated",
-                    "ResourceClaims the scheduler allocated for pods it bound.",
-                    registry=registry,
-                ),
-                unschedulable=prometheus_client.Gauge(
-                    "dractl_scheduler_unschedulable_pods",
-                    "Pods of this scheduler that no node can take now (or that it refuses), waiting for a change.",
-                    registry=registry,
-                ),
-                depth=prometheus_client.Gauge(
-                    "dractl_scheduler_queue_depth",
-                    "Pod keys waiting in the scheduler's work queue.",
-                    registry=registry,
-                ),
-            )
-            _METRICS[registry] = found
-        return found
+    return daemon.metrics_once(registry, "scheduler", lambda: _build_metrics(registry))
+
+
+def _build_metrics(registry: prometheus_client.CollectorRegistry) -> _Metrics:
+    return _Metrics(
+        attempts=prometheus_client.Counter(
+            "dractl_scheduler_attempts",
+            "Scheduling attempts by result: scheduled, unschedulable, error.",
+            ["result"],
+            registry=registry,
+        ),
+        latency=prometheus_client.Histogram(
+            "dractl_scheduler_scheduling_duration_seconds",
+            "Seconds from taking a pod off the queue to its binding (or its refusal), by result.",
+            ["result"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ),
+        claims_allocated=prometheus_client.Counter(
+            "dractl_scheduler_claims_allocated",
+            "ResourceClaims the scheduler allocated for pods it bound.",
+            registry=registry,
+        ),
+        unschedulable=prometheus_client.Gauge(
+            "dractl_scheduler_unschedulable_pods",
+            "Pods of this scheduler that no node can take now (or that it refuses), waiting for a change.",
+            registry=registry,
+        ),
+        depth=prometheus_client.Gauge(
+            "dractl_scheduler_queue_depth",
+            "Pod keys waiting in the scheduler's work queue.",
+            registry=registry,
+        ),
+    )
 
 
 def _now() -> str:
