@@ -160,8 +160,9 @@ class Agent:
     Collaborators may be injected (tests); otherwise they are built from the settings: the
     backend from `--device-source`, the claim source and publisher from `--kubeconfig`.
     Invariants: slices are published before the plugin registers, so the scheduler can see the
-    devices the kubelet will be asked to prepare; a failed publish is retried by `tick()`;
-    taint changes republish at once; `stop()` is idempotent and never deletes slices.
+    devices the kubelet will be asked to prepare; after that only the publisher thread publishes,
+    so a slow API server never holds up NVML event delivery; taint changes wake it at once and a
+    failed publish is retried when `tick()` wakes it; `stop()` is idempotent and never deletes slices.
     """
 
     def __init__(
@@ -180,8 +181,10 @@ class Agent:
         self._publisher = publisher
         self._health_poll_s = health_poll_s
         self._inventory: inventory.Inventory | None = None
-        self._publish_lock = threading.RLock()
         self._publish_pending = False
+        self._publish_wanted = threading.Event()
+        self._publishing: threading.Thread | None = None
+        self._stopping = threading.Event()
         self._last_sweep = 0.0
         self._recorder: kube_events.Recorder | None = None
         self.state: state.State | None = None
@@ -243,7 +246,7 @@ class Agent:
             self._recorder = kube_events.Recorder(client, host=s.node_name)
         untainted = self._build({})
         self.metrics.published_devices.set(sum(len(sl.devices) for sl in untainted))
-        self.publish_slices({})
+        self._publish({})
         self.state = state.State(
             driver_name=s.driver_name,
             node_name=s.node_name,
@@ -267,6 +270,12 @@ class Agent:
             poll_s=self._health_poll_s,
         )
         self.monitor.subscribe(self._on_taints)
+        self._stopping.clear()
+        self._publish_wanted.clear()
+        self._publishing = threading.Thread(
+            target=self._publish_loop, args=(self.monitor,), name="dractl-publish", daemon=True
+        )
+        self._publishing.start()
         self.monitor.start()
         self.plugin = plugin.Plugin(
             driver_name=s.driver_name,
@@ -311,17 +320,21 @@ class Agent:
         if self.monitor is not None:
             self.monitor.stop()
             self.monitor = None
+        if self._publishing is not None:
+            self._stopping.set()
+            self._publish_wanted.set()
+            # A publish hanging on the API server must not hold up the shutdown (the thread is a daemon).
+            self._publishing.join(timeout=5.0)
+            self._publishing = None
         if self._gpus is not None:
             self._gpus.close()
             self._gpus = None
 
     def tick(self) -> None:
-        """Periodic work from the main loop: retry a failed publish, sweep every SWEEP_INTERVAL_S."""
-        # The taints are read under the publish lock: read before it, a health event published
-        # meanwhile would be overwritten by this older snapshot.
-        with self._publish_lock:
-            if self._publish_pending and self.monitor is not None:
-                self.publish_slices(self.monitor.taints())
+        """Periodic work from the main loop: have a failed publish retried (by the publisher
+        thread), sweep every SWEEP_INTERVAL_S."""
+        if self._publish_pending:
+            self._publish_wanted.set()
         if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
             self.sweep()
 
@@ -333,26 +346,42 @@ class Agent:
         for error in result.errors:
             _log.warning("sweep: could not clean up", error=error)
 
-    def publish_slices(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> bool:
-        """Build the slices with these taints and publish them; False (and a retry later) on failure."""
-        with self._publish_lock:
-            self.slices = self._build(taints)
-            assert self._publisher is not None
-            try:
-                self._publisher.publish(self.slices)
-            except Exception as err:  # noqa: BLE001 - the API being away must not stop the node agent
-                self._publish_pending = True
-                _log.warning("publishing ResourceSlices failed; retrying", error=str(err))
-                return False
-            self._publish_pending = False
-            unhealthy = sum(
-                1
-                for sl in self.slices
-                for d in sl.devices
-                if any(t.effect != model.TaintEffect.NONE.value for t in d.taints)
-            )
-            self.metrics.unhealthy_devices.set(unhealthy)
-            return True
+    def _publish_loop(self, monitor: health.Monitor) -> None:
+        """The publisher thread: publish the monitor's current taints whenever a publish is wanted.
+
+        The taints are read here, at publish time, by the only thread that publishes, so each
+        publish carries a state at least as new as the one before: an older health state never
+        overwrites a newer one, whatever order the monitor's observers ran in. A change made
+        during a publish sets `_publish_wanted` again, so the newest state is always published.
+        """
+        while True:
+            self._publish_wanted.wait()
+            if self._stopping.is_set():
+                return
+            self._publish_wanted.clear()
+            self._publish(monitor.taints())
+
+    def _publish(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> None:
+        """Build the slices with these taints and publish them; on failure a later `tick()` retries.
+
+        Called by `_start` before the publisher thread exists, then only by that thread.
+        """
+        self.slices = self._build(taints)
+        assert self._publisher is not None
+        try:
+            self._publisher.publish(self.slices)
+        except Exception as err:  # noqa: BLE001 - the API being away must not stop the node agent
+            self._publish_pending = True
+            _log.warning("publishing ResourceSlices failed; retrying", error=str(err))
+            return
+        self._publish_pending = False
+        unhealthy = sum(
+            1
+            for sl in self.slices
+            for d in sl.devices
+            if any(t.effect != model.TaintEffect.NONE.value for t in d.taints)
+        )
+        self.metrics.unhealthy_devices.set(unhealthy)
 
     def _build(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> tuple[model.ResourceSlice, ...]:
         assert self._inventory is not None
@@ -367,7 +396,9 @@ class Agent:
         return slices.build(self._inventory, options=options)
 
     def _on_taints(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> None:
-        self.publish_slices(taints)
+        # Called on the monitor's NVML event thread: only wake the publisher thread, which reads
+        # the newest taints itself, so a slow API server cannot delay the next event.
+        self._publish_wanted.set()
 
     def _warn(self, message: str) -> None:
         # The state has logged it; a Warning Event on the Node makes it visible to `kubectl describe node`.

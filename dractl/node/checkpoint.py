@@ -1,13 +1,15 @@
 """The node agent's checkpoint: which claims are prepared here and every side effect made.
 
-What it does: holds the records of prepared claims (PrepareStarted with what is about to
-be created, PrepareCompleted with the prepared devices and every side effect: CDI file,
-MIG instances, MPS daemon, time-slice settings) and reads and writes them as one versioned
-JSON file with a checksum, written atomically (temp file, fsync, rename, fsync of the
-directory). A missing file is an empty checkpoint; a corrupt one (bad JSON, checksum
-mismatch, unknown version) or one from another boot is discarded with a warning, never an
-exception, so the agent cannot crash-loop on it. What it must not do: touch GPUs or CDI
-files, or decide what a record means (state does).
+What it does: holds the records of prepared claims (PrepareStarted with what is about to be
+created, PrepareCompleted with the prepared devices and every side effect: CDI file, MIG
+instances, MPS daemon, time-slice settings) and reads and writes them as one versioned JSON
+file with a checksum, written atomically (temp file, fsync, rename, fsync of the directory).
+The file is canonical JSON (compact, sorted keys), the form the checksum covers, so a
+`Writer` re-encodes only the claims that changed since its last write. A missing file is an
+empty checkpoint; a corrupt one (bad JSON, checksum mismatch, unknown version) or one from
+another boot is discarded with a warning, never an exception, so the agent cannot crash-loop
+on it. What it must not do: touch GPUs or CDI files, or decide what a record means (state
+does).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import os
 import pathlib
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "Loaded",
     "load",
     "save",
+    "Writer",
     "read_boot_id",
 ]
 
@@ -45,12 +48,12 @@ class Phase(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceRecord:
-    """One prepared device as returned to the kubelet."""
+    """One prepared device as returned to the kubelet (`state.PreparedDevice` is this type)."""
 
-    requests: tuple[str, ...]
+    requests: tuple[str, ...]  # base request names ("gpu", not "gpu/sub")
     pool: str
     device: str
-    cdi_device_ids: tuple[str, ...]
+    cdi_device_ids: tuple[str, ...]  # fully-qualified CDI names
     share_id: str | None = None
 
 
@@ -147,18 +150,30 @@ def _decode_claim(raw: Mapping[str, Any]) -> ClaimRecord:
     )
 
 
-def _canonical(data: Mapping[str, Any]) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+def _canonical(value: object) -> str:
+    """Compact JSON with sorted keys: what the checksum covers, and the whole file's form."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _claim_entry(uid: str, record: ClaimRecord) -> str:
+    """One `"<uid>":{record}` member of the canonical `claims` object."""
+    return f"{_canonical(uid)}:{_canonical(_encode_claim(record))}"
+
+
+def _document(boot_id: str, entries: Iterable[str]) -> bytes:
+    """The file's bytes from the claim entries in uid order: `_canonical` of the whole document,
+    assembled from the parts so an entry encoded earlier can be reused as it is."""
+    data = f'{{"bootId":{_canonical(boot_id)},"claims":{{{",".join(entries)}}}}}'
+    checksum = hashlib.sha256(data.encode()).hexdigest()
+    return f'{{"checksum":"{checksum}","data":{data},"version":{VERSION}}}'.encode()
 
 
 def encode(checkpoint: Checkpoint) -> bytes:
-    """The file's bytes. Pure and deterministic (sorted keys)."""
-    data = {
-        "bootId": checkpoint.boot_id,
-        "claims": {uid: _encode_claim(record) for uid, record in sorted(checkpoint.claims.items())},
-    }
-    document = {"version": VERSION, "checksum": hashlib.sha256(_canonical(data)).hexdigest(), "data": data}
-    return json.dumps(document, sort_keys=True, indent=1).encode()
+    """The file's bytes: the document as canonical JSON (compact, sorted keys). Pure and deterministic.
+
+    The checksum covers the canonical JSON of `data`, which is exactly the `data` part of the file.
+    """
+    return _document(checkpoint.boot_id, (_claim_entry(uid, r) for uid, r in sorted(checkpoint.claims.items())))
 
 
 def _decode(blob: bytes) -> tuple[str, dict[str, ClaimRecord]]:
@@ -172,7 +187,7 @@ def _decode(blob: bytes) -> tuple[str, dict[str, ClaimRecord]]:
     if document.get("version") != VERSION:
         raise ValueError(f"unknown version {document.get('version')!r} (this agent reads version {VERSION})")
     data = document.get("data")
-    if not isinstance(data, dict) or hashlib.sha256(_canonical(data)).hexdigest() != document.get("checksum"):
+    if not isinstance(data, dict) or hashlib.sha256(_canonical(data).encode()).hexdigest() != document.get("checksum"):
         raise ValueError("checksum mismatch")
     try:
         claims = {str(uid): _decode_claim(raw) for uid, raw in data["claims"].items()}
@@ -235,3 +250,28 @@ def write_atomically(path: pathlib.Path, blob: bytes, *, fsync: bool = True) -> 
 def save(path: pathlib.Path, checkpoint: Checkpoint, *, fsync: bool = True) -> None:
     """Write the checkpoint atomically (see `write_atomically`). Idempotent."""
     write_atomically(path, encode(checkpoint), fsync=fsync)
+
+
+class Writer:
+    """Saves successive checkpoints to one file, encoding only the claims that changed.
+
+    Each claim's encoded entry is kept with the record it was made from and reused while the
+    checkpoint holds that very record (records are immutable, so identity is enough): a write
+    after one claim changed encodes that claim only, however many others are prepared. The
+    bytes are always `encode(checkpoint)`'s. Not thread-safe: the state writes under its lock.
+    """
+
+    def __init__(self, path: pathlib.Path, *, fsync: bool = True) -> None:
+        self.path = path
+        self._fsync = fsync
+        self._entries: dict[str, tuple[ClaimRecord, str]] = {}
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        """Write the checkpoint atomically (see `write_atomically`). Idempotent."""
+        entries = {}
+        for uid, record in checkpoint.claims.items():
+            known = self._entries.get(uid)
+            entries[uid] = known if known is not None and known[0] is record else (record, _claim_entry(uid, record))
+        self._entries = entries
+        blob = _document(checkpoint.boot_id, (entries[uid][1] for uid in sorted(entries)))
+        write_atomically(self.path, blob, fsync=self._fsync)

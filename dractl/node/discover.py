@@ -109,22 +109,32 @@ def run(settings: config.Discover, *, out: TextIO, err: TextIO) -> int:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Example:
-    """One node file of the built-in example cluster and the discover flags that make it."""
+    """One node file of the built-in example cluster and the discover flags that make it (always
+    the fake backend, which is what the file's header says it was generated with)."""
 
     file: str
-    settings: config.Discover
+    node_name: str
+    fake_profile: str
+    mig_mode: config.MigMode
     description: str
+
+    @property
+    def settings(self) -> config.Discover:
+        """`dractl discover`'s settings for this file. Pure."""
+        return config.Discover(
+            node_name=self.node_name,
+            device_source=config.DeviceSource.FAKE,
+            fake_profile=self.fake_profile,
+            mig_mode=self.mig_mode,
+        )
 
 
 EXAMPLES = (
     Example(
         file="20-dgx-a100-01.yaml",
-        settings=config.Discover(
-            node_name="dgx-a100-01",
-            device_source=config.DeviceSource.FAKE,
-            fake_profile="a100-80gb-x8",
-            mig_mode=config.MigMode.DYNAMIC,
-        ),
+        node_name="dgx-a100-01",
+        fake_profile="a100-80gb-x8",
+        mig_mode=config.MigMode.DYNAMIC,
         description="""\
 Node dgx-a100-01: 8x NVIDIA A100-SXM4-80GB on one NVSwitch fabric, published as the NVIDIA
 DRA driver does with DynamicMIG on Kubernetes >= 1.35: one pool named after the node with 9
@@ -141,12 +151,9 @@ partition8/4/2/1 are the Fabric Manager's NVLink partitions (as on dgx-h100-01).
     ),
     Example(
         file="21-dgx-h100-01.yaml",
-        settings=config.Discover(
-            node_name="dgx-h100-01",
-            device_source=config.DeviceSource.FAKE,
-            fake_profile="h100-80gb-x8",
-            mig_mode=config.MigMode.STATIC,
-        ),
+        node_name="dgx-h100-01",
+        fake_profile="h100-80gb-x8",
+        mig_mode=config.MigMode.STATIC,
         description="""\
 Node dgx-h100-01: 8x NVIDIA H100 80GB HBM3 on one NVSwitch fabric, published with the
 driver's FabricManagerPartitioning feature and without DynamicMIG (MIG mode is off): one
@@ -157,12 +164,9 @@ NVLink partition.""",
     ),
     Example(
         file="22-t4-node-01.yaml",
-        settings=config.Discover(
-            node_name="t4-node-01",
-            device_source=config.DeviceSource.FAKE,
-            fake_profile="t4-x2",
-            mig_mode=config.MigMode.STATIC,
-        ),
+        node_name="t4-node-01",
+        fake_profile="t4-x2",
+        mig_mode=config.MigMode.STATIC,
         description="Node t4-node-01: 2x Tesla T4 (16 GB, Turing, no MIG), one slice with both GPUs.",
     ),
 )

@@ -153,7 +153,11 @@ class Monitor:
     # --- what others read --------------------------------------------------------------------
 
     def subscribe(self, observer: TaintObserver) -> None:
-        """Call `observer(device -> taints)` on every change of the taints (from the monitor's thread)."""
+        """Call `observer(device -> taints)` on every change of the taints, on the monitor's thread.
+
+        The observer must return quickly: until it does, no further NVML event is read. Slow
+        work (an API write) belongs on a thread of its own that the observer only wakes.
+        """
         self._observers.append(observer)
 
     def taints(self) -> dict[str, tuple[model.DeviceTaint, ...]]:

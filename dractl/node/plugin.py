@@ -10,10 +10,13 @@ stale sockets are removed before binding and both are removed on stop. `probe()`
 liveness check: one gRPC call over each socket.
 
 What it must not do: any work of its own. Handlers only translate protobuf <-> `state` values
-and call the injected `Preparer` once per claim, one claim after another (one batch at a time),
+and call the injected `Preparer` once per claim, the claims of one request one after another,
 turning `state.PrepareError` (and anything unexpected) into that claim's `error` string so
-every claim of a request gets exactly one entry. It is the only module besides `dractl._proto`
-that imports grpc; it does not talk to the Kubernetes API or NVML.
+every claim of a request gets exactly one entry. It does not serialize requests: the
+`Preparer` is thread-safe and serializes its own work, with the slow API read outside its lock
+(as the kubelet helper does), so one pod's claim read does not hold up another pod's prepare.
+It is the only module besides `dractl._proto` that imports grpc; it does not talk to the
+Kubernetes API or NVML.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import pathlib
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -61,8 +64,9 @@ class PluginError(Exception):
 class Preparer(Protocol):
     """What the handlers call per claim: `state.State` in production, a fake in tests.
 
-    `prepare` is idempotent and raises `state.PrepareError` with the message for the kubelet;
-    `unprepare` succeeds for unknown claims.
+    Thread-safe: concurrent requests call it from several gRPC threads at once. `prepare` is
+    idempotent and raises `state.PrepareError` with the message for the kubelet; `unprepare`
+    succeeds for unknown claims.
     """
 
     def prepare(self, claim: state.ClaimRef) -> tuple[state.PreparedDevice, ...]: ...
@@ -144,9 +148,9 @@ class Plugin:
 
     Invariants: `start()` binds the DRA socket, waits until it exists, then binds the
     registration socket; `stop()` removes the registration socket first (the kubelet then
-    deregisters the plugin) and the DRA socket last; each is idempotent. Prepare and unprepare
-    batches are handled one at a time, claims in request order; an empty batch (the liveness
-    probe) answers at once without waiting for a running batch.
+    deregisters the plugin) and the DRA socket last; each is idempotent. The claims of a prepare
+    or unprepare request are handled in request order; requests run concurrently (the preparer
+    serializes what must be), so an empty one (the liveness probe) answers at once.
     """
 
     def __init__(
@@ -167,7 +171,6 @@ class Plugin:
         self._on_call = on_call
         self._health_resend_s = health_resend_s
         self._workers = workers
-        self._batch_lock = threading.Lock()
         self._stopping = threading.Event()
         self._status = RegistrationStatus()
         self._dra_server: Any = None
@@ -300,47 +303,49 @@ class Plugin:
         return pluginregistration_pb2.RegistrationStatusResponse()
 
     def _prepare(self, request: Any, context: Any, pb2: ModuleType, api: str) -> Any:
+        def prepare(claim: Any, entry: Any) -> None:
+            del entry.devices[:]  # a claim listed twice answers from its last attempt only
+            for device in self._preparer.prepare(_claim_ref(claim)):
+                entry.devices.append(_device_message(pb2, device, share_id=api == "v1"))
+
         response = pb2.NodePrepareResourcesResponse()
-        claims = list(request.claims)
-        if not claims:
-            return response
-        started = time.perf_counter()
-        errors = 0
-        with self._batch_lock:
-            for claim in claims:
-                entry = response.claims[claim.uid]
-                del entry.devices[:]
-                try:
-                    prepared = self._preparer.prepare(_claim_ref(claim))
-                except Exception as err:  # noqa: BLE001 - every failure becomes this claim's error
-                    entry.error = _error_text("prepare", claim, err)
-                    errors += 1
-                    continue
-                entry.error = ""
-                for device in prepared:
-                    entry.devices.append(_device_message(pb2, device, share_id=api == "v1"))
-        self._record(Call(operation="prepare", api=api, claims=len(claims), errors=errors, seconds=_since(started)))
+        self._each_claim(request.claims, prepare, response=response, operation="prepare", api=api)
         return response
 
     def _unprepare(self, request: Any, context: Any, pb2: ModuleType, api: str) -> Any:
+        def unprepare(claim: Any, entry: Any) -> None:
+            self._preparer.unprepare(_claim_ref(claim))
+
         response = pb2.NodeUnprepareResourcesResponse()
-        claims = list(request.claims)
+        self._each_claim(request.claims, unprepare, response=response, operation="unprepare", api=api)
+        return response
+
+    def _each_claim(
+        self,
+        claims: Sequence[Any],
+        handle: Callable[[Any, Any], None],
+        *,
+        response: Any,
+        operation: str,
+        api: str,
+    ) -> None:
+        """Call `handle(claim, entry)` for each claim in request order, `entry` being the claim's
+        entry in `response`; set the entry's error from what it raised, or to "" when it did not.
+        Records the call for metrics unless the request is empty (the liveness probe)."""
         if not claims:
-            return response
+            return
         started = time.perf_counter()
         errors = 0
-        with self._batch_lock:
-            for claim in claims:
-                entry = response.claims[claim.uid]
-                try:
-                    self._preparer.unprepare(_claim_ref(claim))
-                except Exception as err:  # noqa: BLE001 - every failure becomes this claim's error
-                    entry.error = _error_text("unprepare", claim, err)
-                    errors += 1
-                else:
-                    entry.error = ""
-        self._record(Call(operation="unprepare", api=api, claims=len(claims), errors=errors, seconds=_since(started)))
-        return response
+        for claim in claims:
+            entry = response.claims[claim.uid]
+            try:
+                handle(claim, entry)
+            except Exception as err:  # noqa: BLE001 - every failure becomes this claim's error
+                entry.error = _error_text(operation, claim, err)
+                errors += 1
+            else:
+                entry.error = ""
+        self._record(Call(operation=operation, api=api, claims=len(claims), errors=errors, seconds=_since(started)))
 
     def _watch_resources(self, request: Any, context: Any, hpb2: ModuleType) -> Iterator[Any]:
         assert self._health is not None  # only registered when a source exists

@@ -52,13 +52,8 @@ class ClaimRef:
     uid: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PreparedDevice:
-    requests: tuple[str, ...]  # base request names ("gpu", not "gpu/sub")
-    pool: str
-    device: str
-    cdi_device_ids: tuple[str, ...]  # fully-qualified CDI names
-    share_id: str | None = None
+# What the kubelet gets for a prepared device is what the checkpoint records for it.
+PreparedDevice = checkpoint.DeviceRecord
 
 
 class PrepareError(Exception):
@@ -91,12 +86,16 @@ class _Item:
     share_id: str | None
     admin: bool
     kind: opaque.DeviceKind
-    minor: int  # the physical GPU (a MIG device's parent)
+    gpu: backend.GpuInfo  # the physical GPU (a MIG device's parent), as read when planning
     uuid: str | None  # None for a dynamic MIG device not created yet
     mig: checkpoint.MigRecord | None  # dynamic MIG (planned or reused) or static MIG (with ids)
     dynamic: bool
     selected: opaque.Selected
     memory_mib: int | None  # a share's consumed memory
+
+    @property
+    def minor(self) -> int:
+        return self.gpu.minor
 
     @property
     def base(self) -> str:
@@ -156,16 +155,15 @@ class State:
         self._device_nodes = device_nodes
         self._proc_root = proc_root
         self._on_warning = on_warning
-        self._fsync = fsync
         self._lock = threading.Lock()
-        self._path = state_dir / CHECKPOINT_FILE
+        self._writer = checkpoint.Writer(state_dir / CHECKPOINT_FILE, fsync=fsync)
         self.warnings: list[str] = []
-        loaded = checkpoint.load(self._path, boot_id=checkpoint.read_boot_id(boot_id_path))
+        loaded = checkpoint.load(self._writer.path, boot_id=checkpoint.read_boot_id(boot_id_path))
         self._cp = loaded.checkpoint
         if loaded.warning is not None:
             self._warn(loaded.warning)
             # Save the fresh state now so the same warning is not raised on every start.
-            checkpoint.save(self._path, self._cp, fsync=fsync)
+            self._writer.save(self._cp)
 
     # --- public API ------------------------------------------------------------------------
 
@@ -188,7 +186,9 @@ class State:
             done = self._completed(claim)
             if done is not None:
                 return done
-            items = self._plan(claim, resource)
+            # The GPUs are read once per prepare; nothing else changes them while the lock is held.
+            gpus = {gpu.minor: gpu for gpu in self._gpus.gpus()}
+            items = self._plan(claim, resource, gpus)
             self._check_conflicts(claim, items)
             previous = self._cp.claims.get(claim.uid)
             if previous is not None:
@@ -272,12 +272,7 @@ class State:
         record = self._cp.claims.get(claim.uid)
         if record is None or record.phase is not checkpoint.Phase.COMPLETED:
             return None
-        return tuple(
-            PreparedDevice(
-                requests=d.requests, pool=d.pool, device=d.device, cdi_device_ids=d.cdi_device_ids, share_id=d.share_id
-            )
-            for d in record.devices
-        )
+        return record.devices
 
     def _read_claim(self, claim: ClaimRef) -> model.ResourceClaim:
         name = f"{claim.namespace}/{claim.name}"
@@ -296,11 +291,12 @@ class State:
             raise PrepareError(f"claim {name}: not allocated (status.allocation is empty)")
         return resource
 
-    def _gpu(self, minor: int, *, name: str, device: str) -> backend.GpuInfo:
-        for gpu in self._gpus.gpus():
-            if gpu.minor == minor:
-                return gpu
-        raise PrepareError(f"claim {name}: device {device}: this node has no GPU with minor {minor}")
+    @staticmethod
+    def _gpu(gpus: Mapping[int, backend.GpuInfo], minor: int, *, name: str, device: str) -> backend.GpuInfo:
+        gpu = gpus.get(minor)
+        if gpu is None:
+            raise PrepareError(f"claim {name}: device {device}: this node has no GPU with minor {minor}")
+        return gpu
 
     def _other_mig(self, uid: str, device: str) -> checkpoint.MigRecord | None:
         """A created MIG instance another claim already prepared for the same (shared) device."""
@@ -313,8 +309,8 @@ class State:
         return None
 
     def _resolve(
-        self, claim: ClaimRef, result: model.DeviceRequestAllocationResult
-    ) -> tuple[opaque.DeviceKind, int, str | None, checkpoint.MigRecord | None, bool]:
+        self, claim: ClaimRef, result: model.DeviceRequestAllocationResult, gpus: Mapping[int, backend.GpuInfo]
+    ) -> tuple[opaque.DeviceKind, backend.GpuInfo, str | None, checkpoint.MigRecord | None, bool]:
         name = f"{claim.namespace}/{claim.name}"
         where = f"claim {name}: status.allocation.devices.results device {result.device}"
         parsed = mig.parse_name(result.device)
@@ -323,11 +319,11 @@ class State:
                 raise PrepareError(
                     f"{where}: not a device this driver publishes (expected gpu-<minor> or a MIG device name)"
                 )
-            gpu = self._gpu(int(result.device[4:]), name=name, device=result.device)
+            gpu = self._gpu(gpus, int(result.device[4:]), name=name, device=result.device)
             if gpu.mig_mode is backend.MigMode.ENABLED and not self._dynamic_mig:
                 raise PrepareError(f"{where}: GPU {gpu.minor} has MIG mode enabled, so it cannot be used whole")
-            return opaque.DeviceKind.GPU, gpu.minor, gpu.uuid, None, False
-        gpu = self._gpu(parsed.parent_minor, name=name, device=result.device)
+            return opaque.DeviceKind.GPU, gpu, gpu.uuid, None, False
+        gpu = self._gpu(gpus, parsed.parent_minor, name=name, device=result.device)
         if not self._dynamic_mig:
             existing = mig.existing_device(self._gpus, parsed)
             if existing is None:
@@ -345,10 +341,10 @@ class State:
                 ci_id=existing.ci_id,
                 uuid=existing.uuid,
             )
-            return opaque.DeviceKind.MIG, gpu.minor, existing.uuid, record, False
+            return opaque.DeviceKind.MIG, gpu, existing.uuid, record, False
         shared = self._other_mig(claim.uid, result.device)
         if shared is not None:
-            return opaque.DeviceKind.MIG, gpu.minor, shared.uuid, shared, False
+            return opaque.DeviceKind.MIG, gpu, shared.uuid, shared, False
         try:
             placement = mig.placement_of(self._gpus, parsed)
         except (ValueError, backend.NvmlError) as err:
@@ -361,16 +357,18 @@ class State:
             start=placement.start,
             size=placement.size,
         )
-        return opaque.DeviceKind.MIG, gpu.minor, None, planned, True
+        return opaque.DeviceKind.MIG, gpu, None, planned, True
 
-    def _plan(self, claim: ClaimRef, resource: model.ResourceClaim) -> tuple[_Item, ...]:
+    def _plan(
+        self, claim: ClaimRef, resource: model.ResourceClaim, gpus: Mapping[int, backend.GpuInfo]
+    ) -> tuple[_Item, ...]:
         assert resource.allocation is not None  # checked by _read_claim
         name = f"{claim.namespace}/{claim.name}"
         ours = [r for r in resource.allocation.results if r.driver == self._driver and r.pool == self._node]
         for r in resource.allocation.results:
             if r.driver == self._driver and r.pool != self._node:
                 _log.warning("ignoring a result for another pool", claim=name, pool=r.pool, device=r.device)
-        resolved = [self._resolve(claim, r) for r in ours]
+        resolved = [self._resolve(claim, r, gpus) for r in ours]
         try:
             selected = opaque.select(
                 resource.allocation.config,
@@ -380,7 +378,7 @@ class State:
         except opaque.ConfigError as err:
             raise PrepareError(self._config_message(name, resource, err)) from None
         items = []
-        for result, (kind, minor, uuid, mig_record, dynamic), chosen in zip(ours, resolved, selected, strict=True):
+        for result, (kind, gpu, uuid, mig_record, dynamic), chosen in zip(ours, resolved, selected, strict=True):
             memory = result.consumed_capacity.get("memory")
             items.append(
                 _Item(
@@ -389,7 +387,7 @@ class State:
                     share_id=result.share_id,
                     admin=bool(result.admin_access),
                     kind=kind,
-                    minor=minor,
+                    gpu=gpu,
                     uuid=uuid,
                     mig=mig_record,
                     dynamic=dynamic,
@@ -452,7 +450,7 @@ class State:
         else:
             claims[uid] = record
         updated = checkpoint.Checkpoint(boot_id=self._cp.boot_id, claims=claims)
-        checkpoint.save(self._path, updated, fsync=self._fsync)
+        self._writer.save(updated)
         self._cp = updated
 
     def _mps_groups(
@@ -590,21 +588,7 @@ class State:
         for settings in daemons.values():
             self._mps.start(settings)
         prepared = self._write_cdi(claim, resolved, by_item)
-        completed = dataclasses.replace(
-            record,
-            phase=checkpoint.Phase.COMPLETED,
-            devices=tuple(
-                checkpoint.DeviceRecord(
-                    requests=d.requests,
-                    pool=d.pool,
-                    device=d.device,
-                    cdi_device_ids=d.cdi_device_ids,
-                    share_id=d.share_id,
-                )
-                for d in prepared
-            ),
-        )
-        self._store(completed, uid=claim.uid)
+        self._store(dataclasses.replace(record, phase=checkpoint.Phase.COMPLETED, devices=prepared), uid=claim.uid)
         return prepared
 
     @staticmethod
@@ -615,10 +599,10 @@ class State:
         return tuple(done.get(m.device, m) for m in planned)
 
     def _ensure_whole(self, claim: ClaimRef, item: _Item) -> None:
-        """Dynamic MIG: a GPU prepared whole must have MIG off (Hopper can toggle it)."""
+        """Dynamic MIG: a GPU prepared whole must have MIG off (Hopper can toggle it). Setting
+        the mode again is harmless, so the mode read when planning is good enough."""
         name = f"{claim.namespace}/{claim.name}"
-        gpu = self._gpu(item.minor, name=name, device=item.device)
-        if gpu.mig_mode is backend.MigMode.ENABLED:
+        if item.gpu.mig_mode is backend.MigMode.ENABLED:
             if self._gpus.gpu_instances(item.minor):
                 raise PrepareError(
                     f"claim {name}: device {item.device}: GPU {item.minor} still has MIG instances,"

@@ -37,7 +37,8 @@ UID = "0c1d2e3f-0000-4000-8000-0000000000a1"
 
 
 class FakePublisher:
-    """Records every publish (and whether the registration socket existed then); can fail on demand."""
+    """Records every publish (and whether the registration socket existed then); can fail on demand,
+    and hang like a slow API server while `gate` is set and not yet open (`hanging` says one is)."""
 
     def __init__(self, registration_socket: pathlib.Path) -> None:
         self.registration_socket = registration_socket
@@ -45,8 +46,13 @@ class FakePublisher:
         self.socket_existed: list[bool] = []
         self.failures = 0
         self.cond = threading.Condition()
+        self.gate: threading.Event | None = None
+        self.hanging = threading.Event()
 
     def publish(self, desired: Sequence[model.ResourceSlice]) -> None:
+        if self.gate is not None:
+            self.hanging.set()
+            assert self.gate.wait(timeout=60)
         with self.cond:
             if self.failures:
                 self.failures -= 1
@@ -223,9 +229,36 @@ def test_a_failed_publish_is_retried(
         assert publisher.published == []
         assert a.sockets.registration.exists()
         a.tick()
+        assert publisher.wait_for(lambda slices: bool(slices))
         assert len(publisher.published) == 1
     finally:
         a.stop()
+
+
+def test_a_hanging_publish_does_not_hold_up_health_events_and_the_newest_taints_win(
+    node_agent: agent.Agent, gpus: fakegpu.FakeGpus, publisher: FakePublisher
+) -> None:
+    """Guards: slices are published off the NVML event thread: while the API server hangs on the publish
+    for one XID, the monitor still takes in the next one, and once the API answers the last publish carries
+    both taints, no publish going back to an older state."""
+    monitor = node_agent.monitor
+    assert monitor is not None
+    publisher.gate = threading.Event()
+    try:
+        gpus.inject_xid(0, 79)
+        assert publisher.hanging.wait(timeout=20)
+        version, _ = monitor.wait_report(after=-1, timeout_s=0)
+        gpus.inject_xid(1, 48)
+        # Well short of the hang's own timeout, so only a monitor free of the publish gets here.
+        deadline = time.monotonic() + 10
+        while not monitor.taints()["gpu-1"] and time.monotonic() < deadline:
+            version, _ = monitor.wait_report(after=version, timeout_s=deadline - time.monotonic())
+        assert monitor.taints()["gpu-1"], "the monitor took no event in while a publish hung"
+    finally:
+        publisher.gate.set()
+    assert publisher.wait_for(lambda slices: bool(_tainted(slices, "gpu-0")) and bool(_tainted(slices, "gpu-1")))
+    tainted = [{d.name for s in slices for d in s.devices if d.taints} for slices in publisher.published]
+    assert all(before <= after for before, after in zip(tainted, tainted[1:], strict=False))
 
 
 def test_bad_fake_profile_is_one_line(settings: config.NodeAgent) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -129,3 +131,38 @@ def test_save_without_fsync_is_still_atomic_and_readable(tmp_path: pathlib.Path)
     checkpoint.save(path, checkpoint.Checkpoint(boot_id="b1", claims={"u1": RECORD}), fsync=False)
     assert os.listdir(tmp_path) == ["checkpoint.json"]
     assert checkpoint.load(path, boot_id="b1").checkpoint.claims == {"u1": RECORD}
+
+
+def test_the_file_is_canonical_json_and_its_data_part_is_what_the_checksum_covers(tmp_path: pathlib.Path) -> None:
+    """Guards: the file, assembled from per-claim parts, is exactly the document's compact sorted-key JSON
+    (escapes included), so the checksum of its `data` is the one a reader recomputes."""
+    path = tmp_path / "checkpoint.json"
+    odd = dataclasses.replace(RECORD, uid='u"\\é', name="ünïcode\n")
+    checkpoint.save(path, checkpoint.Checkpoint(boot_id='b"1', claims={"u1": RECORD, odd.uid: odd, "a0": RECORD}))
+    blob = path.read_bytes()
+    document = json.loads(blob)
+    assert blob == json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    data = json.dumps(document["data"], sort_keys=True, separators=(",", ":")).encode()
+    assert document["checksum"] == hashlib.sha256(data).hexdigest()
+    assert checkpoint.load(path, boot_id='b"1').checkpoint.claims == {"u1": RECORD, odd.uid: odd, "a0": RECORD}
+
+
+def test_the_writer_encodes_only_changed_claims_and_writes_what_encode_writes(
+    tmp_path: pathlib.Path, encoded_claims: list[str]
+) -> None:
+    """Guards: successive saves through one Writer encode only added or replaced records (not the 100 kept),
+    and the bytes equal a fresh `encode` of the same checkpoint."""
+    records = {f"u{n:03d}": dataclasses.replace(RECORD, uid=f"u{n:03d}") for n in range(100)}
+    writer = checkpoint.Writer(tmp_path / "checkpoint.json", fsync=False)
+    writer.save(checkpoint.Checkpoint(boot_id="b1", claims=records))
+    assert len(encoded_claims) == 100
+    encoded_claims.clear()
+    changed = dict(records)
+    changed["u007"] = dataclasses.replace(records["u007"], phase=checkpoint.Phase.STARTED)
+    del changed["u050"]
+    changed["u100"] = dataclasses.replace(RECORD, uid="u100")
+    later = checkpoint.Checkpoint(boot_id="b1", claims=changed)
+    writer.save(later)
+    assert sorted(encoded_claims) == ["u007", "u100"]
+    assert writer.path.read_bytes() == checkpoint.encode(later)
+    assert checkpoint.load(writer.path, boot_id="b1").checkpoint.claims == changed

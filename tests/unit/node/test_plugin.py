@@ -390,6 +390,20 @@ def test_unexpected_exception_is_one_line_for_that_claim_only(
     assert response.claims["u2"].error == "" and len(response.claims["u2"].devices) == 1
 
 
+def test_a_claim_listed_twice_gets_one_entry_with_its_devices_once(
+    running: plugin.Plugin, sockets: plugin.Sockets, preparer: FakePreparer
+) -> None:
+    """Guards: a uid repeated in one request is one response entry holding its devices once, not twice."""
+    preparer.devices["u1"] = (GPU0,)
+    with _channel(sockets.dra) as channel:
+        response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+            dra_v1_pb2.NodePrepareResourcesRequest(claims=[_claim(dra_v1_pb2, "u1"), _claim(dra_v1_pb2, "u1")]),
+            timeout=5,
+        )
+    assert list(response.claims) == ["u1"]
+    assert response.claims["u1"].error == "" and [d.device_name for d in response.claims["u1"].devices] == ["gpu-0"]
+
+
 def test_a_claim_without_name_is_refused_naming_the_field(
     running: plugin.Plugin, sockets: plugin.Sockets, preparer: FakePreparer
 ) -> None:
@@ -403,7 +417,7 @@ def test_a_claim_without_name_is_refused_naming_the_field(
 
 
 class OverlapDetector(FakePreparer):
-    """Each call waits (bounded) for another call to enter too; with serialized batches none ever does."""
+    """Each call waits (bounded) for another call to enter too; with serialized requests none ever does."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -420,8 +434,9 @@ class OverlapDetector(FakePreparer):
         return ()
 
 
-def test_batches_run_one_at_a_time(sockets: plugin.Sockets) -> None:
-    """Guards: two concurrent NodePrepareResources calls never run the preparer at the same time."""
+def test_concurrent_requests_reach_the_preparer_together(sockets: plugin.Sockets) -> None:
+    """Guards: the plugin does not serialize requests (the preparer does, around its own work only): two
+    concurrent NodePrepareResources calls are in the preparer at once, so one claim's API read holds up no other."""
     detector = OverlapDetector()
     p = plugin.Plugin(driver_name=DRIVER, sockets=sockets, preparer=detector)
     p.start()
@@ -444,7 +459,7 @@ def test_batches_run_one_at_a_time(sockets: plugin.Sockets) -> None:
     finally:
         p.stop(grace_s=0)
     assert len(results) == 2 and len(detector.calls) == 2
-    assert detector.max_active == 1
+    assert detector.max_active == 2
 
 
 def test_liveness_probe_is_not_blocked_by_a_running_batch(

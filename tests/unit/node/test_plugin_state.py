@@ -7,12 +7,14 @@ import dataclasses
 import pathlib
 import shutil
 import tempfile
+import threading
 from typing import Any
 
 import grpc
 import pytest
 from support.state_inputs import Node, claim, config, gpu_config, make_node, result
 
+from dractl import model
 from dractl._proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -202,3 +204,37 @@ def test_unprepare_of_an_unknown_claim_succeeds(kubelet: Kubelet) -> None:
     """Guards: unpreparing a claim this node never prepared (or already unprepared) answers an empty error."""
     response = kubelet.unprepare(state.ClaimRef(namespace="default", name="never", uid=UID))
     assert response.claims[UID].error == ""  # type: ignore[attr-defined]
+
+
+def test_a_hanging_claim_read_does_not_hold_up_another_pods_prepare(
+    kubelet: Kubelet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards: the API read happens outside every lock: while reading one pod's claim hangs, another pod's
+    NodePrepareResources is answered, and the first completes once its read returns."""
+    slow = kubelet.node.claims.put(claim("slow", UID, [result("gpu-0")]))
+    fast = kubelet.node.claims.put(claim("fast", UID2, [result("gpu-1")]))
+    reading, release = threading.Event(), threading.Event()
+    read = kubelet.node.claims.get_claim
+
+    def get_claim(namespace: str, name: str) -> model.ResourceClaim | None:
+        if name == slow.name:
+            reading.set()
+            assert release.wait(timeout=60)
+        return read(namespace, name)
+
+    monkeypatch.setattr(kubelet.node.claims, "get_claim", get_claim)
+    answers: list[object] = []
+    thread = threading.Thread(target=lambda: answers.append(kubelet.prepare(slow)))
+    thread.start()
+    try:
+        assert reading.wait(timeout=20)
+        # Well short of the hanging read's own timeout: serialized requests would miss this deadline.
+        request = kubelet.pb2.NodePrepareResourcesRequest(  # type: ignore[attr-defined]
+            claims=[kubelet.pb2.Claim(namespace=fast.namespace, name=fast.name, uid=fast.uid)]
+        )
+        response = kubelet.stub.NodePrepareResources(request, timeout=10)
+        assert response.claims[UID2].error == ""
+    finally:
+        release.set()
+        thread.join(timeout=30)
+    assert len(answers) == 1 and answers[0].claims[UID].error == ""  # type: ignore[attr-defined]

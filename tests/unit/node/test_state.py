@@ -383,3 +383,46 @@ def test_nvidia_ctk_common_edits_are_merged_into_the_spec(tmp_path: pathlib.Path
     assert common["hooks"][0]["args"][-1] == "update-ldcache"
     assert [n["path"] for n in common["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
     assert common["mounts"][0]["containerPath"] == "/usr/lib/libcuda.so.580"
+
+
+def test_prepare_returns_the_very_devices_the_checkpoint_records(tmp_path: pathlib.Path) -> None:
+    """Guards: one type serves the kubelet's answer and the checkpoint: what prepare returns is the record's
+    devices, after a restart too."""
+    node = make_node(tmp_path)
+    s = node.state()
+    ref = node.claims.put(claim("train", UID, [result("gpu-0"), result("gpu-1", "other")]))
+    devices = s.prepare(ref)
+    assert s.prepared()[UID].devices == devices
+    assert node.state().prepare(ref) == devices
+
+
+def test_a_prepare_reads_the_gpu_list_once(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guards: planning an 8-GPU claim reads the node's GPUs once, not once per allocation result."""
+    node = make_node(tmp_path)
+    s = node.state()
+    ref = node.claims.put(claim("all", UID, [result(f"gpu-{minor}") for minor in range(8)]))
+    reads = []
+    gpus = node.gpus.gpus
+
+    def counted() -> tuple[backend.GpuInfo, ...]:
+        reads.append(1)
+        return gpus()
+
+    monkeypatch.setattr(node.gpus, "gpus", counted)
+    assert len(s.prepare(ref)) == 8
+    assert len(reads) == 1
+
+
+def test_a_prepare_encodes_only_its_own_claim_however_many_are_prepared(
+    tmp_path: pathlib.Path, encoded_claims: list[str]
+) -> None:
+    """Guards: each checkpoint write re-encodes only the claim that changed: with 6 other claims prepared, a
+    prepare (PrepareStarted, then PrepareCompleted) encodes one record twice, and the file still loads whole."""
+    node = make_node(tmp_path)
+    s = node.state()
+    for minor in range(6):
+        s.prepare(node.claims.put(claim(f"c{minor}", f"{UID[:-1]}{minor + 2}", [result(f"gpu-{minor}")])))
+    encoded_claims.clear()
+    s.prepare(node.claims.put(claim("new", UID, [result("gpu-7")])))
+    assert encoded_claims == [UID, UID]
+    assert node.state().prepared() == s.prepared() and len(s.prepared()) == 7
