@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import controlplane  # noqa: E402  (tests/controlplane.py: the same control plane the tests start)
 import yaml  # noqa: E402  (the repository root must be on sys.path first)
 from alloc import machine  # noqa: E402  (benchmarks/alloc.py)
+from support import kube_objects  # noqa: E402  (tests/support/kube_objects.py: the API objects the tests create)
 
 from dractl import alloc, model  # noqa: E402
 from dractl.kube import client  # noqa: E402
@@ -53,13 +54,6 @@ NAMESPACE = "bench"
 CREATORS = 8
 TARGET_RATIO = 2.0
 TARGET_DECISION_MS = 1.0
-SERVICE_ACCOUNTS = client.Resource("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True)
-TEMPLATE = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "ResourceClaimTemplate",
-    "metadata": {"name": "one-gpu", "namespace": NAMESPACE},
-    "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}},
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,14 +99,8 @@ def populate(api: client.Client, nodes: int) -> None:
     for document in yaml.safe_load_all((EXAMPLES / "00-deviceclasses.yaml").read_text()):
         if document:
             api.create(client.DEVICE_CLASSES, document)
-    api.create(client.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    # Pods need the namespace's default ServiceAccount, which only kube-controller-manager makes.
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": NAMESPACE}}
-    try:
-        api.create(SERVICE_ACCOUNTS, account)
-    except client.AlreadyExists:
-        pass
-    api.create(client.RESOURCE_CLAIM_TEMPLATES, TEMPLATE)
+    kube_objects.make_namespace(api, NAMESPACE)
+    api.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("one-gpu", namespace=NAMESPACE))
     allocatable = {"cpu": "128", "memory": "1Ti", "pods": "110"}
 
     def one(i: int) -> None:
@@ -125,18 +113,7 @@ def populate(api: client.Client, nodes: int) -> None:
                 "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
             },
         )
-        api.patch(
-            client.NODES,
-            name,
-            subresource="status",
-            patch={
-                "status": {
-                    "allocatable": allocatable,
-                    "capacity": allocatable,
-                    "conditions": [{"type": "Ready", "status": "True", "reason": "Bench", "message": "no kubelet"}],
-                }
-            },
-        )
+        kube_objects.make_ready(api, name, allocatable=allocatable)
         api.create(client.RESOURCE_SLICES, example_slice(name))
 
     with concurrent.futures.ThreadPoolExecutor(CREATORS) as pool:
@@ -144,18 +121,9 @@ def populate(api: client.Client, nodes: int) -> None:
 
 
 def pod(name: str, scheduler: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "schedulerName": scheduler,
-            "containers": [
-                {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": {"cpu": "100m"}}}
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-        },
-    }
+    return kube_objects.pod(
+        name, namespace=NAMESPACE, claims=[kube_objects.from_template("one-gpu")], cpu="100m", schedulerName=scheduler
+    )
 
 
 def bound(api: client.Client) -> int:

@@ -7,27 +7,44 @@ line saying how to get the binaries when they are absent.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Protocol, TypeVar
 
 import controlplane
 import faultproxy
 import pytest
+from support import kube_objects
 
 from dractl.kube import client
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+_S = TypeVar("_S", bound=_Stoppable)
+
+
+@contextlib.contextmanager
+def _running(start: Callable[[], _S]) -> Iterator[_S]:
+    """What `start()` started, stopped on exit; the test skips (one line) when the binaries are absent."""
+    try:
+        started = start()
+    except controlplane.Unavailable as missing:
+        pytest.skip(str(missing))
+    try:
+        yield started
+    finally:
+        started.stop()
 
 
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[controlplane.ControlPlane]:
     """etcd + kube-apiserver for the whole session; skips with one line when the binaries are absent."""
-    try:
-        plane = controlplane.ControlPlane.start()
-    except controlplane.Unavailable as missing:
-        pytest.skip(str(missing))
-    try:
+    with _running(controlplane.ControlPlane.start) as plane:
         yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="session")
@@ -37,14 +54,29 @@ def components(control_plane: controlplane.ControlPlane) -> Iterator[controlplan
     Session-scoped and started only by the tests that ask for it; they act on every namespace,
     so such tests must not depend on objects being left alone by upstream controllers.
     """
-    try:
-        started = control_plane.start_components()
-    except controlplane.Unavailable as missing:
-        pytest.skip(str(missing))
-    try:
+    with _running(control_plane.start_components) as started:
         yield started
-    finally:
-        started.stop()
+
+
+@pytest.fixture
+def upstream(control_plane: controlplane.ControlPlane) -> Iterator[controlplane.Components]:
+    """kube-controller-manager and kube-scheduler for one test, stopped after it.
+
+    Not the session-wide `components` fixture: that leaves them running for every later test in
+    the session, and their garbage collector then deletes objects those tests own (the node
+    agent's slices of a re-registered Node, for one).
+    """
+    with _running(control_plane.start_components) as started:
+        yield started
+
+
+@pytest.fixture
+def stop_at_end() -> Iterator[contextlib.ExitStack]:
+    """`stop_at_end.callback(started.stop)`: stopped when the test ends, last started first, each one even when
+    stopping an earlier one failed (so no controller thread outlives its test). Ask for it after the clients the
+    started things use, so that it is torn down before them."""
+    with contextlib.ExitStack() as stack:
+        yield stack
 
 
 @pytest.fixture(scope="session")
@@ -61,12 +93,7 @@ def kube_client(control_plane: controlplane.ControlPlane) -> Iterator[client.Cli
 def namespace(kube_client: client.Client) -> str:
     """A fresh namespace (with its `default` ServiceAccount, since no controller manager may run) for one test."""
     name = f"t-{uuid.uuid4().hex[:10]}"
-    kube_client.create(client.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    service_accounts = client.Resource("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True)
-    try:
-        kube_client.create(service_accounts, {"metadata": {"name": "default", "namespace": name}})
-    except client.AlreadyExists:
-        pass  # The controller manager's service account controller was faster.
+    kube_objects.make_namespace(kube_client, name)
     return name
 
 

@@ -21,6 +21,7 @@ import json
 import lzma
 import os
 import pathlib
+import random
 import re
 import shutil
 import socket
@@ -30,6 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 K8S_VERSION = "1.36.2"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -65,6 +67,10 @@ HOW_TO_GET = (
     "or DRACTL_K8S_ARCHIVES to a directory of *.xz archives (see DEVELOPERS.md)"
 )
 READY_DEADLINE = 60.0
+
+_T = TypeVar("_T")
+# A generator of its own, seeded by the OS: a test that seeds `random` must not make ports repeat.
+_PORT_CHOICE = random.SystemRandom()
 
 
 class Unavailable(Exception):
@@ -156,18 +162,51 @@ def find_binaries(names: tuple[str, ...] = REQUIRED) -> pathlib.Path:
 # --- Certificates and ports ----------------------------------------------------------------
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (Linux's default when it cannot be read)."""
+    try:
+        low, high = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that was free a moment ago, chosen at random below the ephemeral range.
+
+    Not one the kernel picks (bind to port 0): that comes from the ephemeral range, where every
+    outgoing connection of the test session (clients, the fault proxy, the API server's own) also
+    takes its local port, so one of them could hold it by the time the child process binds it.
+    """
+    low, _ = _ephemeral_ports()
+    for _ in range(100):
+        port = _PORT_CHOICE.randrange(max(1024, low - 16384), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # In use (or in TIME_WAIT): try another.
+            return port
+    raise StartFailed(f"no free port on 127.0.0.1 below {low} after 100 tries")
 
 
 def _openssl(*args: str, cwd: pathlib.Path) -> None:
     completed = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
     if completed.returncode != 0:
         raise StartFailed(f"openssl {' '.join(args)}: {completed.stderr.strip()}")
+
+
+def _certificate(name: str, *, subject: str, cwd: pathlib.Path, issuer: Sequence[str] = ()) -> None:
+    """`<name>.key` (a new P-256 key) and `<name>.crt` in `cwd`, valid 2 days: self-signed, or as `issuer` (more
+    `openssl req` arguments: the CA to sign with, extensions) says."""
+    _openssl(
+        "req",
+        "-x509",
+        *("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"),
+        *("-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", subject),
+        *issuer,
+        cwd=cwd,
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -182,24 +221,7 @@ class CertificateAuthority:
 
     @classmethod
     def create(cls, directory: pathlib.Path) -> CertificateAuthority:
-        _openssl(
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=dractl-test-ca",
-            cwd=directory,
-        )
+        _certificate("ca", subject="/CN=dractl-test-ca", cwd=directory)
         return cls(directory)
 
     def issue(self, name: str, *, subject: str, server: bool = False) -> tuple[pathlib.Path, pathlib.Path]:
@@ -214,28 +236,8 @@ class CertificateAuthority:
             ]
         else:
             extensions += ["-addext", "extendedKeyUsage=clientAuth"]
-        _openssl(
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.crt",
-            "-days",
-            "2",
-            "-subj",
-            subject,
-            *extensions,
-            cwd=self.directory,
+        _certificate(
+            name, subject=subject, cwd=self.directory, issuer=("-CA", "ca.crt", "-CAkey", "ca.key", *extensions)
         )
         return self.directory / f"{name}.crt", self.directory / f"{name}.key"
 
@@ -276,13 +278,23 @@ class Process:
 
     def stop(self) -> None:
         """Stop exactly this PID: SIGTERM, then SIGKILL after 10 s. Idempotent."""
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=10)
+        stop_process(self.popen, grace=10.0)
+
+
+def stop_process(popen: subprocess.Popen[bytes], *, grace: float) -> None:
+    """Stop exactly this child and reap it: SIGTERM, then SIGKILL after `grace` seconds.
+
+    Idempotent, and safe when the child has exited on its own meanwhile: `Popen` signals the PID
+    only while it has not reaped it, so a recycled PID is never hit.
+    """
+    if popen.poll() is not None:
+        return
+    popen.terminate()
+    try:
+        popen.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait(timeout=grace)
 
 
 def _start(name: str, args: list[str], *, directory: pathlib.Path) -> Process:
@@ -580,10 +592,17 @@ def running(*, authorization: str = "AlwaysAllow", apiserver_args: Sequence[str]
         plane.stop()
 
 
-def wait_until(predicate: Callable[[], bool], *, what: str, timeout: float = 30.0, interval: float = 0.02) -> None:
-    """Poll `predicate` until true; fail with `what` after `timeout` seconds (a bounded wait, not a sleep-and-hope)."""
+def wait_until(predicate: Callable[[], _T], *, what: str, timeout: float = 60.0, interval: float = 0.05) -> _T:
+    """Poll `predicate` until it returns something truthy, and return that; fail naming `what` after `timeout` s.
+
+    A bounded wait, not a sleep-and-hope: it ends as soon as the condition holds. `what` is a
+    clause ("the pod is bound"); the failure reads "timed out after 60s waiting until <what>".
+    """
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        value = predicate()
+        if value:
+            return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting until {what}")
+            raise AssertionError(f"timed out after {timeout:g}s waiting until {what}")
         time.sleep(interval)

@@ -2,7 +2,8 @@
 
 What it does: listens on 127.0.0.1 with its own serving certificate (issued by the control
 plane's test CA, so the same kubeconfig CA trusts it), forwards every request to the API
-server with the admin client certificate, streams watch responses line by line, records every
+server with the admin client certificate over a few kept-alive connections (a watch gets one of
+its own, cut when its client goes), streams watch responses line by line, records every
 request, and injects faults by rule: an HTTP status (409 Conflict, 5xx, ...) instead of the
 answer, a 410 Gone ERROR event on a watch, a watch dropped mid-stream after N events, or added
 latency. A rule matches by method and a regex searched in the request target (path and query)
@@ -17,8 +18,10 @@ import dataclasses
 import http.client
 import http.server
 import json
+import os
 import pathlib
 import re
+import select
 import socket
 import ssl
 import sys
@@ -40,6 +43,9 @@ _REASONS = {
     504: "Timeout",
 }
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
+_WATCH = re.compile(r"[?&]watch=true")
+# Idle upstream connections kept for reuse; more requests at once open more, closed when done.
+_IDLE_UPSTREAMS = 8
 
 
 @dataclasses.dataclass(slots=True)
@@ -108,7 +114,7 @@ class Request:
 
     @property
     def is_watch(self) -> bool:
-        return self.method == "GET" and re.search(r"[?&]watch=true", self.target) is not None
+        return self.method == "GET" and _WATCH.search(self.target) is not None
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -147,7 +153,10 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._rules: list[Rule] = []
         self._requests: list[Request] = []
-        self._upstreams: set[http.client.HTTPConnection] = set()
+        self._upstreams: set[http.client.HTTPSConnection] = set()  # every open one, idle or in use
+        self._idle: list[http.client.HTTPSConnection] = []
+        self._stopped = False
+        self._opened = 0
         self._upstream_context = plane.ssl_context()
         self._thread = threading.Thread(target=server.serve_forever, name="faultproxy", daemon=True)
 
@@ -180,13 +189,19 @@ class FaultProxy:
         return proxy
 
     def stop(self) -> None:
-        """Stop listening and cut open upstream connections (watches). Idempotent."""
+        """Stop listening, close idle upstream connections and cut those in use (watches). Idempotent."""
         self._server.shutdown()
         self._server.server_close()
         with self._lock:
+            self._stopped = True
+            idle = list(self._idle)
+            self._idle.clear()
+            self._upstreams.difference_update(idle)
             upstreams = list(self._upstreams)
         for connection in upstreams:
             _shutdown(connection.sock)
+        for connection in idle:
+            connection.close()
         self._thread.join(timeout=10)
 
     def add(self, *rules: Rule) -> None:
@@ -204,6 +219,18 @@ class FaultProxy:
     def requests(self) -> list[Request]:
         with self._lock:
             return list(self._requests)
+
+    @property
+    def opened_upstreams(self) -> int:
+        """How many connections to the API server the proxy has opened so far."""
+        with self._lock:
+            return self._opened
+
+    @property
+    def busy_upstreams(self) -> int:
+        """How many connections to the API server carry a request or watch right now."""
+        with self._lock:
+            return len(self._upstreams) - len(self._idle)
 
     def writes(self) -> list[Request]:
         """The write requests (POST, PUT, PATCH, DELETE) seen so far."""
@@ -268,26 +295,64 @@ class FaultProxy:
             return
         self._forward(handler, body, rule)
 
-    def _forward(self, handler: _Handler, body: bytes | None, rule: Rule | None) -> None:
-        upstream = http.client.HTTPSConnection(
+    def _connect(self) -> http.client.HTTPSConnection:
+        connection = http.client.HTTPSConnection(
             "127.0.0.1", self.plane.port, context=self._upstream_context, timeout=600
         )
         with self._lock:
-            self._upstreams.add(upstream)
+            self._upstreams.add(connection)
+            self._opened += 1
+        return connection
+
+    def _release(self, connection: http.client.HTTPSConnection, *, reusable: bool) -> None:
+        """Keep `connection` for the next request when `reusable` and there is room, else close it."""
+        with self._lock:
+            if reusable and not self._stopped and len(self._idle) < _IDLE_UPSTREAMS:
+                self._idle.append(connection)
+                return
+            self._upstreams.discard(connection)
+        connection.close()
+
+    def _send(
+        self, handler: _Handler, body: bytes | None, *, watch: bool
+    ) -> tuple[http.client.HTTPSConnection, http.client.HTTPResponse]:
+        """Send the request upstream and read the answer's head: a watch on a connection of its own, anything
+        else on an idle kept-alive one (or a new one). A kept-alive connection the server closed while it sat idle
+        fails before the request reaches the server, so the request goes on to the next connection (a new one
+        once no idle one is left). A new connection's failure closes it and is raised."""
+        headers = {key: value for key, value in handler.headers.items() if key.lower() not in _HOP_BY_HOP}
+        while True:
+            connection = None
+            if not watch:
+                with self._lock:
+                    connection = self._idle.pop() if self._idle else None
+            reused = connection is not None
+            connection = connection or self._connect()
+            try:
+                connection.request(handler.command, handler.path, body=body, headers=headers)
+                return connection, connection.getresponse()
+            except BaseException as error:
+                self._release(connection, reusable=False)
+                if not (reused and isinstance(error, (OSError, http.client.HTTPException))):
+                    raise
+
+    def _forward(self, handler: _Handler, body: bytes | None, rule: Rule | None) -> None:
+        watch = _WATCH.search(handler.path) is not None
         try:
-            headers = {key: value for key, value in handler.headers.items() if key.lower() not in _HOP_BY_HOP}
-            upstream.request(handler.command, handler.path, body=body, headers=headers)
-            response = upstream.getresponse()
-            is_stream = (
-                response.getheader("Transfer-Encoding", "").lower() == "chunked"
-                and re.search(r"[?&]watch=true", handler.path) is not None
-            )
+            upstream, response = self._send(handler, body, watch=watch)
+        except (OSError, http.client.HTTPException):
+            handler.close_connection = True
+            return
+        reusable = False
+        try:
+            is_stream = watch and response.getheader("Transfer-Encoding", "").lower() == "chunked"
             handler.send_response(response.status)
             for key, value in response.getheaders():
                 if key.lower() not in _HOP_BY_HOP:
                     handler.send_header(key, value)
             if not is_stream:
                 data = response.read()
+                reusable = not watch and not response.will_close
                 self._record(handler, response.status, "delay" if rule is not None else "")
                 handler.send_header("Content-Length", str(len(data)))
                 handler.end_headers()
@@ -302,25 +367,57 @@ class FaultProxy:
             )
             handler.send_header("Transfer-Encoding", "chunked")
             handler.end_headers()
-            events = 0
-            while True:
-                if rule is not None and rule.drop_after is not None and events >= rule.drop_after:
-                    # Cut the client's connection without the final chunk, as a broken network would.
-                    handler.close_connection = True
-                    _shutdown(handler.connection)
-                    return
-                line = response.readline()
-                if not line:
-                    _send_chunk(handler, b"")
-                    return
-                _send_chunk(handler, line)
-                events += 1
+            with _ClientWatch(handler.connection, upstream):
+                events = 0
+                while True:
+                    if rule is not None and rule.drop_after is not None and events >= rule.drop_after:
+                        # Cut the client's connection without the final chunk, as a broken network would.
+                        handler.close_connection = True
+                        _shutdown(handler.connection)
+                        return
+                    line = response.readline()
+                    if not line:
+                        _send_chunk(handler, b"")
+                        return
+                    _send_chunk(handler, line)
+                    events += 1
         except (OSError, http.client.HTTPException):
             handler.close_connection = True
         finally:
-            with self._lock:
-                self._upstreams.discard(upstream)
-            upstream.close()
+            self._release(upstream, reusable=reusable)
+
+
+class _ClientWatch:
+    """While a watch streams, cut its upstream connection as soon as the client goes (closes its connection).
+
+    Else the proxy would notice only when the next event fails to reach the client, and the API
+    server would keep serving a watch nobody reads. A client sends nothing while it reads a
+    stream, so its socket turning readable means it closed. The context's exit ends the thread.
+    """
+
+    def __init__(self, client: socket.socket, upstream: http.client.HTTPSConnection) -> None:
+        self._client = client
+        self._upstream = upstream
+        self._wake_read, self._wake_write = os.pipe()
+        self._thread = threading.Thread(target=self._run, name="faultproxy-watch", daemon=True)
+
+    def __enter__(self) -> _ClientWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.write(self._wake_write, b"x")
+        self._thread.join()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    def _run(self) -> None:
+        try:
+            readable, _, _ = select.select([self._client, self._wake_read], [], [])
+        except (OSError, ValueError):
+            readable = [self._client]  # The client socket is already closed.
+        if self._wake_read not in readable:
+            _shutdown(self._upstream.sock)
 
 
 def _send_json(handler: _Handler, status: int, document: dict[str, Any]) -> None:

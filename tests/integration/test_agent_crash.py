@@ -34,6 +34,7 @@ import controlplane
 import grpc
 import pytest
 import yaml
+from support import kube_objects
 
 from dractl import config
 from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc
@@ -159,14 +160,8 @@ class Node:
 
     def stop(self) -> None:
         """End the agent this test started (by its PID), whatever state it is in. Idempotent."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=20)
+        if self.process is not None:
+            controlplane.stop_process(self.process, grace=20.0)
 
     # --- what the agent left on disk -----------------------------------------------------------
 
@@ -232,25 +227,12 @@ def node(
 
 def _allocated_claim(kube_client: client.Client, node: Node, name: str = "mig") -> dra_v1_pb2.Claim:
     """A ResourceClaim for one 3g.40gb MIG device, allocated to the node's dynamic MIG device at slice 4."""
-    created = kube_client.create(
-        client.RESOURCE_CLAIMS,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": node.namespace},
-            "spec": {"devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": f"mig-{node.name}"}}]}},
-        },
-    )
-    kube_client.update_status(
-        client.RESOURCE_CLAIMS,
-        {
-            **created,
-            "status": {
-                "allocation": {
-                    "devices": {"results": [{"request": "mig", "driver": DRIVER, "pool": node.name, "device": DEVICE}]}
-                }
-            },
-        },
+    created = kube_objects.create_allocated_claim(
+        kube_client,
+        name,
+        namespace=node.namespace,
+        spec=kube_objects.claim_spec(f"mig-{node.name}", request="mig"),
+        allocated=kube_objects.allocation(node.name, [DEVICE], request="mig"),
     )
     return dra_v1_pb2.Claim(namespace=node.namespace, name=name, uid=created["metadata"]["uid"])
 

@@ -6,14 +6,15 @@ be injected; the tests set up objects (and play the scheduler) with a direct cli
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import controlplane
 import faultproxy
 import prometheus_client
 import pytest
+from support import kube_objects
 
 from dractl.controller import claims as controller
 from dractl.kube import client, workqueue
@@ -21,50 +22,24 @@ from dractl.model import podclaims
 
 pytestmark = pytest.mark.timeout(180)
 
-SPEC = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
-ALLOCATION = {
-    "devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}]}
-}
-
-
-def _wait(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    """Poll `condition` until it returns something truthy (returned), or fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
+ALLOCATION = kube_objects.allocation("node-a", ["gpu-0"])
+FINALIZER = controller.DELETE_PROTECTION_FINALIZER
+TEMPLATE_CLAIM_METADATA = {"labels": {"team": "ml"}, "annotations": {"note": "from-template"}}
 
 
 def _template(api: client.Client, namespace: str, name: str = "gpu-template") -> dict[str, Any]:
     return api.create(
         client.RESOURCE_CLAIM_TEMPLATES,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"metadata": {"labels": {"team": "ml"}, "annotations": {"note": "from-template"}}, "spec": SPEC},
-        },
+        kube_objects.template(name, namespace=namespace, claim_metadata=TEMPLATE_CLAIM_METADATA),
     )
 
 
-def _pod(api: client.Client, namespace: str, name: str, claims: list[dict[str, str]]) -> dict[str, Any]:
-    return api.create(
-        client.PODS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}], "resourceClaims": claims},
-        },
-    )
+def _pod(api: client.Client, namespace: str, name: str, claims: list[dict[str, str]], **spec: Any) -> dict[str, Any]:
+    return api.create(client.PODS, kube_objects.pod(name, namespace=namespace, claims=claims, **spec))
 
 
 def _template_pod(api: client.Client, namespace: str, name: str, template: str = "gpu-template") -> dict[str, Any]:
-    return _pod(api, namespace, name, [{"name": "gpu", "resourceClaimTemplateName": template}])
+    return _pod(api, namespace, name, [kube_objects.from_template(template)])
 
 
 def _claims(api: client.Client, namespace: str) -> list[dict[str, Any]]:
@@ -81,37 +56,17 @@ def _claim_creates(proxy: faultproxy.FaultProxy) -> list[faultproxy.Request]:
 
 
 def _generated(api: client.Client, namespace: str, name: str, pod: dict[str, Any]) -> None:
+    annotations = {podclaims.POD_CLAIM_NAME_ANNOTATION: "gpu"}
     api.create(
-        client.RESOURCE_CLAIMS,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "annotations": {podclaims.POD_CLAIM_NAME_ANNOTATION: "gpu"},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "name": pod["metadata"]["name"],
-                        "uid": pod["metadata"]["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
-            },
-            "spec": SPEC,
-        },
+        client.RESOURCE_CLAIMS, kube_objects.claim(name, namespace=namespace, annotations=annotations, owner=pod)
     )
 
 
 @pytest.fixture
 def make_controller(
-    proxied_client: client.Client, namespace: str
-) -> Iterator[Callable[[], controller.ClaimController]]:
-    """Starts claim controllers on the test namespace through the fault proxy (fast backoff); stops them at the end."""
-    started: list[controller.ClaimController] = []
+    proxied_client: client.Client, namespace: str, stop_at_end: contextlib.ExitStack
+) -> Callable[[], controller.ClaimController]:
+    """Starts claim controllers on the test namespace through the fault proxy (fast backoff)."""
 
     def make() -> controller.ClaimController:
         queue = workqueue.WorkQueue(backoff=workqueue.ExponentialBackoff(base=0.02, cap=0.5))
@@ -119,12 +74,10 @@ def make_controller(
             proxied_client, namespace=namespace, queue=queue, registry=prometheus_client.CollectorRegistry()
         )
         made.start()
-        started.append(made)
+        stop_at_end.callback(made.stop)
         return made
 
-    yield make
-    for made in started:
-        made.stop()
+    return make
 
 
 def _cache_current(ctl: controller.ClaimController, namespace: str, pod: str, claim: str) -> bool:
@@ -144,7 +97,9 @@ def test_a_template_claim_is_created_recorded_and_a_second_sync_writes_nothing(
     template = _template(kube_client, namespace)
     pod = _template_pod(kube_client, namespace, "trainer")
     ctl = make_controller()
-    recorded = _wait(lambda: _recorded(kube_client, namespace, "trainer").get("gpu"), "the pod status record")
+    recorded = controlplane.wait_until(
+        lambda: _recorded(kube_client, namespace, "trainer").get("gpu"), what="the pod's status records its claim"
+    )
     [claim] = _claims(kube_client, namespace)
     meta = claim["metadata"]
     assert meta["name"] == recorded
@@ -170,7 +125,9 @@ def test_a_template_claim_is_created_recorded_and_a_second_sync_writes_nothing(
     assert created == len(_claim_creates(fault_proxy))
     assert ctl.registry.get_sample_value("dractl_claim_controller_queue_depth") is not None
 
-    _wait(lambda: _cache_current(ctl, namespace, "trainer", recorded), "the controller's caches to catch up")
+    controlplane.wait_until(
+        lambda: _cache_current(ctl, namespace, "trainer", recorded), what="the controller's caches caught up"
+    )
     fault_proxy.clear()
     ctl.sync_pod(namespace, "trainer")
     ctl.sync_claim(namespace, recorded)
@@ -186,7 +143,9 @@ def test_long_names_are_truncated_like_upstream(
     claim_name = "c" * 30
     _pod(kube_client, namespace, pod_name, [{"name": claim_name, "resourceClaimTemplateName": "gpu-template"}])
     make_controller()
-    name = _wait(lambda: _recorded(kube_client, namespace, pod_name).get(claim_name), "the pod status record")
+    name = controlplane.wait_until(
+        lambda: _recorded(kube_client, namespace, pod_name).get(claim_name), what="the pod's status records its claim"
+    )
     [claim] = _claims(kube_client, namespace)
     assert claim["metadata"]["generateName"] == "p" * 34 + "-" + "c" * 20
     assert name.startswith("p" * 34 + "-" + "c" * 20) and len(name) == 60
@@ -204,15 +163,19 @@ def test_a_restart_between_create_and_status_write_adopts_the_claim(
     fault_proxy.add(faultproxy.respond(409, method="PATCH", path=r"/pods/trainer/status", count=None))
     _template_pod(kube_client, namespace, "trainer")
     first = make_controller()
-    [created] = _wait(lambda: _claims(kube_client, namespace), "the first controller's claim")
-    _wait(
+    [created] = controlplane.wait_until(
+        lambda: _claims(kube_client, namespace), what="the first controller made a claim"
+    )
+    controlplane.wait_until(
         lambda: any(r.fault for r in fault_proxy.requests if "/pods/trainer/status" in r.target),
-        "the status write to fail",
+        what="the status write failed",
     )
     first.stop()
     fault_proxy.clear()
     make_controller()
-    recorded = _wait(lambda: _recorded(kube_client, namespace, "trainer").get("gpu"), "the pod status record")
+    recorded = controlplane.wait_until(
+        lambda: _recorded(kube_client, namespace, "trainer").get("gpu"), what="the pod's status records its claim"
+    )
     assert recorded == created["metadata"]["name"]
     assert [c["metadata"]["name"] for c in _claims(kube_client, namespace)] == [recorded]
     assert _claim_creates(fault_proxy) == []
@@ -229,7 +192,12 @@ def test_an_existing_generated_claim_is_adopted(
     pod = _template_pod(kube_client, namespace, "trainer")
     _generated(kube_client, namespace, "made-elsewhere", pod)
     make_controller()
-    assert _wait(lambda: _recorded(kube_client, namespace, "trainer").get("gpu"), "the record") == "made-elsewhere"
+    assert (
+        controlplane.wait_until(
+            lambda: _recorded(kube_client, namespace, "trainer").get("gpu"), what="the pod's status records its claim"
+        )
+        == "made-elsewhere"
+    )
     assert [c["metadata"]["name"] for c in _claims(kube_client, namespace)] == ["made-elsewhere"]
     assert _claim_creates(fault_proxy) == []
 
@@ -254,9 +222,9 @@ def test_a_duplicate_left_by_a_race_is_deleted_and_the_recorded_claim_kept(
         patch={"status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "recorded"}]}},
     )
     make_controller()
-    _wait(
+    controlplane.wait_until(
         lambda: [c["metadata"]["name"] for c in _claims(kube_client, namespace)] == ["recorded"],
-        "the duplicate to be deleted",
+        what="the duplicate is deleted",
     )
     assert _recorded(kube_client, namespace, "trainer") == {"gpu": "recorded"}
     assert _claim_creates(fault_proxy) == []
@@ -275,9 +243,9 @@ def test_of_two_unrecorded_claims_for_one_pod_claim_one_is_adopted_and_the_other
     _generated(kube_client, namespace, "trainer-gpu-bbbbb", pod)
     _generated(kube_client, namespace, "trainer-gpu-zzzzz", pod)
     make_controller()
-    _wait(
+    controlplane.wait_until(
         lambda: [c["metadata"]["name"] for c in _claims(kube_client, namespace)] == ["trainer-gpu-bbbbb"],
-        "the unrecorded duplicate to be deleted",
+        what="the unrecorded duplicate is deleted",
     )
     assert _recorded(kube_client, namespace, "trainer") == {"gpu": "trainer-gpu-bbbbb"}
     assert _claim_creates(fault_proxy) == []
@@ -298,48 +266,34 @@ def test_a_missing_template_gets_a_warning_event_and_is_retried(
             if e["reason"] == controller.FAILED_CREATION
         ]
 
-    [event] = _wait(warning, "the Warning Event")
+    [event] = controlplane.wait_until(warning, what="the Warning Event is recorded")
     assert event["type"] == "Warning" and event["involvedObject"]["name"] == "trainer"
     assert f"ResourceClaimTemplate {namespace}/later does not exist" in event["message"]
     assert _claims(kube_client, namespace) == []
     _template(kube_client, namespace, "later")
-    assert _wait(lambda: _recorded(kube_client, namespace, "trainer").get("gpu"), "the claim after the template")
-
-
-def _shared_claim(api: client.Client, namespace: str, pods: list[dict[str, Any]]) -> None:
-    """Reserve and allocate the claim `shared` for `pods`, as the scheduler would (finalizer first)."""
-    api.patch(
-        client.RESOURCE_CLAIMS,
-        "shared",
-        namespace=namespace,
-        subresource="status",
-        patch={
-            "status": {
-                "allocation": ALLOCATION,
-                "reservedFor": [
-                    {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in pods
-                ],
-            }
-        },
+    assert controlplane.wait_until(
+        lambda: _recorded(kube_client, namespace, "trainer").get("gpu"),
+        what="the pod's claim exists after the template appeared",
     )
 
 
-def _create_shared(api: client.Client, namespace: str, count: int) -> list[dict[str, Any]]:
-    api.create(
-        client.RESOURCE_CLAIMS,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {
-                "name": "shared",
-                "namespace": namespace,
-                "finalizers": [controller.DELETE_PROTECTION_FINALIZER],
-            },
-            "spec": SPEC,
-        },
-    )
-    pods = [_pod(api, namespace, f"user-{i}", [{"name": "gpu", "resourceClaimName": "shared"}]) for i in range(count)]
-    _shared_claim(api, namespace, pods)
+def _shared_claim(api: client.Client, namespace: str, *, finalizers: tuple[str, ...]) -> None:
+    api.create(client.RESOURCE_CLAIMS, kube_objects.claim("shared", namespace=namespace, finalizers=finalizers))
+
+
+def _allocate_shared(api: client.Client, namespace: str, pods: list[dict[str, Any]]) -> None:
+    """Allocate the claim `shared` and reserve it for `pods`, as a scheduler would."""
+    status = {"allocation": ALLOCATION, "reservedFor": kube_objects.reserved_for(pods)}
+    api.patch(client.RESOURCE_CLAIMS, "shared", namespace=namespace, subresource="status", patch={"status": status})
+
+
+def _create_shared(
+    api: client.Client, namespace: str, count: int, *, finalizers: tuple[str, ...] = (FINALIZER,)
+) -> list[dict[str, Any]]:
+    """The claim `shared` (with `finalizers`, as the scheduler leaves it) allocated for `count` pods `user-<i>`."""
+    _shared_claim(api, namespace, finalizers=finalizers)
+    pods = [_pod(api, namespace, f"user-{i}", [kube_objects.of_claim("shared")]) for i in range(count)]
+    _allocate_shared(api, namespace, pods)
     return pods
 
 
@@ -364,12 +318,16 @@ def test_a_shared_claim_loses_each_deleted_pod_and_is_deallocated_after_the_last
     assert _reserved(kube_client, namespace) == ["user-0", "user-1", "user-2"]
     for gone, left in (("user-0", ["user-1", "user-2"]), ("user-1", ["user-2"])):
         kube_client.delete(client.PODS, gone, namespace=namespace)
-        _wait(lambda left=left: _reserved(kube_client, namespace) == left, f"reservedFor to become {left}")
+        controlplane.wait_until(
+            lambda left=left: _reserved(kube_client, namespace) == left, what=f"reservedFor is {left}"
+        )
         claim = kube_client.get(client.RESOURCE_CLAIMS, "shared", namespace=namespace)
         assert claim["status"]["allocation"] == ALLOCATION
-        assert claim["metadata"]["finalizers"] == [controller.DELETE_PROTECTION_FINALIZER]
+        assert claim["metadata"]["finalizers"] == [FINALIZER]
     kube_client.delete(client.PODS, "user-2", namespace=namespace)
-    _wait(lambda: _released(kube_client, namespace), "deallocation and finalizer removal")
+    controlplane.wait_until(
+        lambda: _released(kube_client, namespace), what="the claim is deallocated and its finalizer removed"
+    )
 
 
 def test_a_replaced_pod_loses_its_reservation(
@@ -378,10 +336,12 @@ def test_a_replaced_pod_loses_its_reservation(
     """Guards: a reservedFor entry whose pod was recreated under the same name (another UID) counts as gone."""
     [old] = _create_shared(kube_client, namespace, 1)
     kube_client.delete(client.PODS, "user-0", namespace=namespace)
-    new = _pod(kube_client, namespace, "user-0", [{"name": "gpu", "resourceClaimName": "shared"}])
+    new = _pod(kube_client, namespace, "user-0", [kube_objects.of_claim("shared")])
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
     make_controller()
-    _wait(lambda: _released(kube_client, namespace), "the stale reservation to be dropped and the claim released")
+    controlplane.wait_until(
+        lambda: _released(kube_client, namespace), what="the stale reservation is dropped and the claim released"
+    )
 
 
 def test_a_claim_allocated_without_the_finalizer_is_never_deallocated(
@@ -389,20 +349,10 @@ def test_a_claim_allocated_without_the_finalizer_is_never_deallocated(
 ) -> None:
     """Guards: a claim allocated by another component (no delete-protection finalizer) keeps its allocation when
     its last pod goes; only the reservation is removed."""
-    kube_client.create(
-        client.RESOURCE_CLAIMS,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "shared", "namespace": namespace},
-            "spec": SPEC,
-        },
-    )
-    pod = _pod(kube_client, namespace, "user-0", [{"name": "gpu", "resourceClaimName": "shared"}])
-    _shared_claim(kube_client, namespace, [pod])
+    _create_shared(kube_client, namespace, 1, finalizers=())
     make_controller()
     kube_client.delete(client.PODS, "user-0", namespace=namespace)
-    _wait(lambda: _reserved(kube_client, namespace) == [], "the reservation to be dropped")
+    controlplane.wait_until(lambda: _reserved(kube_client, namespace) == [], what="the reservation is dropped")
     claim = kube_client.get(client.RESOURCE_CLAIMS, "shared", namespace=namespace)
     assert claim["status"]["allocation"] == ALLOCATION
 
@@ -414,48 +364,24 @@ def test_a_finished_pods_generated_claim_is_deleted(
     _template(kube_client, namespace)
     _template_pod(kube_client, namespace, "job")
     make_controller()
-    _wait(lambda: _recorded(kube_client, namespace, "job").get("gpu"), "the claim")
+    controlplane.wait_until(
+        lambda: _recorded(kube_client, namespace, "job").get("gpu"), what="the pod's status records its claim"
+    )
     kube_client.patch(
         client.PODS, "job", namespace=namespace, subresource="status", patch={"status": {"phase": "Succeeded"}}
     )
-    _wait(lambda: _claims(kube_client, namespace) == [], "the generated claim to be deleted")
+    controlplane.wait_until(lambda: _claims(kube_client, namespace) == [], what="the generated claim is deleted")
 
 
 def test_a_bound_pod_is_added_to_its_allocated_claims_reservations(
     kube_client: client.Client, namespace: str, make_controller: Callable[[], controller.ClaimController]
 ) -> None:
     """Guards: a pod already bound to a node whose allocated claim does not list it is added to reservedFor."""
-    kube_client.create(
-        client.RESOURCE_CLAIMS,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "shared", "namespace": namespace},
-            "spec": SPEC,
-        },
-    )
-    kube_client.patch(
-        client.RESOURCE_CLAIMS,
-        "shared",
-        namespace=namespace,
-        subresource="status",
-        patch={"status": {"allocation": ALLOCATION}},
-    )
-    pod = kube_client.create(
-        client.PODS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "bound", "namespace": namespace},
-            "spec": {
-                "nodeName": "node-a",
-                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}],
-            },
-        },
-    )
+    _shared_claim(kube_client, namespace, finalizers=())
+    _allocate_shared(kube_client, namespace, [])
+    pod = _pod(kube_client, namespace, "bound", [kube_objects.of_claim("shared")], nodeName="node-a")
     make_controller()
-    _wait(lambda: _reserved(kube_client, namespace) == ["bound"], "the reservation")
+    controlplane.wait_until(lambda: _reserved(kube_client, namespace) == ["bound"], what="the bound pod is reserved")
     claim = kube_client.get(client.RESOURCE_CLAIMS, "shared", namespace=namespace)
     assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": "bound", "uid": pod["metadata"]["uid"]}]
 
@@ -482,9 +408,12 @@ def test_conflicts_on_every_write_lose_and_duplicate_nothing(
     ctl = make_controller()
     for name in ("user-0", "user-1"):
         kube_client.delete(client.PODS, name, namespace=namespace)
-    _wait(lambda: _released(kube_client, namespace), "the shared claim to be released")
+    controlplane.wait_until(lambda: _released(kube_client, namespace), what="the shared claim is released")
     records = {
-        name: _wait(lambda name=name: _recorded(kube_client, namespace, name).get("gpu"), f"{name}'s record")
+        name: controlplane.wait_until(
+            lambda name=name: _recorded(kube_client, namespace, name).get("gpu"),
+            what=f"{name}'s status records its claim",
+        )
         for name in ("a", "b")
     }
     generated = sorted(
@@ -495,24 +424,6 @@ def test_conflicts_on_every_write_lose_and_duplicate_nothing(
     assert ctl.registry.get_sample_value("dractl_claim_controller_creates_total", {"status": "error"}) == 1
     assert ctl.registry.get_sample_value("dractl_claim_controller_sync_errors_total", {"kind": "pod"}) >= 3
     assert ctl.registry.get_sample_value("dractl_claim_controller_sync_errors_total", {"kind": "claim"}) >= 3
-
-
-@pytest.fixture
-def upstream(control_plane: controlplane.ControlPlane) -> Iterator[controlplane.Components]:
-    """kube-controller-manager and kube-scheduler for one test, stopped after it.
-
-    Not the session-wide `components` fixture: that leaves them running for every later test in
-    the session, and their garbage collector then deletes objects those tests own (the node
-    agent's slices of a re-registered Node, for one).
-    """
-    try:
-        started = control_plane.start_components()
-    except controlplane.Unavailable as missing:
-        pytest.skip(str(missing))
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 def _settled(api: client.Client, namespace: str, pods: list[str]) -> bool:
@@ -535,7 +446,9 @@ def test_beside_kube_controller_manager_claims_are_adopted_and_never_duplicated(
     early = [f"early-{i}" for i in range(3)]
     for name in early:
         _template_pod(kube_client, namespace, name)
-    _wait(lambda: _settled(kube_client, namespace, early), "kube-controller-manager to make the early claims")
+    controlplane.wait_until(
+        lambda: _settled(kube_client, namespace, early), what="kube-controller-manager made the early claims"
+    )
     ctl = make_controller()
     for name in early:
         ctl.sync_pod(namespace, name)
@@ -544,4 +457,6 @@ def test_beside_kube_controller_manager_claims_are_adopted_and_never_duplicated(
     racing = [f"race-{i}" for i in range(6)]
     for name in racing:
         _template_pod(kube_client, namespace, name)
-    _wait(lambda: _settled(kube_client, namespace, early + racing), "one claim per pod claim", timeout=90)
+    controlplane.wait_until(
+        lambda: _settled(kube_client, namespace, early + racing), what="each pod claim has one claim", timeout=90
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import faultproxy
 import pytest
+from support import kube_objects
 
 from dractl import model
 from dractl.kube import claims, client
@@ -13,27 +14,12 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_get_claim_returns_the_allocated_claim_as_a_model_value(kube_client: client.Client, namespace: str) -> None:
     """Guards: get_claim reads the live claim, status.allocation included, and decodes it into model.ResourceClaim."""
-    created = kube_client.create(
-        client.RESOURCE_CLAIMS,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": namespace},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
-        },
-    )
-    kube_client.update_status(
-        client.RESOURCE_CLAIMS,
-        {
-            **created,
-            "status": {
-                "allocation": {
-                    "devices": {
-                        "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-1"}]
-                    }
-                }
-            },
-        },
+    created = kube_objects.create_allocated_claim(
+        kube_client,
+        "c",
+        namespace=namespace,
+        spec=kube_objects.ONE_GPU,
+        allocated=kube_objects.allocation("node-a", ["gpu-1"]),
     )
     claim = claims.ApiClaimSource(kube_client).get_claim(namespace, "c")
     assert isinstance(claim, model.ResourceClaim)

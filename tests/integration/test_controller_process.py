@@ -20,12 +20,13 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import controlplane
 import pytest
 from prometheus_client import parser
+from support import kube_objects
 
 from dractl.kube import client
 
@@ -38,7 +39,6 @@ RETRY_PERIOD = 0.5
 LEASE = "dractl-controller"
 START_TIMEOUT = 60.0
 TAKEOVER_TIMEOUT = 2 * LEASE_DURATION + 10  # the lease duration after the last renewal, plus scheduling slack
-SPEC = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
 
 
 @dataclasses.dataclass(slots=True)
@@ -74,16 +74,9 @@ class Replica:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
     def wait_logged(self, event: str, *, timeout: float = START_TIMEOUT) -> dict[str, Any]:
-        found: list[dict[str, Any]] = []
-
-        def seen() -> bool:
-            entry = self.logged(event)
-            if entry is not None:
-                found.append(entry)
-            return entry is not None
-
-        controlplane.wait_until(seen, what=f"{self.name} logged {event!r} ({self.log})", timeout=timeout)
-        return found[0]
+        return controlplane.wait_until(
+            lambda: self.logged(event), what=f"{self.name} logged {event!r} ({self.log})", timeout=timeout
+        )
 
     def http(self, port: int, path: str) -> tuple[int, str]:
         try:
@@ -109,14 +102,7 @@ class Replica:
 
     def stop(self) -> None:
         """End exactly this process, whatever state it is in. Idempotent."""
-        if self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=20)
+        controlplane.stop_process(self.process, grace=20.0)
 
 
 @pytest.fixture
@@ -129,10 +115,9 @@ def kubeconfig(control_plane: controlplane.ControlPlane, tmp_path: pathlib.Path)
 
 @pytest.fixture
 def start_replica(
-    kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path
-) -> Iterator[Callable[[str], Replica]]:
+    kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path, stop_at_end: contextlib.ExitStack
+) -> Callable[[str], Replica]:
     """Starts `dractl controller` replicas on the test namespace and waits until each serves; stops them at the end."""
-    started: list[Replica] = []
 
     def start(name: str) -> Replica:
         log = tmp_path / f"{name}.log"
@@ -166,16 +151,14 @@ def start_replica(
         with log.open("wb") as sink:
             process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
         replica = Replica(name=name, process=process, log=log)
-        started.append(replica)
+        stop_at_end.callback(replica.stop)
         entry = replica.wait_logged("controller started")
         replica.identity = str(entry["identity"])
         replica.metrics_port = int(entry["metrics_port"])
         replica.health_port = int(entry["health_port"])
         return replica
 
-    yield start
-    for replica in started:
-        replica.stop()
+    return start
 
 
 def _lease(api: client.Client, namespace: str) -> dict[str, Any]:
@@ -190,30 +173,12 @@ def _holder(api: client.Client, namespace: str) -> str:
 
 
 def _template(api: client.Client, namespace: str) -> None:
-    api.create(
-        client.RESOURCE_CLAIM_TEMPLATES,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "gpu-template", "namespace": namespace},
-            "spec": {"spec": SPEC},
-        },
-    )
+    api.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("gpu-template", namespace=namespace))
 
 
 def _pod(api: client.Client, namespace: str, name: str) -> dict[str, Any]:
-    return api.create(
-        client.PODS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-template"}],
-            },
-        },
-    )
+    body = kube_objects.pod(name, namespace=namespace, claims=[kube_objects.from_template("gpu-template")])
+    return api.create(client.PODS, body)
 
 
 def _claim_of(api: client.Client, namespace: str, pod: dict[str, Any]) -> str:
@@ -232,16 +197,9 @@ def _claim_of(api: client.Client, namespace: str, pod: dict[str, Any]) -> str:
 
 
 def _wait_claim(api: client.Client, namespace: str, pod: dict[str, Any]) -> str:
-    found: list[str] = []
-
-    def made() -> bool:
-        name = _claim_of(api, namespace, pod)
-        if name:
-            found.append(name)
-        return bool(name)
-
-    controlplane.wait_until(made, what=f"pod {pod['metadata']['name']} has its claim", timeout=60)
-    return found[0]
+    return controlplane.wait_until(
+        lambda: _claim_of(api, namespace, pod), what=f"pod {pod['metadata']['name']} has its claim"
+    )
 
 
 def test_one_replica_leads_makes_claims_serves_probes_and_releases_the_lease_on_sigterm(

@@ -5,12 +5,17 @@ from __future__ import annotations
 import hashlib
 import lzma
 import pathlib
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import uuid
 
 import controlplane
 import pytest
+from support import kube_objects
 
 from dractl.kube import client
 
@@ -132,6 +137,31 @@ def test_stop_ends_exactly_its_processes_and_removes_its_directory() -> None:
     plane.stop()  # idempotent
 
 
+def test_free_ports_lie_below_the_ephemeral_range_and_are_free() -> None:
+    """Guards: the ports given to etcd, the API server and the components come from below the kernel's range for
+    outgoing connections (where any connection of the session could take one before the process binds it), and
+    can be bound."""
+    low, _ = controlplane._ephemeral_ports()
+    ports = [controlplane.free_port() for _ in range(20)]
+    assert all(1024 <= port < low for port in ports), ports
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_a_stopped_process_is_reaped_and_stopping_it_again_does_nothing() -> None:
+    """Guards: stop_process ends a running child with SIGTERM and reaps it; on a child already stopped or exited
+    it does nothing (no signal to a PID that may have been reused)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    controlplane.stop_process(sleeper, grace=10.0)
+    assert sleeper.returncode == -signal.SIGTERM
+    controlplane.stop_process(sleeper, grace=10.0)
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    quick.wait(timeout=30)
+    controlplane.stop_process(quick, grace=10.0)
+    assert quick.returncode == 0
+
+
 def test_a_failed_start_shows_the_process_output(isolated_tmp: pathlib.Path) -> None:
     """Guards: when kube-apiserver refuses to start, the failure shows its output and the temp dir is removed."""
     _binaries_or_skip()
@@ -164,18 +194,8 @@ def test_the_controller_manager_and_scheduler_run_beside_the_api_server(
             has_default_service_account, what="the controller manager created ServiceAccount default"
         )
         node = f"node-{uuid.uuid4().hex[:8]}"
-        created = kube_client.create(client.NODES, {"metadata": {"name": node}})
-        kube_client.update_status(
-            client.NODES,
-            {
-                **created,
-                "status": {
-                    "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-                    "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-                    "conditions": [{"type": "Ready", "status": "True", "reason": "Test", "message": "no kubelet"}],
-                },
-            },
-        )
+        kube_client.create(client.NODES, {"metadata": {"name": node}})
+        kube_objects.make_ready(kube_client, node)
         kube_client.create(
             client.PODS,
             {

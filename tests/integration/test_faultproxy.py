@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import http.client
+import json
+import socket
 import time
 
+import controlplane
 import faultproxy
 import pytest
+from support import kube_objects
 
 from dractl.kube import client
 
@@ -106,6 +112,7 @@ def test_a_dropped_watch_breaks_the_stream_after_the_given_events(
         for event in stream:
             names.append(event.object["metadata"]["name"])
     assert names == ["t0", "t1"]
+    controlplane.wait_until(lambda: fault_proxy.busy_upstreams == 0, what="the dropped watch's upstream is closed")
 
 
 def test_latency_delays_the_matching_request(
@@ -128,3 +135,70 @@ def test_rules_match_by_method(
     fault_proxy.add(faultproxy.respond(500, method="DELETE", path=f"/namespaces/{namespace}$", count=None))
     assert proxied_client.get(client.NAMESPACES, namespace)["metadata"]["name"] == namespace
     assert [r.fault for r in fault_proxy.requests] == [""]
+
+
+def test_requests_reuse_one_kept_alive_upstream_connection(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: one request after another all go over one connection to the API server (not a new TLS
+    connection each), and none is left in use."""
+    for _ in range(10):
+        assert proxied_client.get(client.NAMESPACES, namespace)["metadata"]["name"] == namespace
+    assert fault_proxy.opened_upstreams == 1
+    assert fault_proxy.busy_upstreams == 0
+
+
+def test_concurrent_requests_each_get_their_own_answer(
+    proxied_client: client.Client, kube_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: requests in flight at once never share an upstream connection: every caller gets the object it
+    asked for, and all connections are back in the pool afterwards."""
+    names = [f"t{i}" for i in range(8)]
+    for name in names:
+        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(name, namespace=namespace))
+
+    def fetch(name: str) -> str:
+        return str(proxied_client.get(client.RESOURCE_CLAIM_TEMPLATES, name, namespace=namespace)["metadata"]["name"])
+
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        fetched = list(pool.map(fetch, names * 5))
+    assert fetched == names * 5
+    assert 1 <= fault_proxy.opened_upstreams <= len(names)
+    assert fault_proxy.busy_upstreams == 0
+
+
+def test_a_stale_kept_alive_connection_is_replaced(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: when the kept-alive upstream connection is dead (the server closed it while idle), the request
+    is sent once more on a new connection: a caller that does not retry (plain http.client) gets its answer."""
+    proxied_client.get(client.NAMESPACES, namespace)
+    [idle] = fault_proxy._idle  # The test plays the server closing it.
+    assert idle.sock is not None
+    idle.sock.shutdown(socket.SHUT_RDWR)
+    direct = http.client.HTTPSConnection(
+        "127.0.0.1", fault_proxy.port, context=fault_proxy.plane.ssl_context(), timeout=30
+    )
+    try:
+        direct.request("GET", f"/api/v1/namespaces/{namespace}")
+        response = direct.getresponse()
+        assert (response.status, json.loads(response.read())["metadata"]["name"]) == (200, namespace)
+    finally:
+        direct.close()
+    assert fault_proxy.opened_upstreams == 2
+
+
+def test_a_watch_its_client_leaves_is_cut_upstream_at_once(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: a watch has an upstream connection of its own, closed as soon as its client closes the stream
+    (not when the next event or the server's timeout comes)."""
+    version = proxied_client.list(client.RESOURCE_CLAIM_TEMPLATES, namespace=namespace).resource_version
+    stream = proxied_client.watch(
+        client.RESOURCE_CLAIM_TEMPLATES, namespace=namespace, resource_version=version, timeout_seconds=300
+    )
+    controlplane.wait_until(lambda: fault_proxy.busy_upstreams == 1, what="the watch is open upstream")
+    stream.close()
+    controlplane.wait_until(
+        lambda: fault_proxy.busy_upstreams == 0, what="the proxy closed the watch's upstream connection", timeout=10
+    )

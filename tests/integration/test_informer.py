@@ -5,32 +5,18 @@ No event may be lost or repeated across a relist.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Iterator
-from typing import Any
 
 import controlplane
 import faultproxy
 import pytest
+from support import kube_objects
 
 from dractl import model
 from dractl.kube import client, informer, workqueue
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _template(name: str, namespace: str, *, label: str = "") -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if label:
-        metadata["labels"] = {"v": label}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": metadata,
-        "spec": {
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
-        },
-    }
 
 
 class Recorder:
@@ -66,17 +52,8 @@ class Recorder:
             return list(self.events)
 
 
-@pytest.fixture
-def started() -> Iterator[list[informer.Informer[Any]]]:
-    """Informers a test starts; all stopped (threads joined) at the end."""
-    informers: list[informer.Informer[Any]] = []
-    yield informers
-    for one in informers:
-        one.stop()
-
-
 def _start(
-    api: client.Client, namespace: str, recorder: Recorder, started: list[informer.Informer[Any]]
+    api: client.Client, namespace: str, recorder: Recorder, stop_at_end: contextlib.ExitStack
 ) -> informer.Informer[client.Decoded]:
     one: informer.Informer[client.Decoded] = informer.Informer(
         api,
@@ -86,20 +63,20 @@ def _start(
         namespace=namespace,
         watch_timeout=60,
     )
-    started.append(one)
+    stop_at_end.callback(one.stop)
     one.start()
     assert one.wait_synced(30)
     return one
 
 
 def test_sync_fills_the_store_and_reports_each_object_once(
-    kube_client: client.Client, namespace: str, started: list[informer.Informer[Any]]
+    kube_client: client.Client, namespace: str, stop_at_end: contextlib.ExitStack
 ) -> None:
     """Guards: after the first list has_synced() is true, the store holds every object, one add each."""
     for name in ("a", "b", "c"):
-        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(name, namespace))
+        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(name, namespace=namespace))
     recorder = Recorder()
-    one = _start(kube_client, namespace, recorder, started)
+    one = _start(kube_client, namespace, recorder, stop_at_end)
     assert one.has_synced()
     assert one.store.keys() == [f"{namespace}/a", f"{namespace}/b", f"{namespace}/c"]
     value = one.store.get(f"{namespace}/a")
@@ -108,12 +85,12 @@ def test_sync_fills_the_store_and_reports_each_object_once(
 
 
 def test_live_adds_updates_and_deletes_arrive_in_order(
-    kube_client: client.Client, namespace: str, started: list[informer.Informer[Any]]
+    kube_client: client.Client, namespace: str, stop_at_end: contextlib.ExitStack
 ) -> None:
     """Guards: watch events after the sync become add, update and delete callbacks in the order they happened."""
     recorder = Recorder()
-    one = _start(kube_client, namespace, recorder, started)
-    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("x", namespace))
+    one = _start(kube_client, namespace, recorder, stop_at_end)
+    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("x", namespace=namespace))
     kube_client.patch(client.RESOURCE_CLAIM_TEMPLATES, "x", {"metadata": {"labels": {"v": "2"}}}, namespace=namespace)
     kube_client.delete(client.RESOURCE_CLAIM_TEMPLATES, "x", namespace=namespace)
     controlplane.wait_until(lambda: len(recorder.snapshot()) >= 3, what="three events arrived")
@@ -127,21 +104,21 @@ def test_a_dropped_watch_relists_without_losing_or_repeating_events(
     kube_client: client.Client,
     fault_proxy: faultproxy.FaultProxy,
     namespace: str,
-    started: list[informer.Informer[Any]],
+    stop_at_end: contextlib.ExitStack,
 ) -> None:
     """Guards: a watch cut mid-stream leads to a relist; changes made meanwhile arrive exactly once, none repeat."""
     for name in ("keep", "change", "remove"):
-        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(name, namespace))
+        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(name, namespace=namespace))
     recorder = Recorder()
     fault_proxy.add(faultproxy.drop_watch(path="/resourceclaimtemplates", after=1))
-    one = _start(proxied_client, namespace, recorder, started)
+    one = _start(proxied_client, namespace, recorder, stop_at_end)
     # The first watch event (this create) is forwarded, then the connection is cut.
-    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("first", namespace))
+    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("first", namespace=namespace))
     kube_client.patch(
         client.RESOURCE_CLAIM_TEMPLATES, "change", {"metadata": {"labels": {"v": "2"}}}, namespace=namespace
     )
     kube_client.delete(client.RESOURCE_CLAIM_TEMPLATES, "remove", namespace=namespace)
-    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("new", namespace))
+    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("new", namespace=namespace))
     controlplane.wait_until(
         lambda: (
             one.store.keys() == sorted(f"{namespace}/{n}" for n in ("keep", "change", "first", "new"))
@@ -164,20 +141,20 @@ def test_a_410_relists_and_diffs_against_the_store(
     kube_client: client.Client,
     fault_proxy: faultproxy.FaultProxy,
     namespace: str,
-    started: list[informer.Informer[Any]],
+    stop_at_end: contextlib.ExitStack,
 ) -> None:
     """Guards: on 410 Gone the informer relists; changes made while it could not watch give one event each."""
     for name in ("keep", "change", "remove"):
-        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(name, namespace))
+        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(name, namespace=namespace))
     recorder = Recorder()
     # Every watch is refused with 410 until the rule is removed.
     fault_proxy.add(faultproxy.watch_gone(path="/resourceclaimtemplates", count=None))
-    one = _start(proxied_client, namespace, recorder, started)
+    one = _start(proxied_client, namespace, recorder, stop_at_end)
     kube_client.patch(
         client.RESOURCE_CLAIM_TEMPLATES, "change", {"metadata": {"labels": {"v": "2"}}}, namespace=namespace
     )
     kube_client.delete(client.RESOURCE_CLAIM_TEMPLATES, "remove", namespace=namespace)
-    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("new", namespace))
+    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("new", namespace=namespace))
     controlplane.wait_until(
         lambda: any(r.fault == "watch gone" for r in fault_proxy.requests), what="a watch was refused with 410"
     )
@@ -186,7 +163,7 @@ def test_a_410_relists_and_diffs_against_the_store(
     events = recorder.snapshot()
     assert sorted(events[:3]) == [("add", "change", ""), ("add", "keep", ""), ("add", "remove", "")]
     assert sorted(events[3:]) == sorted([("update", "change", "2"), ("delete", "remove", ""), ("add", "new", "")])
-    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template("after", namespace))
+    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("after", namespace=namespace))
     controlplane.wait_until(lambda: ("add", "after", "") in recorder.snapshot(), what="the watch resumed")
     assert len(recorder.snapshot()) == 7
     assert one.lists >= 2
@@ -205,7 +182,7 @@ def test_stop_ends_the_thread_while_a_watch_is_open(kube_client: client.Client, 
 
 
 def test_the_informer_feeds_a_work_queue_that_converges(
-    kube_client: client.Client, namespace: str, started: list[informer.Informer[Any]]
+    kube_client: client.Client, namespace: str, stop_at_end: contextlib.ExitStack
 ) -> None:
     """Guards: handlers that only enqueue keys, and a worker reading the store, see the final state of each object."""
     queue = workqueue.WorkQueue()
@@ -221,7 +198,7 @@ def test_the_informer_feeds_a_work_queue_that_converges(
         namespace=namespace,
         handlers=informer.Handlers(on_add=enqueue, on_update=lambda old, new: enqueue(new), on_delete=enqueue),
     )
-    started.append(one)
+    stop_at_end.callback(one.stop)
     one.start()
     assert one.wait_synced(30)
 
@@ -235,7 +212,7 @@ def test_the_informer_feeds_a_work_queue_that_converges(
     worker.start()
     try:
         for i in range(5):
-            kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, _template(f"w{i}", namespace))
+            kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(f"w{i}", namespace=namespace))
         for i in range(5):
             kube_client.patch(
                 client.RESOURCE_CLAIM_TEMPLATES, f"w{i}", {"metadata": {"labels": {"v": "final"}}}, namespace=namespace

@@ -11,6 +11,7 @@ with a direct client. Claims are made from templates by dractl's claim controlle
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import time
 import uuid
@@ -22,6 +23,7 @@ import faultproxy
 import prometheus_client
 import pytest
 import yaml
+from support import kube_objects
 
 import dractl
 from dractl.controller import claims as claims_ctl
@@ -33,19 +35,7 @@ pytestmark = pytest.mark.timeout(240)
 EXAMPLES = pathlib.Path(dractl.__file__).parent / "examples"
 GROUP_LABEL = "test.dractl.io/group"
 FINALIZER = "resource.kubernetes.io/delete-protection"
-ONE_GPU = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
-
-
-def _wait(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    """Poll `condition` until it returns something truthy (returned), or fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
+ONE_GPU = kube_objects.ONE_GPU
 
 
 def _ensure_device_classes(api: client.Client) -> None:
@@ -58,10 +48,13 @@ def _ensure_device_classes(api: client.Client) -> None:
 
 
 class Group:
-    """One test's nodes: a unique label and a taint, slices copied from an example node under a new name."""
+    """One test's world: its namespace, its nodes (a unique label and a taint only its pods tolerate, slices copied
+    from an example node under a new name) and the scheduler name its pods ask for."""
 
-    def __init__(self, api: client.Client) -> None:
+    def __init__(self, api: client.Client, *, namespace: str, scheduler_name: str) -> None:
         self.api = api
+        self.namespace = namespace
+        self.scheduler_name = scheduler_name
         self.id = uuid.uuid4().hex[:8]
         self.nodes: list[str] = []
 
@@ -82,21 +75,7 @@ class Group:
                 "spec": {"taints": [{"key": GROUP_LABEL, "value": self.id, "effect": "NoSchedule"}]},
             },
         )
-        allocatable = {"cpu": "32", "memory": "256Gi", "pods": "110"}
-        # A merge patch, not an update: kube-controller-manager (when a coexistence test started it)
-        # annotates new nodes, so the version the create returned may already be stale.
-        self.api.patch(
-            client.NODES,
-            name,
-            subresource="status",
-            patch={
-                "status": {
-                    "allocatable": allocatable,
-                    "capacity": allocatable,
-                    "conditions": [{"type": "Ready", "status": "True", "reason": "Test", "message": "no kubelet"}],
-                }
-            },
-        )
+        kube_objects.make_ready(self.api, name)
         if slices:
             self.publish(example, name)
         return name
@@ -108,30 +87,80 @@ class Group:
             if document:
                 self.api.create(client.RESOURCE_SLICES, document)
 
-    def pod(
-        self, namespace: str, name: str, *, scheduler: str, claims: list[dict[str, str]], cpu: str = "100m"
-    ) -> dict[str, Any]:
-        return self.api.create(
-            client.PODS,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {
-                    "schedulerName": scheduler,
-                    "nodeSelector": {GROUP_LABEL: self.id},
-                    "tolerations": [self.toleration],
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"requests": {"cpu": cpu}},
-                        }
-                    ],
-                    "resourceClaims": claims,
-                },
-            },
+    def pod(self, name: str, *, claims: list[dict[str, str]], scheduler: str = "", cpu: str = "100m") -> dict[str, Any]:
+        """Create a pod for `scheduler` (default: the test's) that only this group's nodes take."""
+        placement = {
+            "schedulerName": scheduler or self.scheduler_name,
+            "nodeSelector": {GROUP_LABEL: self.id},
+            "tolerations": [self.toleration],
+        }
+        body = kube_objects.pod(name, namespace=self.namespace, claims=claims, cpu=cpu, **placement)
+        return self.api.create(client.PODS, body)
+
+    def template(self, name: str, spec: dict[str, Any]) -> None:
+        self.api.create(
+            client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(name, namespace=self.namespace, spec=spec)
         )
+
+    def claim(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.api.create(client.RESOURCE_CLAIMS, kube_objects.claim(name, namespace=self.namespace, spec=spec))
+
+    def get_claim(self, name: str) -> dict[str, Any]:
+        return self.api.get(client.RESOURCE_CLAIMS, name, namespace=self.namespace)
+
+    def allocate(self, name: str, *, node: str, devices: list[str], pod: dict[str, Any] | None = None) -> None:
+        """Write claim `name`'s allocation on `node` as a scheduler would (with `pod`: the finalizer, and the pod
+        reserved)."""
+        status: dict[str, Any] = {"allocation": kube_objects.allocation(node, devices, node=node)}
+        if pod is not None:
+            self.api.patch(
+                client.RESOURCE_CLAIMS, name, namespace=self.namespace, patch={"metadata": {"finalizers": [FINALIZER]}}
+            )
+            status["reservedFor"] = kube_objects.reserved_for([pod])
+        self.api.patch(
+            client.RESOURCE_CLAIMS, name, namespace=self.namespace, subresource="status", patch={"status": status}
+        )
+
+    def get_pod(self, name: str) -> dict[str, Any]:
+        return self.api.get(client.PODS, name, namespace=self.namespace)
+
+    def bound(self, pod: str) -> str:
+        """The node pod `pod` is bound to, or ""."""
+        return str(self.get_pod(pod)["spec"].get("nodeName") or "")
+
+    def wait_bound(self, pod: str, *, timeout: float = 60.0) -> str:
+        """The node pod `pod` is bound to, once it is (a bounded wait)."""
+        return controlplane.wait_until(lambda: self.bound(pod), what=f"pod {pod} is bound", timeout=timeout)
+
+    def scheduled_condition(self, pod: str) -> dict[str, Any] | None:
+        for condition in (self.get_pod(pod).get("status") or {}).get("conditions") or ():
+            if condition["type"] == "PodScheduled":
+                return dict(condition)
+        return None
+
+    def wait_condition(self, pod: str) -> dict[str, Any]:
+        """Pod `pod`'s PodScheduled condition, once it has one (a bounded wait)."""
+        return controlplane.wait_until(
+            lambda: self.scheduled_condition(pod), what=f"pod {pod} has a PodScheduled condition"
+        )
+
+    def pod_claim(self, pod: str, pod_claim: str = "gpu") -> dict[str, Any]:
+        """The claim pod `pod` uses for `pod_claim` (direct or recorded)."""
+        raw = self.get_pod(pod)
+        for entry in raw["spec"].get("resourceClaims") or ():
+            if entry["name"] == pod_claim and entry.get("resourceClaimName"):
+                return self.get_claim(entry["resourceClaimName"])
+        for entry in (raw.get("status") or {}).get("resourceClaimStatuses") or ():
+            if entry["name"] == pod_claim:
+                return self.get_claim(entry["resourceClaimName"])
+        raise AssertionError(f"pod {pod} has no claim {pod_claim}")
+
+    def events(self, pod: str, reason: str) -> list[dict[str, Any]]:
+        return [
+            event
+            for event in self.api.list(client.EVENTS, namespace=self.namespace).items
+            if event["involvedObject"].get("name") == pod and event["reason"] == reason
+        ]
 
     def cleanup(self) -> None:
         for name in self.nodes:
@@ -146,78 +175,6 @@ class Group:
                 pass
 
 
-def _template(api: client.Client, namespace: str, name: str, spec: dict[str, Any]) -> None:
-    api.create(
-        client.RESOURCE_CLAIM_TEMPLATES,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"spec": spec},
-        },
-    )
-
-
-def _claim(api: client.Client, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return api.create(
-        client.RESOURCE_CLAIMS,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": spec,
-        },
-    )
-
-
-def _allocate(
-    api: client.Client,
-    namespace: str,
-    name: str,
-    *,
-    node: str,
-    devices: list[str],
-    pod: dict[str, Any] | None = None,
-) -> None:
-    """Write a claim's allocation on `node` as a scheduler would (with `pod`: the finalizer, and the pod reserved)."""
-    status: dict[str, Any] = {
-        "allocation": {
-            "devices": {
-                "results": [
-                    {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": device} for device in devices
-                ]
-            },
-            "nodeSelector": {
-                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
-            },
-        }
-    }
-    if pod is not None:
-        api.patch(client.RESOURCE_CLAIMS, name, namespace=namespace, patch={"metadata": {"finalizers": [FINALIZER]}})
-        status["reservedFor"] = [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}]
-    api.patch(client.RESOURCE_CLAIMS, name, namespace=namespace, subresource="status", patch={"status": status})
-
-
-def _get_pod(api: client.Client, namespace: str, name: str) -> dict[str, Any]:
-    return api.get(client.PODS, name, namespace=namespace)
-
-
-def _bound(api: client.Client, namespace: str, name: str) -> str:
-    return str(_get_pod(api, namespace, name)["spec"].get("nodeName") or "")
-
-
-def _pod_claim(api: client.Client, namespace: str, pod: str, pod_claim: str = "gpu") -> dict[str, Any]:
-    """The claim the pod uses for `pod_claim` (direct or recorded)."""
-    raw = _get_pod(api, namespace, pod)
-    for entry in raw["spec"].get("resourceClaims") or ():
-        if entry["name"] == pod_claim and entry.get("resourceClaimName"):
-            return api.get(client.RESOURCE_CLAIMS, entry["resourceClaimName"], namespace=namespace)
-    for entry in (raw.get("status") or {}).get("resourceClaimStatuses") or ():
-        if entry["name"] == pod_claim:
-            return api.get(client.RESOURCE_CLAIMS, entry["resourceClaimName"], namespace=namespace)
-    raise AssertionError(f"pod {pod} has no claim {pod_claim}")
-
-
 def _devices(claim: dict[str, Any]) -> list[tuple[str, str]]:
     results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ()
     return sorted((result["pool"], result["device"]) for result in results)
@@ -227,26 +184,11 @@ def _reserved(claim: dict[str, Any]) -> list[str]:
     return sorted(entry["uid"] for entry in (claim.get("status") or {}).get("reservedFor") or ())
 
 
-def _scheduled_condition(api: client.Client, namespace: str, pod: str) -> dict[str, Any] | None:
-    for condition in (_get_pod(api, namespace, pod).get("status") or {}).get("conditions") or ():
-        if condition["type"] == "PodScheduled":
-            return dict(condition)
-    return None
-
-
-def _events(api: client.Client, namespace: str, pod: str, reason: str) -> list[dict[str, Any]]:
-    return [
-        event
-        for event in api.list(client.EVENTS, namespace=namespace).items
-        if event["involvedObject"].get("name") == pod and event["reason"] == reason
-    ]
-
-
 @pytest.fixture
-def group(kube_client: client.Client) -> Iterator[Group]:
-    """A node group for one test (nodes and slices removed at the end), with the example DeviceClasses present."""
+def group(kube_client: client.Client, namespace: str, scheduler_name: str) -> Iterator[Group]:
+    """The test's namespace and node group (nodes and slices removed at the end), with the example DeviceClasses."""
     _ensure_device_classes(kube_client)
-    made = Group(kube_client)
+    made = Group(kube_client, namespace=namespace, scheduler_name=scheduler_name)
     yield made
     made.cleanup()
 
@@ -257,9 +199,10 @@ def scheduler_name() -> str:
 
 
 @pytest.fixture
-def make_scheduler(proxied_client: client.Client, scheduler_name: str) -> Iterator[Callable[..., sched.Scheduler]]:
+def make_scheduler(
+    proxied_client: client.Client, scheduler_name: str, stop_at_end: contextlib.ExitStack
+) -> Callable[..., sched.Scheduler]:
     """Starts schedulers (through the fault proxy, fast backoff unless told) for the test's scheduler name."""
-    started: list[sched.Scheduler] = []
 
     def make(*, backoff: float = 0.02) -> sched.Scheduler:
         queue = workqueue.WorkQueue(backoff=workqueue.ExponentialBackoff(base=backoff, cap=max(backoff, 0.5)))
@@ -267,12 +210,10 @@ def make_scheduler(proxied_client: client.Client, scheduler_name: str) -> Iterat
             proxied_client, scheduler_name=scheduler_name, queue=queue, registry=prometheus_client.CollectorRegistry()
         )
         made.start()
-        started.append(made)
+        stop_at_end.callback(made.stop)
         return made
 
-    yield make
-    for made in started:
-        made.stop()
+    return make
 
 
 @pytest.fixture
@@ -288,24 +229,19 @@ def claim_controller(kube_client: client.Client, namespace: str) -> Iterator[cla
 
 
 def test_a_pod_with_a_template_claim_for_one_gpu_is_allocated_and_bound(
-    kube_client: client.Client,
     fault_proxy: faultproxy.FaultProxy,
-    namespace: str,
     group: Group,
-    scheduler_name: str,
     claim_controller: claims_ctl.ClaimController,
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
     """Guards: the generated claim gets the finalizer, one T4 of the node and the pod in reservedFor, the pod is
     bound to that node, the metrics count it, and syncing the converged pod again writes nothing."""
     node = group.node("t4-node-01")
-    _template(kube_client, namespace, "one-gpu", ONE_GPU)
-    pod = group.pod(
-        namespace, "trainer", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
-    )
+    group.template("one-gpu", ONE_GPU)
+    pod = group.pod("trainer", claims=[kube_objects.from_template("one-gpu")])
     scheduler = make_scheduler()
-    assert _wait(lambda: _bound(kube_client, namespace, "trainer"), "the pod to be bound") == node
-    claim = _pod_claim(kube_client, namespace, "trainer")
+    assert group.wait_bound("trainer") == node
+    claim = group.pod_claim("trainer")
     assert FINALIZER in claim["metadata"]["finalizers"]
     [(pool, device)] = _devices(claim)
     assert pool == node and device in ("gpu-0", "gpu-1")
@@ -320,17 +256,17 @@ def test_a_pod_with_a_template_claim_for_one_gpu_is_allocated_and_bound(
         == 1
     )
 
-    _wait(lambda: scheduler.pods.store.get(f"{namespace}/trainer").node_name, "the scheduler's cache to see the bind")
+    controlplane.wait_until(
+        lambda: scheduler.pods.store.get(f"{group.namespace}/trainer").node_name,
+        what="the scheduler's cache sees the bind",
+    )
     fault_proxy.clear()
-    scheduler.sync_pod(namespace, "trainer")
+    scheduler.sync_pod(group.namespace, "trainer")
     assert [(r.method, r.target) for r in fault_proxy.writes()] == []
 
 
 def test_two_mig_slices_of_one_parent_gpu(
-    kube_client: client.Client,
-    namespace: str,
     group: Group,
-    scheduler_name: str,
     claim_controller: claims_ctl.ClaimController,
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
@@ -342,16 +278,14 @@ def test_two_mig_slices_of_one_parent_gpu(
         for document in yaml.safe_load_all((EXAMPLES / "32-pattern3-mig.yaml").read_text())
         if document and document["kind"] == "ResourceClaimTemplate"
     ]
-    _template(kube_client, namespace, "mig-mixed", template["spec"]["spec"])
+    group.template("mig-mixed", template["spec"]["spec"])
     group.pod(
-        namespace,
         "mig",
-        scheduler=scheduler_name,
-        claims=[{"name": "mig-devices", "resourceClaimTemplateName": "mig-mixed"}],
+        claims=[kube_objects.from_template("mig-mixed", pod_claim="mig-devices")],
     )
     make_scheduler()
-    assert _wait(lambda: _bound(kube_client, namespace, "mig"), "the pod to be bound", timeout=90) == node
-    claim = _pod_claim(kube_client, namespace, "mig", "mig-devices")
+    assert group.wait_bound("mig", timeout=90) == node
+    claim = group.pod_claim("mig", "mig-devices")
     results = {r["request"]: r["device"] for r in claim["status"]["allocation"]["devices"]["results"]}
     assert set(results) == {"large-slice", "small-slice"}
     assert "-mig-3g40gb-" in results["large-slice"] and "-mig-1g10gb-" in results["small-slice"]
@@ -361,9 +295,7 @@ def test_two_mig_slices_of_one_parent_gpu(
 
 def test_a_four_gpu_nvlink_claim_takes_one_partition(
     kube_client: client.Client,
-    namespace: str,
     group: Group,
-    scheduler_name: str,
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
     """Guards: the 4-GPU claim with matchAttribute partition4 on the H100 node gets four GPUs of one NVLink
@@ -374,11 +306,11 @@ def test_a_four_gpu_nvlink_claim_takes_one_partition(
         for document in yaml.safe_load_all((EXAMPLES / "33-nvlink-training.yaml").read_text())
         if document and document["kind"] == "ResourceClaim"
     ]
-    _claim(kube_client, namespace, "nvlink", claim_doc["spec"])
-    group.pod(namespace, "train", scheduler=scheduler_name, claims=[{"name": "gpus", "resourceClaimName": "nvlink"}])
+    group.claim("nvlink", claim_doc["spec"])
+    group.pod("train", claims=[kube_objects.of_claim("nvlink", pod_claim="gpus")])
     make_scheduler()
-    assert _wait(lambda: _bound(kube_client, namespace, "train"), "the pod to be bound") == node
-    claim = kube_client.get(client.RESOURCE_CLAIMS, "nvlink", namespace=namespace)
+    assert group.wait_bound("train") == node
+    claim = group.get_claim("nvlink")
     devices = [device for _, device in _devices(claim)]
     assert len(devices) == 4
     [slice_] = kube_client.list(client.RESOURCE_SLICES, field_selector=f"spec.nodeName={node}").items
@@ -387,92 +319,82 @@ def test_a_four_gpu_nvlink_claim_takes_one_partition(
 
 
 def test_a_shared_claim_puts_the_second_pod_on_the_same_node(
-    kube_client: client.Client,
-    namespace: str,
     group: Group,
-    scheduler_name: str,
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
     """Guards: a claim used by two pods is allocated once; the second pod lands on the claim's node (not the other
     node with free GPUs) and reservedFor lists both pods."""
     group.node("t4-node-01")
     group.node("t4-node-01")
-    _claim(kube_client, namespace, "shared", ONE_GPU)
-    first = group.pod(
-        namespace, "first", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": "shared"}]
-    )
+    group.claim("shared", ONE_GPU)
+    first = group.pod("first", claims=[kube_objects.of_claim("shared")])
     make_scheduler()
-    node = _wait(lambda: _bound(kube_client, namespace, "first"), "the first pod to be bound")
-    second = group.pod(
-        namespace, "second", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": "shared"}]
-    )
-    assert _wait(lambda: _bound(kube_client, namespace, "second"), "the second pod to be bound") == node
-    claim = kube_client.get(client.RESOURCE_CLAIMS, "shared", namespace=namespace)
+    node = group.wait_bound("first")
+    second = group.pod("second", claims=[kube_objects.of_claim("shared")])
+    assert group.wait_bound("second") == node
+    claim = group.get_claim("shared")
     assert len(_devices(claim)) == 1
     assert _reserved(claim) == sorted([first["metadata"]["uid"], second["metadata"]["uid"]])
 
 
 def test_an_unschedulable_pod_is_told_why_and_scheduled_once_a_slice_appears(
-    kube_client: client.Client,
-    namespace: str,
     group: Group,
-    scheduler_name: str,
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
     """Guards: with no devices the pod gets PodScheduled=False/Unschedulable naming the nodes and the claim's
     request, one Warning Event FailedScheduling and the unschedulable gauge; a slice added later gets it bound."""
     node = group.node("t4-node-01", slices=False)
-    _claim(kube_client, namespace, "wants-gpu", ONE_GPU)
-    group.pod(
-        namespace, "waiting", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": "wants-gpu"}]
-    )
+    group.claim("wants-gpu", ONE_GPU)
+    group.pod("waiting", claims=[kube_objects.of_claim("wants-gpu")])
     scheduler = make_scheduler()
-    condition = _wait(lambda: _scheduled_condition(kube_client, namespace, "waiting"), "the PodScheduled condition")
+    condition = group.wait_condition("waiting")
     assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
     assert "nodes are available" in condition["message"] and "cannot allocate all claims" in condition["message"]
-    assert f"ResourceClaim {namespace}/wants-gpu request gpu" in condition["message"]
-    [event] = _wait(lambda: _events(kube_client, namespace, "waiting", "FailedScheduling"), "the Warning Event")
+    assert f"ResourceClaim {group.namespace}/wants-gpu request gpu" in condition["message"]
+    [event] = controlplane.wait_until(
+        lambda: group.events("waiting", "FailedScheduling"), what="the Warning Event is recorded"
+    )
     assert event["type"] == "Warning" and event["message"] == condition["message"]
     assert scheduler.registry.get_sample_value("dractl_scheduler_unschedulable_pods") == 1
 
     group.publish("t4-node-01", node)
-    assert _wait(lambda: _bound(kube_client, namespace, "waiting"), "the pod to be bound after the slice") == node
-    claim = kube_client.get(client.RESOURCE_CLAIMS, "wants-gpu", namespace=namespace)
+    assert group.wait_bound("waiting") == node
+    claim = group.get_claim("wants-gpu")
     assert len(_devices(claim)) == 1
-    condition = _scheduled_condition(kube_client, namespace, "waiting")
+    condition = group.scheduled_condition("waiting")
     assert condition is not None and condition["status"] == "True"  # The API server sets it on binding.
-    _wait(lambda: scheduler.registry.get_sample_value("dractl_scheduler_unschedulable_pods") == 0, "the gauge to drop")
+    controlplane.wait_until(
+        lambda: scheduler.registry.get_sample_value("dractl_scheduler_unschedulable_pods") == 0,
+        what="the gauge drops to 0",
+    )
 
 
 def test_a_failed_bind_leaves_no_claim_allocated_and_is_retried(
-    kube_client: client.Client,
     fault_proxy: faultproxy.FaultProxy,
-    namespace: str,
     group: Group,
-    scheduler_name: str,
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
     """Guards: when the binding POST answers 500 (every retry), the claim's allocation, reservation and the
     finalizer the scheduler added are taken back and the pod stays unbound; once the fault is gone it is bound."""
     node = group.node("t4-node-01")
-    _claim(kube_client, namespace, "rollback", ONE_GPU)
-    group.pod(namespace, "unlucky", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": "rollback"}])
+    group.claim("rollback", ONE_GPU)
+    group.pod("unlucky", claims=[kube_objects.of_claim("rollback")])
     fault_proxy.add(faultproxy.respond(500, method="POST", path="/pods/unlucky/binding", count=None))
     scheduler = make_scheduler(backoff=30.0)
-    _wait(
+    controlplane.wait_until(
         lambda: any(r.fault and "/binding" in r.target for r in fault_proxy.requests),
-        "a binding refused by the proxy",
+        what="the proxy refused a binding",
     )
-    _wait(
+    controlplane.wait_until(
         lambda: scheduler.registry.get_sample_value("dractl_scheduler_attempts_total", {"result": "error"}),
-        "the failed attempt to be counted",
+        what="the failed attempt is counted",
     )
     scheduler.stop()
-    claim = kube_client.get(client.RESOURCE_CLAIMS, "rollback", namespace=namespace)
+    claim = group.get_claim("rollback")
     assert (claim.get("status") or {}).get("allocation") is None
     assert _reserved(claim) == []
     assert FINALIZER not in (claim["metadata"].get("finalizers") or ())
-    assert _bound(kube_client, namespace, "unlucky") == ""
+    assert group.bound("unlucky") == ""
     writes = [(r.method, r.target.split("?")[0].rsplit("/namespaces/", 1)[-1]) for r in fault_proxy.writes()]
     claim_writes = [w for w in writes if "resourceclaims" in w[1]]
     # finalizer, allocation, then (after the refused binding) allocation cleared and finalizer removed
@@ -480,121 +402,103 @@ def test_a_failed_bind_leaves_no_claim_allocated_and_is_retried(
 
     fault_proxy.clear()
     make_scheduler()
-    assert _wait(lambda: _bound(kube_client, namespace, "unlucky"), "the pod to be bound once binding works") == node
-    claim = kube_client.get(client.RESOURCE_CLAIMS, "rollback", namespace=namespace)
+    assert group.wait_bound("unlucky") == node
+    claim = group.get_claim("rollback")
     assert len(_devices(claim)) == 1
 
 
 def test_claims_allocated_before_the_start_are_held(
-    kube_client: client.Client,
-    namespace: str,
     group: Group,
-    scheduler_name: str,
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
     """Guards: a claim already allocated in the API (here gpu-0, by someone else) counts as used from the first
     decision: a pod needing one GPU gets gpu-1, and a pod needing two is unschedulable."""
     node = group.node("t4-node-01")
-    _claim(kube_client, namespace, "taken", ONE_GPU)
-    _allocate(kube_client, namespace, "taken", node=node, devices=["gpu-0"])
-    two = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}
-    _claim(kube_client, namespace, "one", ONE_GPU)
-    _claim(kube_client, namespace, "two", two)
-    group.pod(namespace, "needs-two", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": "two"}])
-    group.pod(namespace, "needs-one", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": "one"}])
+    group.claim("taken", ONE_GPU)
+    group.allocate("taken", node=node, devices=["gpu-0"])
+    two = kube_objects.claim_spec(count=2)
+    group.claim("one", ONE_GPU)
+    group.claim("two", two)
+    group.pod("needs-two", claims=[kube_objects.of_claim("two")])
+    group.pod("needs-one", claims=[kube_objects.of_claim("one")])
     make_scheduler()
-    assert _wait(lambda: _bound(kube_client, namespace, "needs-one"), "the one-GPU pod to be bound") == node
-    assert _devices(kube_client.get(client.RESOURCE_CLAIMS, "one", namespace=namespace)) == [(node, "gpu-1")]
-    condition = _wait(lambda: _scheduled_condition(kube_client, namespace, "needs-two"), "the two-GPU pod's condition")
+    assert group.wait_bound("needs-one") == node
+    assert _devices(group.get_claim("one")) == [(node, "gpu-1")]
+    condition = group.wait_condition("needs-two")
     assert condition["reason"] == "Unschedulable"
-    assert _bound(kube_client, namespace, "needs-two") == ""
+    assert group.bound("needs-two") == ""
 
 
 def test_beside_kube_scheduler_its_pods_are_untouched_and_its_claims_count_as_used(
-    kube_client: client.Client,
     fault_proxy: faultproxy.FaultProxy,
     components: object,
-    namespace: str,
     group: Group,
-    scheduler_name: str,
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
     """Guards: a default-scheduler pod is scheduled by kube-scheduler only (dractl writes nothing about it), and
     the GPU kube-scheduler allocated is not given again: dractl's pod gets the other T4, a second one none."""
     node = group.node("t4-node-01")
-    _claim(kube_client, namespace, "upstream", ONE_GPU)
-    group.pod(
-        namespace, "upstream", scheduler="default-scheduler", claims=[{"name": "gpu", "resourceClaimName": "upstream"}]
-    )
+    group.claim("upstream", ONE_GPU)
+    group.pod("upstream", scheduler="default-scheduler", claims=[kube_objects.of_claim("upstream")])
     scheduler = make_scheduler()
-    assert _wait(lambda: _bound(kube_client, namespace, "upstream"), "kube-scheduler to bind its pod", 90) == node
-    upstream = _devices(kube_client.get(client.RESOURCE_CLAIMS, "upstream", namespace=namespace))
+    assert group.wait_bound("upstream", timeout=90) == node
+    upstream = _devices(group.get_claim("upstream"))
     assert len(upstream) == 1
-    _wait(
-        lambda: (claim := scheduler.claims.store.get(f"{namespace}/upstream")) is not None and claim.allocation,
-        "the scheduler's cache to see kube-scheduler's allocation",
+    controlplane.wait_until(
+        lambda: (claim := scheduler.claims.store.get(f"{group.namespace}/upstream")) is not None and claim.allocation,
+        what="the scheduler's cache sees kube-scheduler's allocation",
     )
-    _claim(kube_client, namespace, "mine", ONE_GPU)
-    _claim(kube_client, namespace, "extra", ONE_GPU)
-    group.pod(namespace, "mine", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": "mine"}])
-    assert _wait(lambda: _bound(kube_client, namespace, "mine"), "dractl to bind its pod") == node
-    mine = _devices(kube_client.get(client.RESOURCE_CLAIMS, "mine", namespace=namespace))
+    group.claim("mine", ONE_GPU)
+    group.claim("extra", ONE_GPU)
+    group.pod("mine", claims=[kube_objects.of_claim("mine")])
+    assert group.wait_bound("mine") == node
+    mine = _devices(group.get_claim("mine"))
     assert len(mine) == 1 and mine != upstream
-    group.pod(namespace, "extra", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": "extra"}])
-    condition = _wait(lambda: _scheduled_condition(kube_client, namespace, "extra"), "the third pod's condition")
+    group.pod("extra", claims=[kube_objects.of_claim("extra")])
+    condition = group.wait_condition("extra")
     assert condition["reason"] == "Unschedulable"
     touched = [r.target for r in fault_proxy.writes() if "upstream" in r.target]
     assert touched == []
 
 
 def test_a_restart_between_the_claim_write_and_the_binding_binds_without_a_second_allocation(
-    kube_client: client.Client,
     fault_proxy: faultproxy.FaultProxy,
-    namespace: str,
     group: Group,
-    scheduler_name: str,
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
     """Guards: a claim left allocated and reserved for an unbound pod (the scheduler died before binding) pins the
     pod: the new scheduler binds it to that node with the same device and writes nothing to the claim."""
     group.node("t4-node-01")
     second = group.node("t4-node-01")
-    _claim(kube_client, namespace, "left", ONE_GPU)
-    pod = group.pod(
-        namespace, "orphan", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": "left"}]
-    )
-    _allocate(kube_client, namespace, "left", node=second, devices=["gpu-1"], pod=pod)
+    group.claim("left", ONE_GPU)
+    pod = group.pod("orphan", claims=[kube_objects.of_claim("left")])
+    group.allocate("left", node=second, devices=["gpu-1"], pod=pod)
     make_scheduler()
-    assert _wait(lambda: _bound(kube_client, namespace, "orphan"), "the pod to be bound") == second
-    claim = kube_client.get(client.RESOURCE_CLAIMS, "left", namespace=namespace)
+    assert group.wait_bound("orphan") == second
+    claim = group.get_claim("left")
     assert _devices(claim) == [(second, "gpu-1")] and _reserved(claim) == [pod["metadata"]["uid"]]
     assert [r.target for r in fault_proxy.writes() if "/resourceclaims/" in r.target] == []
 
 
 def test_a_burst_on_few_gpus_gives_no_device_twice_and_explains_the_rest(
-    kube_client: client.Client,
     proxied_client: client.Client,
-    namespace: str,
     group: Group,
-    scheduler_name: str,
 ) -> None:
     """Guards: twelve one-GPU pods on three two-GPU nodes, four workers: exactly six are bound, every GPU is given
     once, and the other six are marked Unschedulable."""
     for _ in range(3):
         group.node("t4-node-01")
     for index in range(12):
-        _claim(kube_client, namespace, f"c{index}", ONE_GPU)
-        group.pod(
-            namespace, f"p{index}", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": f"c{index}"}]
-        )
+        group.claim(f"c{index}", ONE_GPU)
+        group.pod(f"p{index}", claims=[kube_objects.of_claim(f"c{index}")])
     scheduler = sched.Scheduler(
-        proxied_client, scheduler_name=scheduler_name, workers=4, registry=prometheus_client.CollectorRegistry()
+        proxied_client, scheduler_name=group.scheduler_name, workers=4, registry=prometheus_client.CollectorRegistry()
     )
     scheduler.start()
     try:
 
         def settled() -> bool:
-            pods = [_get_pod(kube_client, namespace, f"p{index}") for index in range(12)]
+            pods = [group.get_pod(f"p{index}") for index in range(12)]
             bound = [p for p in pods if p["spec"].get("nodeName")]
             refused = [
                 p
@@ -607,47 +511,40 @@ def test_a_burst_on_few_gpus_gives_no_device_twice_and_explains_the_rest(
             ]
             return len(bound) == 6 and len(refused) == 6
 
-        _wait(settled, "six pods bound and six explained", timeout=90)
+        controlplane.wait_until(settled, what="six pods are bound and six explained", timeout=90)
     finally:
         scheduler.stop()
-    taken = [
-        device
-        for index in range(12)
-        for device in _devices(kube_client.get(client.RESOURCE_CLAIMS, f"c{index}", namespace=namespace))
-    ]
+    taken = [device for index in range(12) for device in _devices(group.get_claim(f"c{index}"))]
     assert len(taken) == 6 and len(set(taken)) == 6
 
 
 def test_conflicts_and_broken_watches_lose_no_pod_and_allocate_nothing_twice(
-    kube_client: client.Client,
     fault_proxy: faultproxy.FaultProxy,
-    namespace: str,
     group: Group,
-    scheduler_name: str,
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
     """Guards: a 409 on the allocation write (retried from fresh state), a 410 on the claim watch and a pod watch
     cut mid-stream still end with every pod bound and each claim allocated once, with one reservation."""
     group.node("t4-node-01")
     for name in ("a", "b"):
-        _claim(kube_client, namespace, name, ONE_GPU)
+        group.claim(name, ONE_GPU)
     fault_proxy.add(
         faultproxy.respond(409, method="PATCH", path="/resourceclaims/a/status"),
         faultproxy.watch_gone(path="/resourceclaims"),
         faultproxy.drop_watch(path="/api/v1/pods", after=1),
     )
     make_scheduler()
-    group.pod(namespace, "a", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": "a"}])
-    group.pod(namespace, "b", scheduler=scheduler_name, claims=[{"name": "gpu", "resourceClaimName": "b"}])
+    group.pod("a", claims=[kube_objects.of_claim("a")])
+    group.pod("b", claims=[kube_objects.of_claim("b")])
     for name in ("a", "b"):
-        assert _wait(lambda name=name: _bound(kube_client, namespace, name), f"pod {name} to be bound")
+        assert group.wait_bound(name)
     faults = {(r.fault, r.target.split("?")[0].rsplit("/", 1)[-1]) for r in fault_proxy.requests if r.fault}
     assert {("status 409", "status"), ("watch gone", "resourceclaims")} <= faults, faults
     assert any(fault.startswith("drop") for fault, _ in faults), faults
-    devices = [_devices(kube_client.get(client.RESOURCE_CLAIMS, name, namespace=namespace)) for name in ("a", "b")]
+    devices = [_devices(group.get_claim(name)) for name in ("a", "b")]
     assert all(len(found) == 1 for found in devices) and devices[0] != devices[1]
     for name in ("a", "b"):
-        claim = kube_client.get(client.RESOURCE_CLAIMS, name, namespace=namespace)
+        claim = group.get_claim(name)
         assert len(_reserved(claim)) == 1
 
 
@@ -661,35 +558,29 @@ def test_a_burst_of_a_thousand_pods_binds_or_explains_every_one_and_a_resync_wri
     On a control plane of its own, so that no kube-controller-manager an earlier test left running takes part."""
 
     pods, nodes = 1000, 120
-    with controlplane.running() as plane:
+    with controlplane.running() as plane, contextlib.ExitStack() as stack:
         api = client.connect(plane.kubeconfig)
+        stack.callback(api.close)
         proxy = faultproxy.FaultProxy.start(plane)
+        stack.callback(proxy.stop)
         proxied = client.connect(proxy.kubeconfig)
-        try:
-            _burst(api, proxied, proxy, pods=pods, nodes=nodes)
-        finally:
-            proxied.close()
-            proxy.stop()
-            api.close()
-
-
-ATTEMPTS = "dractl_scheduler_attempts_total"
+        stack.callback(proxied.close)
+        _burst(api, proxied, proxy, pods=pods, nodes=nodes)
 
 
 def _burst(api: client.Client, proxied: client.Client, proxy: faultproxy.FaultProxy, *, pods: int, nodes: int) -> None:
     import concurrent.futures
 
     namespace, scheduler_name = "burst", "dractl-burst"
-    api.create(client.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    service_accounts = client.Resource("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True)
-    api.create(service_accounts, {"metadata": {"name": "default", "namespace": namespace}})
+    kube_objects.make_namespace(api, namespace)
     _ensure_device_classes(api)
-    group = Group(api)
+    group = Group(api, namespace=namespace, scheduler_name=scheduler_name)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda _: group.node("dgx-h100-01"), range(nodes)))
-    _template(api, namespace, "one-gpu", ONE_GPU)
+    group.template("one-gpu", ONE_GPU)
 
-    def start(via: client.Client) -> tuple[claims_ctl.ClaimController, sched.Scheduler]:
+    def start(via: client.Client, stack: contextlib.ExitStack) -> tuple[claims_ctl.ClaimController, sched.Scheduler]:
+        """Start a claim controller and a scheduler talking through `via`; `stack` stops them."""
         queue = workqueue.WorkQueue(backoff=workqueue.ExponentialBackoff(base=0.02, cap=0.5))
         claims = claims_ctl.ClaimController(
             via, namespace=namespace, queue=queue, workers=4, registry=prometheus_client.CollectorRegistry()
@@ -702,7 +593,9 @@ def _burst(api: client.Client, proxied: client.Client, proxy: faultproxy.FaultPr
             registry=prometheus_client.CollectorRegistry(),
         )
         claims.start()
+        stack.callback(claims.stop)
         scheduler.start()
+        stack.callback(scheduler.stop)
         return claims, scheduler
 
     def counts() -> tuple[int, int]:
@@ -719,24 +612,17 @@ def _burst(api: client.Client, proxied: client.Client, proxy: faultproxy.FaultPr
         )
         return bound, refused
 
-    # The burst talks to the API server directly (the proxy would add a connection per request);
-    # the restarted controllers go through the proxy, which counts their writes.
-    claims, scheduler = start(api)
-    try:
-        template = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    # The burst talks to the API server directly (the proxy would add a hop to each of its thousands
+    # of requests); the restarted controllers go through the proxy, which counts their writes.
+    with contextlib.ExitStack() as running:
+        claims, scheduler = start(api, running)
+        template = [kube_objects.from_template("one-gpu")]
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            list(
-                pool.map(
-                    lambda i: group.pod(namespace, f"p{i:04d}", scheduler=scheduler_name, claims=template), range(pods)
-                )
-            )
+            list(pool.map(lambda i: group.pod(f"p{i:04d}", claims=template), range(pods)))
         deadline = time.monotonic() + 480
         while counts() != (960, 40):  # A list of 1,000 pods per second, not per 50 ms.
             assert time.monotonic() < deadline, f"timed out waiting for 960 pods bound and 40 explained: {counts()}"
             time.sleep(1.0)
-    finally:
-        claims.stop()
-        scheduler.stop()
 
     assert len(api.list(client.PODS, namespace=namespace).items) == pods
     made = api.list(client.RESOURCE_CLAIMS, namespace=namespace).items
@@ -746,9 +632,9 @@ def _burst(api: client.Client, proxied: client.Client, proxy: faultproxy.FaultPr
     assert len(taken) == 960 and len(set(taken)) == 960, "every GPU given once"
 
     proxy.clear()
-    claims, scheduler = start(proxied)
-    try:
-        _wait(
+    with contextlib.ExitStack() as running:
+        claims, scheduler = start(proxied, running)
+        controlplane.wait_until(
             lambda: (
                 (
                     scheduler.registry.get_sample_value("dractl_scheduler_attempts_total", {"result": "unschedulable"})
@@ -758,10 +644,7 @@ def _burst(api: client.Client, proxied: client.Client, proxy: faultproxy.FaultPr
                 and len(scheduler.queue) == 0
                 and len(claims.queue) == 0
             ),
-            "the restarted controllers to go over every pod",
+            what="the restarted controllers went over every pod",
             timeout=120,
         )
-    finally:
-        claims.stop()
-        scheduler.stop()
     assert [(r.method, r.target) for r in proxy.writes()] == []

@@ -2,7 +2,8 @@
 
 What lives here: builders of model values (`devices`), manifests written as test input
 (`model_manifests`, `simulate_manifests`), allocator inputs (`alloc_inputs`), node state
-inputs (`state_inputs`), the CDI rules (`cdi_rules`), the brute-force oracle (`oracle`) and the
+inputs (`state_inputs`), API objects for the tests against a real API server
+(`kube_objects`), the CDI rules (`cdi_rules`), the brute-force oracle (`oracle`) and the
 hypothesis strategies (`strategies`). What must not: fixtures (they stay in the conftest.py of
 the directory that uses them) and anything the package under test imports.
 """

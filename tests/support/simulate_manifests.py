@@ -30,56 +30,86 @@ kind: Node
 metadata: {name: node-b, labels: {pool: large}}
 """
 
+
+def resource_slice(name: str, *, node: str, spec: str, slices: int = 1, generation: int = 1) -> str:
+    """A ResourceSlice manifest of the test driver in node `node`'s pool (named like the node), one of `slices`
+    of that generation; `spec` is the rest of its spec (devices, sharedCounters) as YAML, at any indentation."""
+    head = textwrap.dedent(
+        f"""\
+        apiVersion: resource.k8s.io/v1
+        kind: ResourceSlice
+        metadata: {{name: {name}}}
+        spec:
+          driver: gpu.example.com
+          pool: {{name: {node}, generation: {generation}, resourceSliceCount: {slices}}}
+          nodeName: {node}
+        """
+    )
+    return head + textwrap.indent(textwrap.dedent(spec).strip("\n"), "  ") + "\n"
+
+
+def _field(name: str, block: str) -> str:
+    return f"{name}:\n" + textwrap.dedent(block).strip("\n")
+
+
+def _gpu(index: int, model: str, memory: str) -> str:
+    attributes = f"{{model: {{string: {model}}}}}"
+    return f"- {{name: gpu-{index}, attributes: {attributes}, capacity: {{memory: {{value: {memory}}}}}}}"
+
+
 # Two GPUs on each node: node-a's are model "small" with 40Gi, node-b's model "large" with 80Gi.
-SLICES = """
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: node-a-gpus}
-spec:
-  driver: gpu.example.com
-  pool: {name: node-a, generation: 1, resourceSliceCount: 1}
-  nodeName: node-a
-  devices:
-  - {name: gpu-0, attributes: {model: {string: small}}, capacity: {memory: {value: 40Gi}}}
-  - {name: gpu-1, attributes: {model: {string: small}}, capacity: {memory: {value: 40Gi}}}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: node-b-gpus}
-spec:
-  driver: gpu.example.com
-  pool: {name: node-b, generation: 1, resourceSliceCount: 1}
-  nodeName: node-b
-  devices:
-  - {name: gpu-0, attributes: {model: {string: large}}, capacity: {memory: {value: 80Gi}}}
-  - {name: gpu-1, attributes: {model: {string: large}}, capacity: {memory: {value: 80Gi}}}
-"""
+SLICES = "\n" + "---\n".join(
+    resource_slice(f"{node}-gpus", node=node, spec=_field("devices", "\n".join(_gpu(i, model, memory) for i in (0, 1))))
+    for node, model, memory in (("node-a", "small", "40Gi"), ("node-b", "large", "80Gi"))
+)
 
 CLUSTER = "\n---\n".join([CLASS, NODES, SLICES])
+
+
+def partitioned(*, counters: str, devices: str) -> str:
+    """The test class and node-a's pool in two slices: one with `counters` as its sharedCounters, one with
+    `devices` (both YAML lists, at any indentation)."""
+    return "\n---\n".join(
+        [
+            CLASS,
+            resource_slice("node-a-counters", node="node-a", slices=2, spec=_field("sharedCounters", counters)),
+            resource_slice("node-a-devices", node="node-a", slices=2, spec=_field("devices", devices)),
+        ]
+    )
+
+
 LARGE = 'device.attributes["gpu.example.com"].model == "large"'
+
+
+def _devices(count: int, selector: str | None) -> str:
+    """A claim spec's `devices`: one request `gpu` for `count` devices of the test class, matching `selector`."""
+    selectors = f", selectors: [{{cel: {{expression: '{selector}'}}}}]" if selector else ""
+    return textwrap.dedent(
+        f"""\
+        devices:
+          requests:
+          - name: gpu
+            exactly: {{deviceClassName: gpu.example.com, count: {count}{selectors}}}
+        """
+    )
 
 
 def claim(name: str, *, count: int = 1, selector: str | None = None) -> str:
     """A ResourceClaim manifest asking for `count` devices of the test class."""
-    selectors = f", selectors: [{{cel: {{expression: '{selector}'}}}}]" if selector else ""
-    return textwrap.dedent(
+    head = textwrap.dedent(
         f"""
         apiVersion: resource.k8s.io/v1
         kind: ResourceClaim
         metadata: {{name: {name}}}
         spec:
-          devices:
-            requests:
-            - name: gpu
-              exactly: {{deviceClassName: gpu.example.com, count: {count}{selectors}}}
         """
     )
+    return head + textwrap.indent(_devices(count, selector), "  ")
 
 
 def template(name: str, *, count: int = 1, selector: str | None = None) -> str:
     """A ResourceClaimTemplate manifest asking for `count` devices of the test class."""
-    selectors = f", selectors: [{{cel: {{expression: '{selector}'}}}}]" if selector else ""
-    return textwrap.dedent(
+    head = textwrap.dedent(
         f"""
         apiVersion: resource.k8s.io/v1
         kind: ResourceClaimTemplate
@@ -87,12 +117,9 @@ def template(name: str, *, count: int = 1, selector: str | None = None) -> str:
         spec:
           metadata: {{labels: {{claim-label: x}}, annotations: {{claim-note: noted}}}}
           spec:
-            devices:
-              requests:
-              - name: gpu
-                exactly: {{deviceClassName: gpu.example.com, count: {count}{selectors}}}
         """
     )
+    return head + textwrap.indent(_devices(count, selector), "    ")
 
 
 def pod(

@@ -12,6 +12,7 @@ import controlplane
 import grpc
 import pytest
 import structlog
+from support import kube_objects
 
 from dractl import config, model
 from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc
@@ -81,27 +82,12 @@ def test_agent_publishes_prepares_and_taints_through_the_api(
         assert sorted(d.name for s in published for d in s.devices) == sorted(f"gpu-{i}" for i in range(8))
         assert all(s.meta.owner_references and s.meta.owner_references[0]["name"] == node_name for s in published)
 
-        created = kube_client.create(
-            client.RESOURCE_CLAIMS,
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": "c", "namespace": namespace},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
-            },
-        )
-        kube_client.update_status(
-            client.RESOURCE_CLAIMS,
-            {
-                **created,
-                "status": {
-                    "allocation": {
-                        "devices": {
-                            "results": [{"request": "gpu", "driver": DRIVER, "pool": node_name, "device": "gpu-3"}]
-                        }
-                    }
-                },
-            },
+        created = kube_objects.create_allocated_claim(
+            kube_client,
+            "c",
+            namespace=namespace,
+            spec=kube_objects.ONE_GPU,
+            allocated=kube_objects.allocation(node_name, ["gpu-3"]),
         )
         uid = created["metadata"]["uid"]
         with grpc.insecure_channel(f"unix:{node_agent.sockets.dra}") as channel:

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import yaml
-from support.simulate_manifests import CLASS, CLUSTER, claim, load, pod
+from support.simulate_manifests import CLUSTER, claim, load, partitioned, pod
 
 from dractl import alloc, config, simulate
 from dractl.simulate import engine, report
@@ -35,39 +35,19 @@ def held(name: str, *devices: str, pool: str = "node-a", where: str = ON_A, extr
 
 # One GPU whole (gpu-0) or as MIG slices (gpu-0-mig-0, gpu-0-mig-1), all charging gpu-0's counter set,
 # and a second GPU that is a shared (multi-allocatable) device with 80Gi of memory.
-PARTITIONED = (
-    CLASS
-    + """
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: node-a-counters}
-spec:
-  driver: gpu.example.com
-  pool: {name: node-a, generation: 1, resourceSliceCount: 2}
-  nodeName: node-a
-  sharedCounters:
-  - name: gpu-0-set
-    counters: {memory: {value: 80Gi}}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: node-a-devices}
-spec:
-  driver: gpu.example.com
-  pool: {name: node-a, generation: 1, resourceSliceCount: 2}
-  nodeName: node-a
-  devices:
-  - name: gpu-0
-    consumesCounters: [{counterSet: gpu-0-set, counters: {memory: {value: 80Gi}}}]
-  - name: gpu-0-mig-0
-    consumesCounters: [{counterSet: gpu-0-set, counters: {memory: {value: 40Gi}}}]
-  - name: gpu-0-mig-1
-    consumesCounters: [{counterSet: gpu-0-set, counters: {memory: {value: 40Gi}}}]
-  - name: gpu-1
-    allowMultipleAllocations: true
-    capacity: {memory: {value: 80Gi}}
-"""
+PARTITIONED = partitioned(
+    counters="- {name: gpu-0-set, counters: {memory: {value: 80Gi}}}",
+    devices="""
+    - name: gpu-0
+      consumesCounters: [{counterSet: gpu-0-set, counters: {memory: {value: 80Gi}}}]
+    - name: gpu-0-mig-0
+      consumesCounters: [{counterSet: gpu-0-set, counters: {memory: {value: 40Gi}}}]
+    - name: gpu-0-mig-1
+      consumesCounters: [{counterSet: gpu-0-set, counters: {memory: {value: 40Gi}}}]
+    - name: gpu-1
+      allowMultipleAllocations: true
+      capacity: {memory: {value: 80Gi}}
+    """,
 )
 
 

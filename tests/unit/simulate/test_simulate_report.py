@@ -2,41 +2,24 @@
 
 from __future__ import annotations
 
-from support.simulate_manifests import CLASS, CLUSTER, claim, load
+from support.simulate_manifests import CLUSTER, claim, load, partitioned, resource_slice
 
 from dractl import alloc
 from dractl.simulate import engine, report
 
-PARTITIONED = (
-    CLASS
-    + """
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: node-a-counters}
-spec:
-  driver: gpu.example.com
-  pool: {name: node-a, generation: 1, resourceSliceCount: 2}
-  nodeName: node-a
-  sharedCounters:
-  - name: gpu-0-counter-set
-    counters: {memory: {value: 80Gi}, memory-slice-0: {value: "1"}, memory-slice-1: {value: "1"}}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: node-a-devices}
-spec:
-  driver: gpu.example.com
-  pool: {name: node-a, generation: 1, resourceSliceCount: 2}
-  nodeName: node-a
-  devices:
-  - name: gpu-0-part-0
-    consumesCounters:
-    - {counterSet: gpu-0-counter-set, counters: {memory: {value: 30Gi}, memory-slice-0: {value: "1"}}}
-  - name: gpu-0-part-1
-    consumesCounters:
-    - {counterSet: gpu-0-counter-set, counters: {memory: {value: 30Gi}, memory-slice-1: {value: "1"}}}
-"""
+PARTITIONED = partitioned(
+    counters="""
+    - name: gpu-0-counter-set
+      counters: {memory: {value: 80Gi}, memory-slice-0: {value: "1"}, memory-slice-1: {value: "1"}}
+    """,
+    devices="""
+    - name: gpu-0-part-0
+      consumesCounters:
+      - {counterSet: gpu-0-counter-set, counters: {memory: {value: 30Gi}, memory-slice-0: {value: "1"}}}
+    - name: gpu-0-part-1
+      consumesCounters:
+      - {counterSet: gpu-0-counter-set, counters: {memory: {value: 30Gi}, memory-slice-1: {value: "1"}}}
+    """,
 )
 
 
@@ -102,17 +85,7 @@ def test_newest_generation_incomplete_means_no_fallback_to_the_older_one() -> No
     """Guards: with generation 2 incomplete the report does not offer generation 1's (or 2's) devices, as the allocator
     does not use them."""
     older = CLUSTER.replace("metadata: {name: node-a-gpus}", "metadata: {name: node-a-old}")
-    slice_v2 = """
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: node-a-new}
-spec:
-  driver: gpu.example.com
-  pool: {name: node-a, generation: 2, resourceSliceCount: 2}
-  nodeName: node-a
-  devices:
-  - {name: gpu-9}
-"""
+    slice_v2 = resource_slice("node-a-new", node="node-a", slices=2, generation=2, spec="devices: [{name: gpu-9}]")
     objects = load(older, slice_v2)
     nodes = report.usage(objects.resource_slices, (), nodes=("node-a", "node-b"))
     assert [(n.node, n.devices_total) for n in nodes] == [("node-a", 0), ("node-b", 2)]
