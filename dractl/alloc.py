@@ -37,6 +37,8 @@ Policy = config.Policy
 
 Rejection = _allocindex.Rejection
 """Why an allocation given in the snapshot holds nothing (`Allocator.rejected`)."""
+CONFLICT = _allocindex.CONFLICT
+"""`Rejection.kind` of an allocation that conflicts with another claim's (else it is invalid)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

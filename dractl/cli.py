@@ -9,10 +9,11 @@ mode's flags are one line naming the flag, exit 2).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import pathlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -57,93 +58,149 @@ def main() -> None:
     """dractl: Dynamic Resource Allocation for NVIDIA GPUs on Kubernetes."""
 
 
+# --- Shared flags: one decorator per kind, so a flag reads (and is mirrored) the same in every mode ---------
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _option(*decls: str, more_envvars: Sequence[str] = (), **attrs: Any) -> Callable[[_F], _F]:
+    """`click.option` mirrored by the environment variable `DRACTL_<FLAG>` of its long flag (then `more_envvars`),
+    which `--help` shows."""
+    flag = next(decl for decl in decls if decl.startswith("--"))
+    envvar = "DRACTL_" + flag.removeprefix("--").partition("/")[0].upper().replace("-", "_")
+    return click.option(*decls, envvar=[envvar, *more_envvars] if more_envvars else envvar, show_envvar=True, **attrs)
+
+
+def _choice(members: Iterable[enum.Enum]) -> click.Choice[str]:
+    """The values of enum members, in their order, as a flag's choices."""
+    return click.Choice([member.value for member in members])
+
+
+def _together(*decorators: Callable[[_F], _F]) -> Callable[[_F], _F]:
+    """The decorators as one; `--help` lists their options in the order given."""
+
+    def apply(command: _F) -> _F:
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+
+    return apply
+
+
+def _kubeconfig(command: _F) -> _F:
+    """`--kubeconfig`, how the modes that talk to the API server find it."""
+    return _option(
+        "--kubeconfig",
+        type=click.Path(dir_okay=False, path_type=pathlib.Path),
+        default=None,
+        help="Kubeconfig file (default: the in-cluster config, else $KUBECONFIG or ~/.kube/config).",
+    )(command)
+
+
+def _log_format(command: _F) -> _F:
+    """`--log-format` of the long-running modes."""
+    return _option(
+        "--log-format",
+        type=_choice(config.LogFormat),
+        default=None,
+        help="Log lines as json or console (default: console on a terminal, json otherwise).",
+    )(command)
+
+
+def _policy(
+    what: str = "Allocation policy: first-fit reproduces upstream, binpack scores placements",
+) -> Callable[[_F], _F]:
+    """`--policy`, the allocation policy (default binpack); `what` is its help before the default."""
+    default = config.Policy.BINPACK.value
+    return _option("--policy", type=_choice(config.Policy), default=default, help=f"{what} (default: {default}).")
+
+
+def _output(formats: Iterable[enum.Enum], *, default: enum.Enum, what: str) -> Callable[[_F], _F]:
+    """`-o/--output`, one of `formats`; `what` says what each gives."""
+    return _option(
+        "-o",
+        "--output",
+        type=_choice(formats),
+        default=default.value,
+        help=f"Output format: {what} (default: {default.value}).",
+    )
+
+
+def _port(flag: str, *, default: int, what: str) -> Callable[[_F], _F]:
+    """A TCP port flag, -1 for off; `what` is its help before the default."""
+    return _option(flag, type=click.IntRange(min=-1, max=65535), default=default, help=f"{what} (default: {default}).")
+
+
+def _seconds(flag: str, *, default: float, what: str) -> Callable[[_F], _F]:
+    """A duration flag, in seconds above 0; `what` is its help before the default."""
+    return _option(
+        flag,
+        type=click.FloatRange(min=0, min_open=True),
+        default=default,
+        help=f"{what} (default: {default:g} seconds).",
+    )
+
+
 @main.command("simulate", short_help="Allocate claims offline over manifests: who gets which device, or why not.")
-@click.option(
+@_option(
     "-f",
     "--file",
     "files",
     multiple=True,
     type=click.Path(exists=True, path_type=pathlib.Path),
-    envvar="DRACTL_FILE",
-    show_envvar=True,
     help="Manifest file or directory, repeatable; DRACTL_FILE takes a ':'-separated list (default: the built-in "
     "example cluster).",
 )
-@click.option(
-    "--policy",
-    type=click.Choice([p.value for p in config.Policy]),
-    default=config.Policy.BINPACK.value,
-    envvar="DRACTL_POLICY",
-    show_envvar=True,
-    help="Allocation policy: first-fit reproduces upstream, binpack scores placements (default: binpack).",
+@_policy()
+@_output(
+    config.OutputFormat,
+    default=config.OutputFormat.TABLE,
+    what="table for people, json, or yaml ResourceClaims as the API holds them",
 )
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice([f.value for f in config.OutputFormat]),
-    default=config.OutputFormat.TABLE.value,
-    envvar="DRACTL_OUTPUT",
-    show_envvar=True,
-    help="Output format: table for people, json, or yaml ResourceClaims as the API holds them (default: table).",
-)
-@click.option(
+@_option(
     "--timing",
     is_flag=True,
-    envvar="DRACTL_TIMING",
-    show_envvar=True,
     help="Print one 'timing: phase=... seconds=...' line per phase on stderr, claims_per_s on allocate (default: off).",
 )
-@click.option(
+@_option(
     "--search-limit",
     type=click.IntRange(min=1, max=config.MAX_SEARCH_LIMIT),
     default=config.DEFAULT_SEARCH_LIMIT,
-    envvar="DRACTL_SEARCH_LIMIT",
-    show_envvar=True,
     help=f"Search steps per allocation before giving up with a reason (default: {config.DEFAULT_SEARCH_LIMIT}).",
 )
-@click.option(
+@_option(
     "--trace",
     "trace_file",
     type=click.Path(dir_okay=False, allow_dash=True, path_type=pathlib.Path),
     default=None,
-    envvar="DRACTL_TRACE",
-    show_envvar=True,
     help="Replay a trace file (kind: Trace; '-' reads stdin) of claims and pods arriving and departing, "
     "instead of -f (default: none).",
 )
-@click.option(
+@_option(
     "--retry",
-    type=click.Choice([r.value for r in config.Retry]),
+    type=_choice(config.Retry),
     default=config.Retry.ON_DEPARTURE.value,
-    envvar="DRACTL_RETRY",
-    show_envvar=True,
     help="With --trace: retry claims that could not be allocated after every departure, or drop them "
     "(default: on-departure).",
 )
-@click.option(
+@_option(
     "--generate",
     default=None,
     metavar="SPEC",
-    envvar="DRACTL_GENERATE",
-    show_envvar=True,
     help="Print a generated trace instead of simulating: mix=reference,seed=N,claims=N[,a100=8,h100=8,t4=4]"
     "[,round=10][,departures=0.3]; YAML, or JSON with -o json (default: none).",
 )
-@click.option(
+@_option(
     "--compare",
     default=None,
     metavar="POLICIES",
-    envvar="DRACTL_COMPARE",
-    show_envvar=True,
     help="With --trace: replay once per policy (comma-separated, e.g. first-fit,binpack) and show the metrics "
     "side by side (default: --policy alone).",
 )
-@click.option(
+@_option(
     "--html",
     type=click.Path(dir_okay=False, path_type=pathlib.Path),
     default=None,
-    envvar="DRACTL_HTML",
-    show_envvar=True,
     help="With --trace: write the allocation map at the end, with utilisation over time, as one self-contained "
     "HTML file; with --compare, of the --policy run (default: none).",
 )
@@ -232,9 +289,6 @@ def _discard_stdout() -> None:
         pass  # stdout is not a file descriptor (a test runner's buffer): nothing will flush it
 
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
 def _host_name() -> str:
     """This host's name in lower case, the default node name."""
     import socket  # imported here: only the node modes need it, not `dractl simulate`
@@ -267,55 +321,37 @@ def _device_options(command: _F) -> _F:
     Adds the keyword arguments `node_name`, `driver_name`, `device_source`, `fake_profile`,
     `mig_mode` and `consumable_memory`; `_device_settings` turns them into `config.Discover`.
     """
-    options = [
-        click.option(
+    return _together(
+        _option(
             "--node-name",
-            envvar=["DRACTL_NODE_NAME", "NODE_NAME"],
-            show_envvar=True,
+            more_envvars=["NODE_NAME"],
             default=_host_name,
             help="Node whose GPUs these are; names the pool (default: $NODE_NAME, else this host's name).",
         ),
-        click.option(
+        _option(
             "--driver-name",
-            envvar="DRACTL_DRIVER_NAME",
-            show_envvar=True,
             default=config.DEFAULT_DRIVER_NAME,
             help=f"DRA driver name the slices are published for (default: {config.DEFAULT_DRIVER_NAME}).",
         ),
-        click.option(
+        _option(
             "--device-source",
-            type=click.Choice([s.value for s in config.DeviceSource]),
-            envvar="DRACTL_DEVICE_SOURCE",
-            show_envvar=True,
+            type=_choice(config.DeviceSource),
             default=config.DeviceSource.NVML.value,
             help="Where GPUs come from: the NVIDIA driver's NVML, or the deterministic fake (default: nvml).",
         ),
-        click.option(
-            "--fake-profile",
-            envvar="DRACTL_FAKE_PROFILE",
-            show_envvar=True,
-            default=config.DEFAULT_FAKE_PROFILE,
-            cls=_FakeProfileOption,
-        ),
-        click.option(
+        _option("--fake-profile", default=config.DEFAULT_FAKE_PROFILE, cls=_FakeProfileOption),
+        _option(
             "--mig-mode",
-            type=click.Choice([m.value for m in config.MigMode]),
-            envvar="DRACTL_MIG_MODE",
-            show_envvar=True,
+            type=_choice(config.MigMode),
             default=config.MigMode.STATIC.value,
             help="static publishes the MIG devices that exist; dynamic every profile x placement (default: static).",
         ),
-        click.option(
+        _option(
             "--consumable-memory",
             is_flag=True,
-            envvar="DRACTL_CONSUMABLE_MEMORY",
-            show_envvar=True,
             help="Let several claims share a GPU, each taking part of its memory (default: off).",
         ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    )(command)
 
 
 def _device_settings(
@@ -334,14 +370,10 @@ def _device_settings(
 
 @main.command("discover", short_help="Print the ResourceSlices the node agent would publish here.")
 @_device_options
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice([config.OutputFormat.YAML.value, config.OutputFormat.JSON.value]),
-    default=config.OutputFormat.YAML.value,
-    envvar="DRACTL_OUTPUT",
-    show_envvar=True,
-    help="Output format: YAML documents or a JSON List (default: yaml).",
+@_output(
+    (config.OutputFormat.YAML, config.OutputFormat.JSON),
+    default=config.OutputFormat.YAML,
+    what="YAML documents or a JSON List",
 )
 def discover_command(output: str, **device: Any) -> None:
     """Print the ResourceSlices the node agent would publish on this node, without an API server.
@@ -360,71 +392,43 @@ _DIR = click.Path(file_okay=False, path_type=pathlib.Path)
 
 @main.command("node-agent", short_help="Run the kubelet DRA plugin for the node's GPUs.")
 @_device_options
-@click.option(
+@_option(
     "--cdi-root",
     type=_DIR,
     default=config.DEFAULT_CDI_ROOT,
-    envvar="DRACTL_CDI_ROOT",
-    show_envvar=True,
     help=f"Directory the per-claim CDI specs are written to (default: {config.DEFAULT_CDI_ROOT}).",
 )
-@click.option(
+@_option(
     "--kubelet-registrar-dir",
     type=_DIR,
     default=config.DEFAULT_KUBELET_REGISTRAR_DIR,
-    envvar="DRACTL_KUBELET_REGISTRAR_DIR",
-    show_envvar=True,
     help=f"The kubelet's plugin registration directory (default: {config.DEFAULT_KUBELET_REGISTRAR_DIR}).",
 )
-@click.option(
+@_option(
     "--kubelet-plugins-dir",
     type=_DIR,
     default=config.DEFAULT_KUBELET_PLUGINS_DIR,
-    envvar="DRACTL_KUBELET_PLUGINS_DIR",
-    show_envvar=True,
     help=f"The kubelet's plugins directory; the DRA socket is <dir>/<driver>/dra.sock "
     f"(default: {config.DEFAULT_KUBELET_PLUGINS_DIR}).",
 )
-@click.option(
+@_option(
     "--state-dir",
     type=_DIR,
     default=None,
-    envvar="DRACTL_STATE_DIR",
-    show_envvar=True,
     help="Directory of the checkpoint and MPS state (default: <kubelet-plugins-dir>/<driver-name>).",
 )
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=pathlib.Path),
-    default=None,
-    envvar="DRACTL_KUBECONFIG",
-    show_envvar=True,
-    help="Kubeconfig file (default: the in-cluster config, else $KUBECONFIG or ~/.kube/config).",
-)
-@click.option(
+@_kubeconfig
+@_port(
     "--health-port",
-    type=click.IntRange(min=-1, max=65535),
     default=config.DEFAULT_HEALTH_PORT,
-    envvar="DRACTL_HEALTH_PORT",
-    show_envvar=True,
-    help=f"TCP port of the liveness endpoint GET /healthz; -1 turns it off (default: {config.DEFAULT_HEALTH_PORT}).",
+    what="TCP port of the liveness endpoint GET /healthz; -1 turns it off",
 )
-@click.option(
+@_port(
     "--metrics-port",
-    type=click.IntRange(min=-1, max=65535),
     default=config.DEFAULT_METRICS_PORT,
-    envvar="DRACTL_METRICS_PORT",
-    show_envvar=True,
-    help=f"TCP port of the Prometheus endpoint GET /metrics; -1 turns it off (default: {config.DEFAULT_METRICS_PORT}).",
+    what="TCP port of the Prometheus endpoint GET /metrics; -1 turns it off",
 )
-@click.option(
-    "--log-format",
-    type=click.Choice([f.value for f in config.LogFormat]),
-    default=None,
-    envvar="DRACTL_LOG_FORMAT",
-    show_envvar=True,
-    help="Log lines as json or console (default: console on a terminal, json otherwise).",
-)
+@_log_format
 def node_agent_command(
     cdi_root: pathlib.Path,
     kubelet_registrar_dir: pathlib.Path,
@@ -484,117 +488,65 @@ class _OneLineErrorsCommand(click.Command):
             raise _FlagError(f"dractl {info_name}: error: {error.format_message()}") from None
 
 
-def _seconds(flag: str, default: float, what: str) -> Callable[[_F], _F]:
-    return click.option(
-        flag,
-        type=click.FloatRange(min=0, min_open=True),
-        default=default,
-        envvar=f"DRACTL_{flag.removeprefix('--').upper().replace('-', '_')}",
-        show_envvar=True,
-        help=f"{what} (default: {default:g} seconds).",
-    )
-
-
 @main.command(
     "controller",
     cls=_OneLineErrorsCommand,
     short_help="Run the claim lifecycle controller and the GPU-aware allocator (leader-elected).",
 )
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=pathlib.Path),
-    default=None,
-    envvar="DRACTL_KUBECONFIG",
-    show_envvar=True,
-    help="Kubeconfig file (default: the in-cluster config, else $KUBECONFIG or ~/.kube/config).",
-)
-@click.option(
+@_kubeconfig
+@_option(
     "--controllers",
     default=",".join(config.DEFAULT_CONTROLLERS),
-    envvar="DRACTL_CONTROLLERS",
-    show_envvar=True,
     help=f"Comma-separated controllers to run: claims, scheduler (default: {','.join(config.DEFAULT_CONTROLLERS)}).",
 )
-@click.option(
+@_option(
     "--scheduler-name",
     default=config.DEFAULT_SCHEDULER_NAME,
-    envvar="DRACTL_SCHEDULER_NAME",
-    show_envvar=True,
     help=f"Pods with this spec.schedulerName are scheduled by dractl (default: {config.DEFAULT_SCHEDULER_NAME}).",
 )
-@click.option(
-    "--policy",
-    type=click.Choice([p.value for p in config.Policy]),
-    default=config.Policy.BINPACK.value,
-    envvar="DRACTL_POLICY",
-    show_envvar=True,
-    help="Allocation policy: first-fit reproduces upstream, binpack scores placements (default: binpack).",
-)
-@click.option(
+@_policy()
+@_option(
     "--workers",
     type=click.IntRange(min=1, max=256),
     default=config.DEFAULT_CONTROLLER_WORKERS,
-    envvar="DRACTL_WORKERS",
-    show_envvar=True,
     help=f"Worker threads per controller, 1 to 256 (default: {config.DEFAULT_CONTROLLER_WORKERS}).",
 )
-@click.option(
+@_option(
     "--namespace",
     default="",
-    envvar="DRACTL_NAMESPACE",
-    show_envvar=True,
     help="Watch only this namespace's pods, claims and templates (default: every namespace).",
 )
-@click.option(
+@_option(
     "--leader-elect/--no-leader-elect",
     default=True,
-    envvar="DRACTL_LEADER_ELECT",
-    show_envvar=True,
     help="Run the controllers only while holding the Lease, for several replicas (default: on).",
 )
-@click.option(
+@_option(
     "--lease-name",
     default=config.DEFAULT_LEASE_NAME,
-    envvar="DRACTL_LEASE_NAME",
-    show_envvar=True,
     help=f"Name of the leader election Lease (default: {config.DEFAULT_LEASE_NAME}).",
 )
-@click.option(
+@_option(
     "--lease-namespace",
     default="",
-    envvar="DRACTL_LEASE_NAMESPACE",
-    show_envvar=True,
     help="Namespace of the Lease (default: the pod's own namespace in a cluster, else default).",
 )
-@_seconds("--lease-duration", config.DEFAULT_LEASE_DURATION, "How long a standby waits after the last renewal")
-@_seconds("--renew-deadline", config.DEFAULT_RENEW_DEADLINE, "How long the leader keeps trying to renew")
-@_seconds("--retry-period", config.DEFAULT_RETRY_PERIOD, "Time between leader election attempts")
-@click.option(
+@_seconds(
+    "--lease-duration", default=config.DEFAULT_LEASE_DURATION, what="How long a standby waits after the last renewal"
+)
+@_seconds("--renew-deadline", default=config.DEFAULT_RENEW_DEADLINE, what="How long the leader keeps trying to renew")
+@_seconds("--retry-period", default=config.DEFAULT_RETRY_PERIOD, what="Time between leader election attempts")
+@_port(
     "--metrics-port",
-    type=click.IntRange(min=-1, max=65535),
     default=config.DEFAULT_CONTROLLER_METRICS_PORT,
-    envvar="DRACTL_METRICS_PORT",
-    show_envvar=True,
-    help="TCP port of GET /metrics; -1 turns it off, the health port's number shares one listener "
-    f"(default: {config.DEFAULT_CONTROLLER_METRICS_PORT}).",
+    what="TCP port of GET /metrics; -1 turns it off, the health port's number shares one listener",
 )
-@click.option(
+@_port(
     "--health-port",
-    type=click.IntRange(min=-1, max=65535),
     default=config.DEFAULT_CONTROLLER_HEALTH_PORT,
-    envvar="DRACTL_HEALTH_PORT",
-    show_envvar=True,
-    help="TCP port of GET /healthz (liveness) and /readyz (readiness); -1 turns them off "
-    f"(default: {config.DEFAULT_CONTROLLER_HEALTH_PORT}).",
+    what="TCP port of GET /healthz (liveness) and /readyz (readiness); -1 turns them off",
 )
-@click.option(
-    "--log-format",
-    type=click.Choice([f.value for f in config.LogFormat]),
-    default=None,
-    envvar="DRACTL_LOG_FORMAT",
-    show_envvar=True,
-    help="Log lines as json or console (default: console on a terminal, json otherwise).",
-)
+@_log_format
 def controller_command(
     kubeconfig: pathlib.Path | None,
     controllers: str,
@@ -652,37 +604,16 @@ def explain_group() -> None:
 
 def _explain_options(command: _F) -> _F:
     """The flags shared by `explain claim` and `explain pod`: the target and how to read and print it."""
-    options = [
+    return _together(
         click.argument("target", metavar="NS/NAME"),
-        click.option(
-            "--kubeconfig",
-            type=click.Path(dir_okay=False, path_type=pathlib.Path),
-            default=None,
-            envvar="DRACTL_KUBECONFIG",
-            show_envvar=True,
-            help="Kubeconfig file (default: the in-cluster config, else $KUBECONFIG or ~/.kube/config).",
+        _kubeconfig,
+        _policy("Allocation policy for pending claims: first-fit as upstream, or binpack"),
+        _output(
+            config.ExplainOutput,
+            default=config.ExplainOutput.TEXT,
+            what="text for people, or the same content as json or yaml",
         ),
-        click.option(
-            "--policy",
-            type=click.Choice([p.value for p in config.Policy]),
-            default=config.Policy.BINPACK.value,
-            envvar="DRACTL_POLICY",
-            show_envvar=True,
-            help="Allocation policy for pending claims: first-fit as upstream, or binpack (default: binpack).",
-        ),
-        click.option(
-            "-o",
-            "--output",
-            type=click.Choice([f.value for f in config.ExplainOutput]),
-            default=config.ExplainOutput.TEXT.value,
-            envvar="DRACTL_OUTPUT",
-            show_envvar=True,
-            help="Output format: text for people, or the same content as json or yaml (default: text).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    )(command)
 
 
 def _explain(

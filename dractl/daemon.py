@@ -39,16 +39,13 @@ TEXT = "text/plain; charset=utf-8"
 # --- logging ---------------------------------------------------------------------------------------
 
 
-def _format(log_format: config.LogFormat | None, stream: TextIO) -> config.LogFormat:
-    if log_format is not None:
-        return log_format
-    return config.LogFormat.CONSOLE if stream.isatty() else config.LogFormat.JSON
-
-
-def _renderer(fmt: config.LogFormat, stream: TextIO) -> Any:
-    if fmt is config.LogFormat.JSON:
-        return structlog.processors.JSONRenderer()
-    return structlog.dev.ConsoleRenderer(colors=stream.isatty())
+def _output(log_format: config.LogFormat | None, stream: TextIO | None) -> tuple[TextIO, list[Any]]:
+    """The stream (stderr when None) and the processors that end every log chain on it: the traceback as a field
+    and the JSON renderer, or the console renderer (the format `None` picks console for a terminal)."""
+    out = stream if stream is not None else sys.stderr
+    if log_format is config.LogFormat.JSON or (log_format is None and not out.isatty()):
+        return out, [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+    return out, [structlog.dev.ConsoleRenderer(colors=out.isatty())]
 
 
 def configure_logging(log_format: config.LogFormat | None, *, stream: TextIO | None = None) -> None:
@@ -57,18 +54,14 @@ def configure_logging(log_format: config.LogFormat | None, *, stream: TextIO | N
     `None` picks console when the stream is a terminal and JSON otherwise (in the cluster).
     May be called again; the last call wins.
     """
-    out = stream if stream is not None else sys.stderr
-    fmt = _format(log_format, out)
-    processors: list[Any] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    if fmt is config.LogFormat.JSON:
-        processors.append(structlog.processors.format_exc_info)
-    processors.append(_renderer(fmt, out))
+    out, ending = _output(log_format, stream)
     structlog.configure(
-        processors=processors,
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *ending,
+        ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
@@ -86,19 +79,19 @@ def capture_stdlib_logging(log_format: config.LogFormat | None, *, stream: TextI
     `timestamp`, plus the traceback when there is one. Returns a function that undoes exactly
     this call (removes the handler, restores the root level); calling it twice is harmless.
     """
-    out = stream if stream is not None else sys.stderr
-    fmt = _format(log_format, out)
+    out, ending = _output(log_format, stream)
     pre_chain: list[Any] = [
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    final: list[Any] = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
-    if fmt is config.LogFormat.JSON:
-        final.append(structlog.processors.format_exc_info)
-    final.append(_renderer(fmt, out))
     handler = _StdlibHandler(out)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(processors=final, foreign_pre_chain=pre_chain))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *ending],
+            foreign_pre_chain=pre_chain,
+        )
+    )
     root = logging.getLogger()
     previous_level = root.level
     root.addHandler(handler)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import TypeVar
 
 from dractl import model
@@ -67,8 +67,14 @@ class Footprint:
             (
                 driver,
                 device.allow_multiple_allocations,
-                tuple(_attribute_image(device, driver, entry, images) for entry in self.attributes),
-                tuple(_capacity_image(device, driver, entry, images) for entry in self.capacity),
+                tuple(
+                    _image(device.attributes, driver, entry, convert=environment.attribute_value, images=images)
+                    for entry in self.attributes
+                ),
+                tuple(
+                    _image(device.capacity, driver, entry, convert=_capacity_value, images=images)
+                    for entry in self.capacity
+                ),
             )
             for driver, device in devices
         ]
@@ -151,28 +157,29 @@ def _order(entry: tuple[str | None, str]) -> tuple[str, str]:
     return (entry[0] or "", entry[1]) if entry[0] is not None else ("\x00", entry[1])
 
 
-def _attribute_image(
-    device: model.Device, driver: str, entry: tuple[str | None, str], images: dict[int, tuple[object, Hashable]]
+def _image(
+    entries: Mapping[str, _Entry],
+    driver: str,
+    entry: tuple[str | None, str],
+    *,
+    convert: Callable[[_Entry], object],
+    images: dict[int, tuple[object, Hashable]],
 ) -> Hashable:
-    attribute = _named(device.attributes, driver, entry)
-    if attribute is None:
+    """The typed image of the attribute or capacity `entry` names in `entries` (`_MISSING` when
+    there is none), its CEL value made by `convert`; each value object is converted once per
+    `images`."""
+    value = _named(entries, driver, entry)
+    if value is None:
         return _MISSING
-    found = images.get(id(attribute))
+    found = images.get(id(value))
     if found is None:
-        found = images[id(attribute)] = (attribute, _hashable(environment.attribute_value(attribute)))
+        found = images[id(value)] = (value, _hashable(convert(value)))
     return found[1]
 
 
-def _capacity_image(
-    device: model.Device, driver: str, entry: tuple[str | None, str], images: dict[int, tuple[object, Hashable]]
-) -> Hashable:
-    capacity = _named(device.capacity, driver, entry)
-    if capacity is None:
-        return _MISSING
-    found = images.get(id(capacity))
-    if found is None:
-        found = images[id(capacity)] = (capacity, _hashable(environment.quantity_message(capacity.value.value)))
-    return found[1]
+def _capacity_value(capacity: model.DeviceCapacity) -> object:
+    """One capacity as CEL sees it: a quantity."""
+    return environment.quantity_message(capacity.value.value)
 
 
 def _named(entries: Mapping[str, _Entry], driver: str, entry: tuple[str | None, str]) -> _Entry | None:

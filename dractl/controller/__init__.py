@@ -11,10 +11,11 @@ finalizer once nothing reserves them, and deletes generated claims whose pod is 
 picks node and devices together on one long-lived `alloc.Allocator`, writes the claims, binds
 the pod, and takes its writes back when one fails; its pure decisions are in `schedplan`, the
 node filter (kube-scheduler's rules) in `nodefit`. `run` is the `dractl controller` process:
-leader election, metrics and health endpoints, graceful shutdown. Each
-controller follows the sample-controller loop: informers -> a key-only work queue -> an
-idempotent sync of one key that computes the desired state with pure functions and writes
-only the difference.
+leader election, metrics and health endpoints, graceful shutdown. Each controller follows the
+sample-controller loop: informers -> a key-only work queue -> an idempotent sync of one key that
+computes the desired state with pure functions and writes only the difference. `loop.Loop` runs
+the part they share: it starts the informers and worker threads, requeues a failed key with
+backoff, and stops them all.
 
 What it must not do: talk to the API except through `dractl.kube` (client, informers, work
 queue, events); import `dractl.node`; write a whole object it read (it patches the fields it

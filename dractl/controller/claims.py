@@ -47,6 +47,7 @@ from typing import Any
 import prometheus_client
 
 from dractl import daemon, model
+from dractl.controller import loop
 from dractl.kube import client as kube_client
 from dractl.kube import events, informer, workqueue
 from dractl.model import limits, podclaims
@@ -537,7 +538,15 @@ class ClaimController:
         self._owned: dict[str, set[str]] = {}
         # Claims this controller created, by (pod UID, pod claim), until the informer shows them.
         self._made: dict[tuple[str, str], str] = {}
-        self._threads: list[threading.Thread] = []
+        self._loop = loop.Loop(
+            name="the claim controller",
+            thread_name="claim-controller",
+            queue=self.queue,
+            informers=(self.templates, self.claims, self.pods),
+            sync=self.sync,
+            failed=self._failed,
+            workers=workers,
+        )
 
     # --- Running ---------------------------------------------------------------------------
 
@@ -546,46 +555,23 @@ class ClaimController:
 
         Raises TimeoutError when the informers do not sync in time (the informers are stopped again).
         """
-        for source in (self.templates, self.claims, self.pods):
-            source.start()
-        if not self.wait_synced(self.sync_timeout):
-            for source in (self.templates, self.claims, self.pods):
-                source.stop()
-            raise TimeoutError(f"the claim controller's informers did not sync within {self.sync_timeout:g}s")
-        for index in range(self.workers):
-            thread = threading.Thread(target=self._work, name=f"claim-controller-{index}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._loop.start_informers(self.sync_timeout)
+        self._loop.start_workers()
 
     def wait_synced(self, timeout: float | None = None) -> bool:
-        return all(source.wait_synced(timeout) for source in (self.templates, self.claims, self.pods))
+        return self._loop.wait_synced(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop taking keys, let the workers finish the key in hand, stop the informers. Idempotent."""
-        self.queue.shutdown()
-        for source in (self.pods, self.claims, self.templates):
-            source.stop(timeout)
-        for thread in self._threads:
-            thread.join(timeout)
-        self._threads.clear()
+        self._loop.stop(timeout)
 
-    def _work(self) -> None:
-        while True:
-            key = self.queue.get()
-            if key is None:
-                return
-            try:
-                self.sync(key)
-                self.queue.forget(key)
-            except Exception as error:  # noqa: BLE001 (one key's failure must never stop a worker)
-                self.metrics.errors.labels(kind=key.partition(":")[0]).inc()
-                if isinstance(error, (kube_client.ApiError, RetryLater)):
-                    log.info("%s: %s; retrying with backoff", key, error)
-                else:
-                    log.exception("%s: the sync failed; retrying with backoff", key)
-                self.queue.add_rate_limited(key)
-            finally:
-                self.queue.done(key)
+    def _failed(self, key: str, error: Exception) -> None:
+        """Count and log a sync that raised; the loop retries the key with backoff."""
+        self.metrics.errors.labels(kind=key.partition(":")[0]).inc()
+        if isinstance(error, (kube_client.ApiError, RetryLater)):
+            log.info("%s: %s; retrying with backoff", key, error)
+        else:
+            log.exception("%s: the sync failed; retrying with backoff", key)
 
     # --- Event handlers: they only enqueue keys ---------------------------------------------
 
@@ -746,8 +732,6 @@ class ClaimController:
         where = f"pod {pod.key} spec.resourceClaims[{pod_claim_name}].resourceClaimTemplateName"
         try:
             fetched = self.client.get(kube_client.RESOURCE_CLAIM_TEMPLATES, name, namespace=namespace)
-            fetched.setdefault("apiVersion", kube_client.RESOURCE_CLAIM_TEMPLATES.api_version)
-            fetched.setdefault("kind", kube_client.RESOURCE_CLAIM_TEMPLATES.kind)
             kube_client.decode(fetched, strict=True)
         except kube_client.NotFound:
             message = f"ResourceClaimTemplate {namespace}/{name} does not exist ({where})"
@@ -814,8 +798,6 @@ class ClaimController:
             raw = self.client.get(kube_client.PODS, name, namespace=namespace)
         except kube_client.NotFound:
             return None
-        raw.setdefault("apiVersion", "v1")
-        raw.setdefault("kind", "Pod")
         pod = decode_pod(raw)
         if pod is None:
             # It exists but the model refuses it: treat it as present and running, never as gone.

@@ -22,7 +22,6 @@ another replica leads.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import pathlib
 import socket
@@ -31,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
-from typing import Any, Protocol, TextIO, runtime_checkable
+from typing import Protocol, TextIO, runtime_checkable
 
 import prometheus_client
 import prometheus_client.core
@@ -279,104 +278,16 @@ class CountingClient(kube_client.Client):
         attempts: int | None = None,
         timeout: float | None = None,
     ) -> None:
+        def count(verb: str, resource: kube_client.Resource, error: kube_client.ApiError) -> None:
+            errors.labels(verb=verb, resource=resource.plural, code=str(error.status)).inc()
+
         super().__init__(
             base.api_client,
             field_manager=base.field_manager,
             attempts=base.attempts if attempts is None else attempts,
             timeout=base.timeout if timeout is None else timeout,
+            on_error=count,
         )
-        self._errors = errors
-
-    @contextlib.contextmanager
-    def _counted(self, verb: str, resource: kube_client.Resource) -> Iterator[None]:
-        try:
-            yield
-        except kube_client.ApiError as error:
-            self._errors.labels(verb=verb, resource=resource.plural, code=str(error.status)).inc()
-            raise
-
-    def get(self, resource: kube_client.Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
-        with self._counted("get", resource):
-            return super().get(resource, name, namespace=namespace)
-
-    def list(
-        self, resource: kube_client.Resource, *, namespace: str = "", label_selector: str = "", field_selector: str = ""
-    ) -> kube_client.ListResult:
-        with self._counted("list", resource):
-            return super().list(
-                resource, namespace=namespace, label_selector=label_selector, field_selector=field_selector
-            )
-
-    def watch(
-        self,
-        resource: kube_client.Resource,
-        *,
-        resource_version: str,
-        namespace: str = "",
-        label_selector: str = "",
-        field_selector: str = "",
-        timeout_seconds: int = 300,
-        bookmarks: bool = True,
-    ) -> kube_client.WatchStream:
-        with self._counted("watch", resource):
-            return super().watch(
-                resource,
-                resource_version=resource_version,
-                namespace=namespace,
-                label_selector=label_selector,
-                field_selector=field_selector,
-                timeout_seconds=timeout_seconds,
-                bookmarks=bookmarks,
-            )
-
-    def create(
-        self,
-        resource: kube_client.Resource,
-        body: Mapping[str, Any],
-        *,
-        namespace: str = "",
-        dry_run: bool = False,
-        name: str = "",
-        subresource: str = "",
-    ) -> dict[str, Any]:
-        with self._counted("create", resource):
-            return super().create(
-                resource, body, namespace=namespace, dry_run=dry_run, name=name, subresource=subresource
-            )
-
-    def update(
-        self, resource: kube_client.Resource, body: Mapping[str, Any], *, subresource: str = ""
-    ) -> dict[str, Any]:
-        with self._counted("update", resource):
-            return super().update(resource, body, subresource=subresource)
-
-    def patch(
-        self,
-        resource: kube_client.Resource,
-        name: str,
-        patch: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-        *,
-        namespace: str = "",
-        type: kube_client.PatchType = kube_client.PatchType.MERGE,
-        subresource: str = "",
-        force: bool = False,
-    ) -> dict[str, Any]:
-        with self._counted("patch", resource):
-            return super().patch(
-                resource, name, patch, namespace=namespace, type=type, subresource=subresource, force=force
-            )
-
-    def delete(
-        self,
-        resource: kube_client.Resource,
-        name: str,
-        *,
-        namespace: str = "",
-        resource_version: str = "",
-        uid: str = "",
-    ) -> None:
-        with self._counted("delete", resource):
-            super().delete(resource, name, namespace=namespace, resource_version=resource_version, uid=uid)
 
 
 # --- The supervisor ----------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from typing import Any, Protocol
 import prometheus_client
 
 from dractl import alloc, daemon, model
-from dractl.controller import claims, nodefit, schedplan
+from dractl.controller import claims, loop, nodefit, schedplan
 from dractl.kube import client as kube_client
 from dractl.kube import events, informer, workqueue
 
@@ -282,6 +282,14 @@ def _version(stored: Mapping[str, Any], fallback: str) -> str:
     return str((stored.get("metadata") or {}).get("resourceVersion") or fallback)
 
 
+def _failed(key: str, error: Exception) -> None:
+    """Log a scheduling attempt that raised; the loop retries the pod with backoff."""
+    if isinstance(error, kube_client.ApiError):
+        log.info("pod %s: %s; retrying with backoff", key, error)
+    else:
+        log.exception("pod %s: scheduling failed; retrying with backoff", key)
+
+
 # --- The scheduler -------------------------------------------------------------------------
 
 
@@ -361,7 +369,6 @@ class Scheduler:
         self._refused: set[str] = set()  # pod keys refused until they change
         self._waiting: dict[str, str] = {}  # pod key -> the claim key it waits for ("": its own status)
         self._bad_claims: dict[str, str] = {}  # claim key -> why the model refuses it
-        self._threads: list[threading.Thread] = []
         self.metrics.depth.set_function(lambda: float(len(self.queue)))
         self.metrics.unschedulable.set_function(self._unschedulable_count)
 
@@ -407,10 +414,15 @@ class Scheduler:
         self.classes: informer.Informer[model.DeviceClass] = informer.Informer(
             client, kube_client.DEVICE_CLASSES, decode=_decode_class, handlers=inventory
         )
-
-    @property
-    def _informers(self) -> tuple[informer.Informer[Any], ...]:
-        return (self.classes, self.slices, self.nodes, self.claims, self.pods)
+        self._loop = loop.Loop(
+            name="the scheduler",
+            thread_name="scheduler",
+            queue=self.queue,
+            informers=(self.classes, self.slices, self.nodes, self.claims, self.pods),
+            sync=self.sync,
+            failed=_failed,
+            workers=workers,
+        )
 
     def _unschedulable_count(self) -> float:
         with self._lock:
@@ -424,29 +436,16 @@ class Scheduler:
 
         Raises TimeoutError when the informers do not sync in time (they are stopped again).
         """
-        for source in self._informers:
-            source.start()
-        if not self.wait_synced(self.sync_timeout):
-            for source in self._informers:
-                source.stop()
-            raise TimeoutError(f"the scheduler's informers did not sync within {self.sync_timeout:g}s")
+        self._loop.start_informers(self.sync_timeout)
         self.open_ledger()
-        for index in range(self.workers):
-            thread = threading.Thread(target=self._work, name=f"scheduler-{index}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._loop.start_workers()
 
     def wait_synced(self, timeout: float | None = None) -> bool:
-        return all(source.wait_synced(timeout) for source in self._informers)
+        return self._loop.wait_synced(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop taking pods, let the workers finish the pod in hand, stop the informers. Idempotent."""
-        self.queue.shutdown()
-        for source in self._informers:
-            source.stop(timeout)
-        for thread in self._threads:
-            thread.join(timeout)
-        self._threads.clear()
+        self._loop.stop(timeout)
 
     def open_ledger(self) -> None:
         """Give the allocator the current inventory and hold every allocated claim in the cache; from now on claim
@@ -457,23 +456,6 @@ class Scheduler:
                 if claim.allocation is not None:
                     self._hold(claim)
             self._ledger_open = True
-
-    def _work(self) -> None:
-        while True:
-            key = self.queue.get()
-            if key is None:
-                return
-            try:
-                self.sync(key)
-                self.queue.forget(key)
-            except Exception as error:  # noqa: BLE001 (one pod's failure must never stop a worker)
-                if isinstance(error, kube_client.ApiError):
-                    log.info("pod %s: %s; retrying with backoff", key, error)
-                else:
-                    log.exception("pod %s: scheduling failed; retrying with backoff", key)
-                self.queue.add_rate_limited(key)
-            finally:
-                self.queue.done(key)
 
     # --- Event handlers: they enqueue keys and keep the allocator's ledger ----------------------
 
@@ -879,8 +861,6 @@ class Scheduler:
                 continue
             live = None
             if raw is not None:
-                raw.setdefault("apiVersion", kube_client.RESOURCE_CLAIMS.api_version)
-                raw.setdefault("kind", kube_client.RESOURCE_CLAIMS.kind)
                 decoded = kube_client.decode(raw)
                 live = decoded if isinstance(decoded, model.ResourceClaim) else None
             claim_id = alloc.claim_id(claim)
@@ -906,8 +886,6 @@ class Scheduler:
             except kube_client.ApiError as error:
                 log.error("ResourceClaim %s: could not read it to take back pod %s: %s", claim.key, pod.key, error)
                 return False
-            raw.setdefault("apiVersion", kube_client.RESOURCE_CLAIMS.api_version)
-            raw.setdefault("kind", kube_client.RESOURCE_CLAIMS.kind)
             live = kube_client.decode(raw)
             if not isinstance(live, model.ResourceClaim):
                 log.error("ResourceClaim %s: it no longer decodes; pod %s's writes stay", claim.key, pod.key)

@@ -98,10 +98,8 @@ def _get(reader: Reader, resource: kube_client.Resource, name: str, *, namespace
     except kube_client.ApiError as error:
         what = f"{resource.kind} {namespace}/{name}" if namespace else f"{resource.kind} {name}"
         raise _failure(reader, verb="get", what=what, error=error) from error
-    # A single GET carries its kind, but a fake or an old server might not: decoding needs it.
-    raw.setdefault("apiVersion", resource.api_version)
-    raw.setdefault("kind", resource.kind)
-    return raw
+    # Decoding needs the kind, and a `Reader` need not fill it in (the client does, the unit tests' fake does not).
+    return resource.with_kind(raw)
 
 
 def _decoded(raws: Iterable[Mapping[str, Any]], kind: type[Any], warnings: list[str]) -> list[Any]:

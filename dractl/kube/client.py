@@ -8,7 +8,8 @@ patch, JSON patch, server-side apply and delete (with optional resourceVersion/u
 preconditions). Writes carry the field manager `dractl`. Non-2xx answers become `ApiError`
 subclasses (`Conflict`, `NotFound`, `AlreadyExists`, `Gone`, `Invalid`); transient failures (5xx,
 429, connection reset) are retried with tenacity a bounded number of times and then raised as
-`Transient`. `decode` turns one raw object into a `dractl.model` value, or logs and skips it.
+`Transient`; an optional `on_error` hook hears of each call that failed (for metrics). `decode`
+turns one raw object into a `dractl.model` value, or logs and skips it.
 
 What it must not do: use the generated models, hold a cache (see `informer`), or retry an
 answer that is not transient (a 409 goes back to the caller, who re-reads and decides).
@@ -16,14 +17,16 @@ answer that is not transient (a 409 goes back to the caller, who re-reads and de
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
 import logging
 import os
+import threading
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypedDict, Unpack
 
 import kubernetes.client
 import kubernetes.config
@@ -55,6 +58,15 @@ class Resource:
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
+
+    def with_kind(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """`raw` with this resource's `apiVersion` and `kind` where it has none, so it decodes on its own.
+
+        Fills in place and returns `raw`; a kind the object carries is kept. Idempotent.
+        """
+        raw.setdefault("apiVersion", self.api_version)
+        raw.setdefault("kind", self.kind)
+        return raw
 
     def path(self, *, namespace: str = "", name: str = "", subresource: str = "") -> str:
         """The URL path; an empty namespace on a namespaced resource means every namespace."""
@@ -195,6 +207,19 @@ class WatchEvent:
     object: dict[str, Any]
 
 
+ErrorHook = Callable[[str, Resource, ApiError], None]
+"""Told of every call that failed: the verb (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`),
+the resource and the error, once per call (after the retries)."""
+
+
+class _Payload(TypedDict, total=False):
+    """What a request carries besides its method and path; a key left out takes `Client._send`'s default."""
+
+    query: Sequence[tuple[str, str]]
+    body: Any
+    content_type: str
+
+
 class PatchType(enum.Enum):
     MERGE = "application/merge-patch+json"
     JSON = "application/json-patch+json"
@@ -221,24 +246,43 @@ class WatchStream:
 
     def __init__(self, response: urllib3.BaseHTTPResponse) -> None:
         self._response = response
+        self._lock = threading.Lock()
         self._closed = False
+        self._reading = False
 
     def close(self) -> None:
-        """Stop the stream; safe to call twice and from another thread (a blocked reader wakes up)."""
-        self._closed = True
-        self._abort()
+        """Stop the stream; safe to call twice and from another thread (a blocked reader wakes up).
+
+        While another thread reads, only the socket is shut down: that wakes the reader, whose
+        iteration then releases the response itself. Closing the response under a running read
+        would pull its file object away mid-chunk (urllib3 then fails with an AttributeError)."""
+        with self._lock:
+            self._closed = True
+            reading = self._reading
+        shutdown = getattr(self._response, "shutdown", None)
+        if reading and shutdown is not None:
+            self._quietly(shutdown)
+        else:
+            self._abort()
 
     def _abort(self) -> None:
         shutdown = getattr(self._response, "shutdown", None)
-        for step in (shutdown, self._response.close):
-            if step is None:
-                continue
-            try:
-                step()
-            except (OSError, ValueError, RuntimeError, urllib3.exceptions.HTTPError):
-                pass  # Already released or being torn down: nothing left to stop.
+        if shutdown is not None:
+            self._quietly(shutdown)
+        self._quietly(self._response.close)
+
+    @staticmethod
+    def _quietly(step: Callable[[], object]) -> None:
+        try:
+            step()
+        except (OSError, ValueError, RuntimeError, urllib3.exceptions.HTTPError):
+            pass  # Already released or being torn down: nothing left to stop.
 
     def __iter__(self) -> Iterator[WatchEvent]:
+        with self._lock:
+            if self._closed:
+                return
+            self._reading = True
         buffer = b""
         completed = False
         try:
@@ -255,7 +299,10 @@ class WatchStream:
             if not self._closed:
                 raise Transient(0, "WatchBroken", f"the watch connection broke: {error}") from error
         finally:
-            if completed:
+            with self._lock:
+                self._reading = False
+                closed = self._closed
+            if completed and not closed:
                 self._response.release_conn()  # Read to the end: the connection can serve again.
             else:
                 self._abort()
@@ -278,7 +325,8 @@ class Client:
     Every method raises `ApiError` (or a subclass) for an answer it cannot use; transient
     failures are retried `attempts` times with jittered exponential backoff first. A create
     retried after a 5xx whose write did land answers `AlreadyExists`: callers that create treat
-    that as "someone (maybe we) created it" and read it.
+    that as "someone (maybe we) created it" and read it. `on_error` hears of each call that
+    raises `ApiError` (metrics); errors raised while a watch streams are the reader's business.
     """
 
     def __init__(
@@ -288,11 +336,13 @@ class Client:
         field_manager: str = FIELD_MANAGER,
         attempts: int = DEFAULT_ATTEMPTS,
         timeout: float = DEFAULT_TIMEOUT,
+        on_error: ErrorHook | None = None,
     ) -> None:
         self.api_client = api_client
         self.field_manager = field_manager
         self.attempts = attempts
         self.timeout = timeout
+        self.on_error = on_error
 
     @property
     def host(self) -> str:
@@ -305,24 +355,33 @@ class Client:
 
     # --- Transport -----------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _reported(self, verb: str, resource: Resource) -> Iterator[None]:
+        """Tell `on_error` of an `ApiError` raised inside, then let it go on."""
+        try:
+            yield
+        except ApiError as error:
+            if self.on_error is not None:
+                self.on_error(verb, resource, error)
+            raise
+
     def _send(
         self,
         method: str,
         path: str,
         *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str = "application/json",
         timeout: float | tuple[float, float] | None = None,
+        **payload: Unpack[_Payload],
     ) -> urllib3.BaseHTTPResponse:
         """One request, no retry. Returns the open response (2xx) or raises the mapped `ApiError`."""
         headers = {"Accept": "application/json"}
+        body = payload.get("body")
         if body is not None:
-            headers["Content-Type"] = content_type
+            headers["Content-Type"] = payload.get("content_type", "application/json")
         _, url, headers, body, _ = self.api_client.param_serialize(
             method=method,
             resource_path=path,
-            query_params=list(query) or None,
+            query_params=list(payload.get("query", ())) or None,
             header_params=headers,
             body=body,
             auth_settings=["BearerToken"],
@@ -341,15 +400,7 @@ class Client:
             raise error_from_status(response.status, data)
         return response
 
-    def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
+    def _request(self, method: str, path: str, **payload: Unpack[_Payload]) -> dict[str, Any]:
         """One request with bounded retries on transient failures; the decoded JSON answer."""
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.attempts),
@@ -360,7 +411,7 @@ class Client:
         try:
             for attempt in retrying:
                 with attempt:
-                    response = self._send(method, path, query=query, body=body, content_type=content_type)
+                    response = self._send(method, path, **payload)
                     try:
                         data = response.read()
                     finally:
@@ -382,8 +433,11 @@ class Client:
     # --- Reads ---------------------------------------------------------------------------
 
     def get(self, resource: Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
-        """The object as raw JSON. Raises `NotFound`. Read-only."""
-        return self._request("GET", resource.path(namespace=namespace, name=name))
+        """The object as raw JSON, with `apiVersion` and `kind` as `list` gives its items (so it decodes on its own).
+        Raises `NotFound`. Read-only."""
+        with self._reported("get", resource):
+            # A single GET carries its kind, but an old server might not: `decode` needs it.
+            return resource.with_kind(self._request("GET", resource.path(namespace=namespace, name=name)))
 
     def list(
         self, resource: Resource, *, namespace: str = "", label_selector: str = "", field_selector: str = ""
@@ -391,24 +445,22 @@ class Client:
         """Every matching object (pages of 500 followed to the end) and the list's resourceVersion. Read-only."""
         items: list[dict[str, Any]] = []
         token = ""
-        while True:
-            query = [("limit", str(_LIST_PAGE))]
-            if label_selector:
-                query.append(("labelSelector", label_selector))
-            if field_selector:
-                query.append(("fieldSelector", field_selector))
-            if token:
-                query.append(("continue", token))
-            document = self._request("GET", resource.path(namespace=namespace), query=query)
-            for item in document.get("items") or ():
+        with self._reported("list", resource):
+            while True:
+                query = [("limit", str(_LIST_PAGE))]
+                if label_selector:
+                    query.append(("labelSelector", label_selector))
+                if field_selector:
+                    query.append(("fieldSelector", field_selector))
+                if token:
+                    query.append(("continue", token))
+                document = self._request("GET", resource.path(namespace=namespace), query=query)
                 # A list's items carry no kind; add it so each item decodes on its own.
-                item.setdefault("apiVersion", resource.api_version)
-                item.setdefault("kind", resource.kind)
-                items.append(item)
-            metadata = document.get("metadata") or {}
-            token = metadata.get("continue") or ""
-            if not token:
-                return ListResult(tuple(items), str(metadata.get("resourceVersion") or ""))
+                items.extend(resource.with_kind(item) for item in document.get("items") or ())
+                metadata = document.get("metadata") or {}
+                token = metadata.get("continue") or ""
+                if not token:
+                    return ListResult(tuple(items), str(metadata.get("resourceVersion") or ""))
 
     def watch(
         self,
@@ -435,12 +487,16 @@ class Client:
             query.append(("labelSelector", label_selector))
         if field_selector:
             query.append(("fieldSelector", field_selector))
-        try:
-            response = self._send(
-                "GET", resource.path(namespace=namespace), query=query, timeout=(self.timeout, timeout_seconds + 30.0)
-            )
-        except (urllib3.exceptions.HTTPError, ConnectionError) as error:
-            raise Transient(0, "ConnectionFailed", f"watch {resource.plural}: {error}") from error
+        with self._reported("watch", resource):
+            try:
+                response = self._send(
+                    "GET",
+                    resource.path(namespace=namespace),
+                    query=query,
+                    timeout=(self.timeout, timeout_seconds + 30.0),
+                )
+            except (urllib3.exceptions.HTTPError, ConnectionError) as error:
+                raise Transient(0, "ConnectionFailed", f"watch {resource.plural}: {error}") from error
         return WatchStream(response)
 
     # --- Writes --------------------------------------------------------------------------
@@ -458,12 +514,13 @@ class Client:
         """Create; returns the stored object. With `name` and `subresource`, POST to that object's
         subresource (a pod's `binding`). Raises `AlreadyExists`, `Invalid`. Not idempotent."""
         namespace = namespace or str((body.get("metadata") or {}).get("namespace") or "")
-        return self._request(
-            "POST",
-            resource.path(namespace=namespace, name=name, subresource=subresource),
-            body=dict(body),
-            query=self._write_query(dry_run=dry_run),
-        )
+        with self._reported("create", resource):
+            return self._request(
+                "POST",
+                resource.path(namespace=namespace, name=name, subresource=subresource),
+                body=dict(body),
+                query=self._write_query(dry_run=dry_run),
+            )
 
     def update(self, resource: Resource, body: Mapping[str, Any], *, subresource: str = "") -> dict[str, Any]:
         """Replace (PUT) the object named in `body`; `metadata.resourceVersion` in it is the precondition.
@@ -482,7 +539,8 @@ class Client:
             name=str(metadata.get("name") or ""),
             subresource=subresource,
         )
-        return self._request("PUT", path, body=dict(body), query=self._write_query())
+        with self._reported("update", resource):
+            return self._request("PUT", path, body=dict(body), query=self._write_query())
 
     def update_status(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
         """`update` of the status subresource (only `status` is written), with the same precondition."""
@@ -507,13 +565,14 @@ class Client:
         """
         body: Any = list(patch) if type is PatchType.JSON else dict(patch)  # type: ignore[arg-type]
         path = resource.path(namespace=namespace, name=name, subresource=subresource)
-        return self._request(
-            "PATCH",
-            path,
-            body=body,
-            content_type=type.value,
-            query=self._write_query(force=force and type is PatchType.APPLY),
-        )
+        with self._reported("patch", resource):
+            return self._request(
+                "PATCH",
+                path,
+                body=body,
+                content_type=type.value,
+                query=self._write_query(force=force and type is PatchType.APPLY),
+            )
 
     def delete(
         self, resource: Resource, name: str, *, namespace: str = "", resource_version: str = "", uid: str = ""
@@ -523,16 +582,14 @@ class Client:
         preconditions = {key: value for key, value in (("resourceVersion", resource_version), ("uid", uid)) if value}
         if preconditions:
             body["preconditions"] = preconditions
-        self._request("DELETE", resource.path(namespace=namespace, name=name), body=body)
+        with self._reported("delete", resource):
+            self._request("DELETE", resource.path(namespace=namespace, name=name), body=body)
 
     # --- Typed reads ---------------------------------------------------------------------
 
     def get_resource_claim(self, namespace: str, name: str) -> model.ResourceClaim:
         """The claim as a model value. Raises `NotFound`, or `BadObject` when it does not decode."""
-        raw = self.get(RESOURCE_CLAIMS, name, namespace=namespace)
-        raw.setdefault("apiVersion", RESOURCE_CLAIMS.api_version)
-        raw.setdefault("kind", RESOURCE_CLAIMS.kind)
-        claim = decode(raw, strict=True)
+        claim = decode(self.get(RESOURCE_CLAIMS, name, namespace=namespace), strict=True)
         assert isinstance(claim, model.ResourceClaim)
         return claim
 

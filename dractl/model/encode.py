@@ -98,34 +98,27 @@ def _claim_spec(spec: types.ResourceClaimSpec) -> dict[str, Any]:
 def _request(request: types.DeviceRequest) -> dict[str, Any]:
     out: dict[str, Any] = {"name": request.name}
     if request.exactly is not None:
-        e = request.exactly
-        out["exactly"] = _omit_empty(
-            {
-                "deviceClassName": e.device_class_name,
-                "selectors": _selectors(e.selectors),
-                "allocationMode": e.allocation_mode.value,
-                "count": e.count or None,
-                "adminAccess": e.admin_access,
-                "tolerations": [_toleration(t) for t in e.tolerations],
-                "capacity": {"requests": _quantities(e.capacity_requests)} if e.capacity_requests else None,
-            }
-        )
+        out["exactly"] = _class_request(request.exactly)
     if request.first_available:
-        out["firstAvailable"] = [
-            _omit_empty(
-                {
-                    "name": s.name,
-                    "deviceClassName": s.device_class_name,
-                    "selectors": _selectors(s.selectors),
-                    "allocationMode": s.allocation_mode.value,
-                    "count": s.count or None,
-                    "tolerations": [_toleration(t) for t in s.tolerations],
-                    "capacity": {"requests": _quantities(s.capacity_requests)} if s.capacity_requests else None,
-                }
-            )
-            for s in request.first_available
-        ]
+        out["firstAvailable"] = [_class_request(s) for s in request.first_available]
     return out
+
+
+def _class_request(r: types.ExactDeviceRequest | types.DeviceSubRequest) -> dict[str, Any]:
+    """`exactly`, or one `firstAvailable` entry: the same fields, but for the entry's name and `exactly`'s
+    adminAccess, in the API's order."""
+    return _omit_empty(
+        {
+            "name": r.name if isinstance(r, types.DeviceSubRequest) else None,
+            "deviceClassName": r.device_class_name,
+            "selectors": _selectors(r.selectors),
+            "allocationMode": r.allocation_mode.value,
+            "count": r.count or None,
+            "adminAccess": r.admin_access if isinstance(r, types.ExactDeviceRequest) else None,
+            "tolerations": [_toleration(t) for t in r.tolerations],
+            "capacity": {"requests": _quantities(r.capacity_requests)} if r.capacity_requests else None,
+        }
+    )
 
 
 def _selectors(expressions: tuple[str, ...]) -> list[dict[str, Any]]:

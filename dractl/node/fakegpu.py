@@ -707,12 +707,7 @@ class FakeGpus:
     def gpu_instance_profiles(self, minor: int) -> tuple[backend.GpuInstanceProfile, ...]:
         with self._lock:
             self._maybe_fail("gpu_instance_profiles", minor)
-            gpu = self._gpu(minor)
-            if not gpu.spec.model.mig_profiles:
-                raise backend.NvmlError(
-                    backend.Return.NOT_SUPPORTED, f"GPU {minor} ({gpu.spec.model.product_name}) has no MIG"
-                )
-            return gpu.spec.model.mig_profiles
+            return self._mig_gpu(minor).spec.model.mig_profiles
 
     def gpu_instances(self, minor: int) -> tuple[backend.GpuInstance, ...]:
         with self._lock:
@@ -742,11 +737,7 @@ class FakeGpus:
     def set_mig_mode(self, minor: int, mode: backend.MigMode) -> None:
         with self._lock:
             self._maybe_fail("set_mig_mode", minor)
-            gpu = self._gpu(minor)
-            if not gpu.spec.model.mig_profiles:
-                raise backend.NvmlError(
-                    backend.Return.NOT_SUPPORTED, f"GPU {minor} ({gpu.spec.model.product_name}) has no MIG"
-                )
+            gpu = self._mig_gpu(minor)
             if mode is backend.MigMode.DISABLED and gpu.gis:
                 raise backend.NvmlError(backend.Return.IN_USE, f"GPU {minor} still has {len(gpu.gis)} GPU instance(s)")
             gpu.mig_mode = backend.MigMode(mode)
@@ -878,6 +869,15 @@ class FakeGpus:
             raise backend.NvmlError(backend.Return.NOT_FOUND, f"no GPU with minor number {minor}")
         if check_lost and gpu.lost:
             raise backend.NvmlError(backend.Return.GPU_IS_LOST, f"GPU {minor} ({gpu.uuid}) is lost")
+        return gpu
+
+    def _mig_gpu(self, minor: int) -> _Gpu:
+        """`_gpu(minor)`, raising NOT_SUPPORTED (as NVML) when its model has no MIG."""
+        gpu = self._gpu(minor)
+        if not gpu.spec.model.mig_profiles:
+            raise backend.NvmlError(
+                backend.Return.NOT_SUPPORTED, f"GPU {minor} ({gpu.spec.model.product_name}) has no MIG"
+            )
         return gpu
 
     @staticmethod

@@ -13,7 +13,7 @@ import pathlib
 from typing import TextIO
 
 from dractl import cel, config
-from dractl.model import decode, placement
+from dractl.model import decode
 from dractl.simulate import engine, report, timing
 
 # The built-in example cluster, shipped as package data.
@@ -74,13 +74,12 @@ def _run(settings: config.Simulate, *, out: TextIO, err: TextIO, timer: timing.T
     result = engine.simulate(objects, policy=settings.policy, search_limit=settings.search_limit)
     for warning in result.warnings:
         print(f"warning: {warning}", file=err)
-    known = placement.known_nodes(objects).names
     if timer is not None:
-        timer.record("index", result.index_seconds, nodes=len(known), slices=len(objects.resource_slices))
+        timer.record("index", result.index_seconds, nodes=len(result.nodes), slices=len(objects.resource_slices))
         rate = f"{result.allocate_claims_per_second:.1f}"
         timer.record("allocate", result.allocate_seconds, claims=result.attempted, claims_per_s=rate)
         timer.restart()
-    report.write(result, slices=objects.resource_slices, settings=settings, out=out, err=err, nodes=known)
+    report.write(result, slices=objects.resource_slices, settings=settings, out=out, err=err)
     out.flush()
     if timer is not None:
         timer.phase("output", format=settings.output.value)

@@ -54,8 +54,9 @@ class ClaimOutcome:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Result:
     """Every claim in processing order; `warnings` name each allocation of the input that
-    holds nothing, with the claim it conflicts with. Timings: `index_seconds` plans the claims
-    and builds the allocator (index, input allocations checked), `allocate_seconds` runs every
+    holds nothing, with the claim it conflicts with; `nodes` are the input's known nodes
+    (`placement.known_nodes`), by name. Timings: `index_seconds` plans the claims and builds
+    the allocator (index, input allocations checked), `allocate_seconds` runs every
     allocation (CEL selectors are evaluated there, on first use); `attempted` counts the claims
     handed to the allocator, allocated or not."""
 
@@ -64,6 +65,7 @@ class Result:
     index_seconds: float
     allocate_seconds: float
     warnings: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -123,7 +125,7 @@ class _Ledger:
     def status(self, key: str) -> Status:
         rejections = self.rejected.get(key)
         if rejections:
-            return Status.CONFLICT if any(r.kind == "conflict" for r in rejections) else Status.INVALID
+            return Status.CONFLICT if any(r.kind == alloc.CONFLICT for r in rejections) else Status.INVALID
         return Status.ALLOCATED if self.holds(key) else Status.NOT_ALLOCATED
 
     def claim(self, key: str) -> model.ResourceClaim | None:
@@ -273,4 +275,5 @@ def simulate(objects: model.Objects, *, policy: alloc.Policy, search_limit: int)
         index_seconds=indexed - start,
         allocate_seconds=done - indexed,
         warnings=warnings,
+        nodes=ledger.cluster.names,
     )

@@ -223,17 +223,7 @@ def _device(o: problems.Report, raw: object, path: str, *, per_device: bool) -> 
     if name:
         common.check(o, f"{path}.name", common.dns_label(name))
     allow_multiple = bool(common.as_bool(o, m, "allowMultipleAllocations", fields_path))
-    attributes = _attributes(o, m.get("attributes"), f"{fields_path}.attributes")
-    capacity = _capacities(o, m.get("capacity"), f"{fields_path}.capacity", allow_multiple=allow_multiple)
-    if len(attributes) + len(capacity) > common.MAX_ATTRIBUTES_AND_CAPACITY:
-        o.error(
-            fields_path,
-            f"must have at most {common.MAX_ATTRIBUTES_AND_CAPACITY} attributes and capacities together, got "
-            f"{len(attributes) + len(capacity)}",
-        )
-    values = sum(len(a.values) for a in attributes.values())
-    if values > common.MAX_ATTRIBUTE_VALUES:
-        o.error(fields_path, f"must have at most {common.MAX_ATTRIBUTE_VALUES} attribute values in total, got {values}")
+    attributes, capacity = _attributes_and_capacity(o, m, fields_path, allow_multiple=allow_multiple)
     consumes = [
         types.DeviceCounterConsumption(counter_set=name, counters=counters)
         for name, counters in _named_counters(
@@ -359,8 +349,17 @@ def _plain_device(o: problems.Report, raw: Mapping[str, Any], path: str) -> type
     name = common.required_str(o, raw, "name", path)
     if name:
         common.check(o, f"{path}.name", common.dns_label(name))
-    attributes = _attributes(o, raw.get("attributes"), f"{path}.attributes")
-    capacity = _capacities(o, raw.get("capacity"), f"{path}.capacity", allow_multiple=False)
+    attributes, capacity = _attributes_and_capacity(o, raw, path, allow_multiple=False)
+    return types.Device(name=name, attributes=attributes, capacity=capacity)
+
+
+def _attributes_and_capacity(
+    o: problems.Report, m: Mapping[str, Any], path: str, *, allow_multiple: bool
+) -> tuple[dict[str, types.DeviceAttribute], dict[str, types.DeviceCapacity]]:
+    """The `attributes` and `capacity` of the device fields `m` (at `path`), with the API's limits on their
+    number and on the attribute values in total checked."""
+    attributes = _attributes(o, m.get("attributes"), f"{path}.attributes")
+    capacity = _capacities(o, m.get("capacity"), f"{path}.capacity", allow_multiple=allow_multiple)
     if len(attributes) + len(capacity) > common.MAX_ATTRIBUTES_AND_CAPACITY:
         o.error(
             path,
@@ -370,7 +369,7 @@ def _plain_device(o: problems.Report, raw: Mapping[str, Any], path: str) -> type
     values = sum(len(a.values) for a in attributes.values())
     if values > common.MAX_ATTRIBUTE_VALUES:
         o.error(path, f"must have at most {common.MAX_ATTRIBUTE_VALUES} attribute values in total, got {values}")
-    return types.Device(name=name, attributes=attributes, capacity=capacity)
+    return attributes, capacity
 
 
 def _attributes(o: problems.Report, raw: object, path: str) -> dict[str, types.DeviceAttribute]:

@@ -1,0 +1,71 @@
+"""The log format both processes share (`daemon.configure_logging`, `daemon.capture_stdlib_logging`): JSON lines
+in the cluster, console lines at a terminal, the same choice for structlog and the standard library's records."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from dractl import config, daemon
+
+
+class _Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> Iterator[None]:
+    yield
+    structlog.reset_defaults()
+
+
+def _log_both(log_format: config.LogFormat | None, out: io.StringIO) -> list[str]:
+    """One structlog line and one standard-library line with a traceback, written in `log_format` to `out`."""
+    daemon.configure_logging(log_format, stream=out)
+    undo = daemon.capture_stdlib_logging(log_format, stream=out)
+    try:
+        structlog.get_logger("t").info("from structlog", claim="ns/c")
+        try:
+            raise ValueError("bad")
+        except ValueError:
+            logging.getLogger("dractl.kube.informer").exception("from logging")
+    finally:
+        undo()
+    return out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("log_format", "out"),
+    [(None, io.StringIO()), (config.LogFormat.JSON, _Terminal())],
+    ids=["unset-on-a-pipe", "json-on-a-terminal"],
+)
+def test_json_lines_carry_the_traceback_as_a_field(log_format: config.LogFormat | None, out: io.StringIO) -> None:
+    """Guards: JSON (asked for, or unset on a stream that is not a terminal) makes every line of both loggers one
+    JSON object, the traceback in its `exception` field."""
+    lines = [json.loads(line) for line in _log_both(log_format, out)]
+    assert [line["event"] for line in lines] == ["from structlog", "from logging"]
+    assert lines[0]["claim"] == "ns/c"
+    assert "ValueError: bad" in lines[1]["exception"]
+
+
+@pytest.mark.parametrize(
+    ("log_format", "out"),
+    [(None, _Terminal()), (config.LogFormat.CONSOLE, io.StringIO())],
+    ids=["unset-on-a-terminal", "console-on-a-pipe"],
+)
+def test_console_lines_are_not_json(log_format: config.LogFormat | None, out: io.StringIO) -> None:
+    """Guards: console (asked for, or unset on a terminal) writes readable lines for both loggers, the traceback
+    after them, and no JSON."""
+    lines = _log_both(log_format, out)
+    assert not [line for line in lines if line.startswith("{")]
+    text = "\n".join(lines)
+    assert "from structlog" in text and "claim" in text and "from logging" in text
+    assert "ValueError" in text and "bad" in text
