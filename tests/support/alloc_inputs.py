@@ -69,6 +69,19 @@ def first_available(name: str, *subs: model.DeviceSubRequest) -> model.DeviceReq
     return model.DeviceRequest(name=name, first_available=tuple(subs))
 
 
+def memory_at_least(amount: str) -> str:
+    """A selector: the device's capacity `memory` (driver-a) is at least `amount`."""
+    return f'device.capacity["{DRIVER}"].memory.compareTo(quantity("{amount}")) >= 0'
+
+
+def big_or_small(name: str, big: str, small: str) -> model.DeviceRequest:
+    """Request `name` for the first available of subrequest "big" (memory at least `big`) and "small"
+    (at least `small`), both of class-a."""
+    return first_available(
+        name, sub("big", "class-a", memory_at_least(big)), sub("small", "class-a", memory_at_least(small))
+    )
+
+
 def match(attribute: str, *requests: str) -> model.DeviceConstraint:
     return model.DeviceConstraint(requests=tuple(requests), match_attribute=attribute)
 
@@ -94,12 +107,24 @@ def claim(
 
 
 def held(
-    name: str, *devices: str, driver: str = DRIVER, pool: str = "node-1", admin: bool = False
+    name: str,
+    *devices: str,
+    driver: str = DRIVER,
+    pool: str = "node-1",
+    admin: bool = False,
+    share: Mapping[str, str | int] | None = None,
 ) -> model.ResourceClaim:
-    """An allocated claim holding `devices` (dedicated)."""
+    """An allocated claim holding `devices`: dedicated, or with `share` a share (ID "s") that consumes
+    that capacity of each device."""
     results = tuple(
         model.DeviceRequestAllocationResult(
-            request="req-0", driver=driver, pool=pool, device=d, admin_access=True if admin else None
+            request="req-0",
+            driver=driver,
+            pool=pool,
+            device=d,
+            admin_access=True if admin else None,
+            share_id=None if share is None else "s",
+            consumed_capacity={k: q(v) for k, v in (share or {}).items()},
         )
         for d in devices
     )
@@ -157,6 +182,17 @@ def picked(outcome: alloc.Outcome) -> list[list[tuple[str, str]]]:
     """Per claim, (request, device) in result order; asserts success."""
     assert outcome.allocations is not None, outcome.reasons
     return [[(r.request, r.device) for r in a.results] for a in outcome.allocations]
+
+
+ONE_DEVICE_TWO_CLAIMS = (
+    "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+    "on the candidate nodes (1 needed)\n"
+    "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
+    "on the candidate nodes (1 needed)\n"
+    "None: every request has devices on its own, but none of the 1 candidate node has devices for all "
+    "requests together"
+)
+"""`reasons` when two claims of one default request each can have the only device of class-a, but not both."""
 
 
 def reasons(outcome: alloc.Outcome) -> str:

@@ -59,9 +59,38 @@ def attr(value: Any, *, kind: model.AttributeKind | None = None) -> model.Device
     return model.DeviceAttribute(kind=kind, values=tuple(values), is_list=is_list)
 
 
-def capacity(value: str | int | model.DeviceCapacity) -> model.DeviceCapacity:
-    """A device capacity from a quantity's spelling or an int; a `DeviceCapacity` is returned as given."""
-    return value if isinstance(value, model.DeviceCapacity) else model.DeviceCapacity(value=q(value))
+def capacity(
+    value: str | int | model.DeviceCapacity,
+    *,
+    default: str | int | None = None,
+    values: Sequence[str | int] = (),
+    min: str | int | None = None,
+    max: str | int | None = None,
+    step: str | int | None = None,
+) -> model.DeviceCapacity:
+    """A device capacity from a quantity's spelling or an int; a `DeviceCapacity` is returned as given.
+
+    Any of `default`, `values` (validValues) and `min` (with `max` and `step`, a validRange) give
+    it a requestPolicy; without them it has none."""
+    if isinstance(value, model.DeviceCapacity):
+        return value
+    valid_range = (
+        None
+        if min is None
+        else model.CapacityRequestPolicyRange(
+            min=q(min), max=None if max is None else q(max), step=None if step is None else q(step)
+        )
+    )
+    policy = (
+        model.CapacityRequestPolicy(
+            default=None if default is None else q(default),
+            valid_values=tuple(q(v) for v in values),
+            valid_range=valid_range,
+        )
+        if default is not None or values or valid_range
+        else None
+    )
+    return model.DeviceCapacity(value=q(value), request_policy=policy)
 
 
 def consumes(counter_set: str, **counters: str | int) -> model.DeviceCounterConsumption:
@@ -133,6 +162,17 @@ def rslice(
     }
     values.update(fields)
     return model.ResourceSlice(**values)
+
+
+def partitioned(
+    *devices: model.Device, counters: Sequence[model.CounterSet], node: str = "node-1", driver: str = DRIVER
+) -> list[model.ResourceSlice]:
+    """`node`'s pool as partitionable devices are published, in two slices: the shared `counters` in
+    `<node>-a-counters`, then `devices` in `<node>-b-devices`."""
+    return [
+        rslice(name=f"{node}-a-counters", node=node, driver=driver, count=2, counters=counters),
+        rslice(*devices, name=f"{node}-b-devices", node=node, driver=driver, count=2),
+    ]
 
 
 def device_class(

@@ -316,27 +316,26 @@ class Oracle:
 
     # Node visibility and pools (k8s-dra-core.md 3.2).
 
-    def _slice_relevant(self, s: model.ResourceSlice) -> bool:
-        if s.node_name is not None:
-            return s.node_name == self.node
-        if s.all_nodes:
+    def _own_binding(self, obj: model.ResourceSlice | model.Device) -> bool | None:
+        """Whether `obj`'s nodeName, allNodes or nodeSelector (the first set) selects this node; None if none is set."""
+        if obj.node_name is not None:
+            return obj.node_name == self.node
+        if obj.all_nodes:
             return True
-        if s.node_selector is not None:
-            return selector_matches(s.node_selector, self.node, self.labels)
-        if s.per_device_node_selection:
-            return any(self._device_targets(s, d) for d in s.devices)
-        return False
+        if obj.node_selector is not None:
+            return selector_matches(obj.node_selector, self.node, self.labels)
+        return None
+
+    def _slice_relevant(self, s: model.ResourceSlice) -> bool:
+        own = self._own_binding(s)
+        if own is not None:
+            return own
+        return s.per_device_node_selection and any(self._device_targets(s, d) for d in s.devices)
 
     def _device_targets(self, s: model.ResourceSlice, d: model.Device) -> bool:
         if not s.per_device_node_selection:
             return self._slice_relevant(s)
-        if d.node_name is not None:
-            return d.node_name == self.node
-        if d.all_nodes:
-            return True
-        if d.node_selector is not None:
-            return selector_matches(d.node_selector, self.node, self.labels)
-        return False
+        return self._own_binding(d) is True
 
     def _gather_pools(self) -> None:
         everything = list(self.snapshot.resource_slices)

@@ -393,6 +393,23 @@ def allocated_claims(draw: st.DrawFn, slices: Sequence[model.ResourceSlice]) -> 
 # --- Claims -------------------------------------------------------------------------------------
 
 
+def _claim(
+    name: str, *requests: model.DeviceRequest, constraints: tuple[model.DeviceConstraint, ...] = ()
+) -> model.ResourceClaim:
+    """Claim `name` in the default namespace (uid "uid-<name>")."""
+    return model.ResourceClaim(
+        meta=model.ObjectMeta(name=name, namespace=NAMESPACE, uid=f"uid-{name}"),
+        spec=model.ResourceClaimSpec(requests=requests, constraints=constraints),
+    )
+
+
+def _constraint(draw: st.DrawFn, scope: tuple[str, ...], attribute: str) -> model.DeviceConstraint:
+    """A matchAttribute or (drawn) distinctAttribute constraint on `attribute` over `scope`."""
+    if draw(st.booleans()):
+        return model.DeviceConstraint(requests=scope, match_attribute=attribute)
+    return model.DeviceConstraint(requests=scope, distinct_attribute=attribute)
+
+
 @st.composite
 def exact_request(draw: st.DrawFn, name: str) -> model.DeviceRequest:
     mode = "all" if draw(st.integers(0, 5)) == 0 else "count"
@@ -447,14 +464,8 @@ def resource_claims(draw: st.DrawFn, name: str, drivers: Sequence[str] = DRIVERS
         attribute = draw(st.sampled_from(CONSTRAINT_ATTRIBUTES))
         if "/" not in attribute:
             attribute = f"{draw(st.sampled_from(drivers))}/{attribute}"
-        if draw(st.booleans()):
-            constraints.append(model.DeviceConstraint(requests=scope, match_attribute=attribute))
-        else:
-            constraints.append(model.DeviceConstraint(requests=scope, distinct_attribute=attribute))
-    return model.ResourceClaim(
-        meta=model.ObjectMeta(name=name, namespace=NAMESPACE, uid=f"uid-{name}"),
-        spec=model.ResourceClaimSpec(requests=tuple(requests), constraints=tuple(constraints)),
-    )
+        constraints.append(_constraint(draw, scope, attribute))
+    return _claim(name, *requests, constraints=tuple(constraints))
 
 
 @st.composite
@@ -523,24 +534,14 @@ def partitioned_clusters(draw: st.DrawFn) -> Cluster:
         count = 1 + len(parts)
         prefix = driver.split(".")[0]
         slices.append(
-            model.ResourceSlice(
-                meta=model.ObjectMeta(name=f"{prefix}-counters"),
-                driver=driver,
-                pool=model.ResourcePool(name="node-0", resource_slice_count=count),
-                node_name="node-0",
-                shared_counters=sets,
+            devices.rslice(
+                name=f"{prefix}-counters", node="node-0", driver=driver, generation=0, count=count, counters=sets
             )
         )
-        for k, part in enumerate(parts):
-            slices.append(
-                model.ResourceSlice(
-                    meta=model.ObjectMeta(name=f"{prefix}-devices-{k}"),
-                    driver=driver,
-                    pool=model.ResourcePool(name="node-0", resource_slice_count=count),
-                    node_name="node-0",
-                    devices=part,
-                )
-            )
+        slices.extend(
+            devices.rslice(*part, name=f"{prefix}-devices-{k}", node="node-0", driver=driver, generation=0, count=count)
+            for k, part in enumerate(parts)
+        )
     classes = tuple(
         model.DeviceClass(meta=model.ObjectMeta(name=name), selectors=sels) for name, sels in CLASSES.items()
     )
@@ -615,14 +616,8 @@ def partition_claims(draw: st.DrawFn, name: str, drivers: Sequence[str]) -> mode
     if draw(st.booleans()):
         attribute = f"{draw(st.sampled_from(drivers))}/{draw(st.sampled_from(('parent', 'numa', 'pcieRoots')))}"
         scope = tuple(draw(st.lists(st.sampled_from([r.name for r in requests]), max_size=2, unique=True)))
-        if draw(st.booleans()):
-            constraints.append(model.DeviceConstraint(requests=scope, match_attribute=attribute))
-        else:
-            constraints.append(model.DeviceConstraint(requests=scope, distinct_attribute=attribute))
-    return model.ResourceClaim(
-        meta=model.ObjectMeta(name=name, namespace=NAMESPACE, uid=f"uid-{name}"),
-        spec=model.ResourceClaimSpec(requests=tuple(requests), constraints=tuple(constraints)),
-    )
+        constraints.append(_constraint(draw, scope, attribute))
+    return _claim(name, *requests, constraints=tuple(constraints))
 
 
 @st.composite
@@ -816,15 +811,6 @@ def _fixed(
 
 def _local(*devs: model.Device) -> model.ResourceSlice:
     return devices.rslice(*devs, name="s", node="node-0", driver=GPU, generation=0)
-
-
-def _claim(
-    name: str, *requests: model.DeviceRequest, constraints: tuple[model.DeviceConstraint, ...] = ()
-) -> model.ResourceClaim:
-    return model.ResourceClaim(
-        meta=model.ObjectMeta(name=name, namespace=NAMESPACE, uid=f"uid-{name}"),
-        spec=model.ResourceClaimSpec(requests=requests, constraints=constraints),
-    )
 
 
 def _exactly(**kw: object) -> model.DeviceRequest:

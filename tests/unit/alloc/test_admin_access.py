@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from support.alloc_inputs import allocator, claim, held, picked, reasons, request
-from support.devices import counter_set, device, devices, rslice, taint
+from support.devices import counter_set, device, devices, partitioned, rslice, taint
 
 
 def test_admin_access_enabled() -> None:
@@ -80,15 +80,11 @@ def test_tainted_admin_access() -> None:
 
 def test_admin_access_needs_no_counters() -> None:
     """dractl: admin access reaches a partition whose counters are exhausted."""
-    slices = [
-        rslice(name="counters", counters=[counter_set("gpu-0", mem=4)], count=2),
-        rslice(
-            device("full", consumes={"gpu-0": {"mem": 4}}),
-            device("part", consumes={"gpu-0": {"mem": 2}}),
-            name="devs",
-            count=2,
-        ),
-    ]
+    slices = partitioned(
+        device("full", consumes={"gpu-0": {"mem": 4}}),
+        device("part", consumes={"gpu-0": {"mem": 2}}),
+        counters=[counter_set("gpu-0", mem=4)],
+    )
     a = allocator(slices)
     assert picked(
         a.allocate([claim("c0", request("req-0", "class-a", 'device.attributes["driver-a"].?x.orValue("") == ""'))])
@@ -105,15 +101,11 @@ def test_admin_access_needs_no_counters() -> None:
 
 def test_admin_share_does_not_spare_a_later_share_its_counters() -> None:
     """An admin share holds nothing, so the next share in the same call charges the counters."""
-    slices = [
-        rslice(name="a", counters=[counter_set("gpu-0", mem=4)], count=2),
-        rslice(
-            device("shared", multi=True, consumes={"gpu-0": {"mem": 4}}),
-            device("other", consumes={"gpu-0": {"mem": 4}}),
-            name="b",
-            count=2,
-        ),
-    ]
+    slices = partitioned(
+        device("shared", multi=True, consumes={"gpu-0": {"mem": 4}}),
+        device("other", consumes={"gpu-0": {"mem": 4}}),
+        counters=[counter_set("gpu-0", mem=4)],
+    )
     a = allocator(slices)
     only_shared = "device.allowMultipleAllocations"
     outcome = a.allocate(

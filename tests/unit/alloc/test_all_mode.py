@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from support.alloc_inputs import DRIVER_B, allocator, claim, held, match, picked, reasons, request
-from support.devices import counter_set, device, devices, rslice, taint
+from support.devices import counter_set, device, devices, partitioned, rslice, taint
 
 
 def test_all_devices_single() -> None:
@@ -15,10 +15,7 @@ def test_all_devices_single() -> None:
 
 def test_all_devices_with_consumed_counters() -> None:
     """All over a counter-consuming device charges its counters."""
-    slices = [
-        rslice(name="counters", counters=[counter_set("set", mem="8Gi")], count=2),
-        rslice(device("device-1", consumes={"set": {"mem": "4Gi"}}), name="devs", count=2),
-    ]
+    slices = partitioned(device("device-1", consumes={"set": {"mem": "4Gi"}}), counters=[counter_set("set", mem="8Gi")])
     assert picked(allocator(slices).allocate([claim("c", request(all=True))])) == [[("req-0", "device-1")]]
 
 

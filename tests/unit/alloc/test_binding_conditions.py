@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from support.alloc_inputs import allocator, claim, name_selector, node, picked, request, selector, toleration
-from support.devices import counter_set, device, rslice, taint
+from support.devices import counter_set, device, partitioned, rslice, taint
 
 
 def test_device_binding_conditions() -> None:
@@ -86,17 +86,13 @@ def test_lexicographical_sorting_slices_with_binding_conditions() -> None:
 def test_partitionable_devices_with_binding_conditions_and_taints_tolerated() -> None:
     """Counters, binding conditions and a tolerated taint together; the toleration is copied."""
     tol = toleration("k", operator="Exists")
-    slices = [
-        rslice(name="a", counters=[counter_set("set", mem=2)], count=2),
-        rslice(
-            *(
-                device(f"device-{i}", consumes={"set": {"mem": 1}}, binding_conditions=("ready",), taints=[taint("k")])
-                for i in (1, 2)
-            ),
-            name="b",
-            count=2,
+    slices = partitioned(
+        *(
+            device(f"device-{i}", consumes={"set": {"mem": 1}}, binding_conditions=("ready",), taints=[taint("k")])
+            for i in (1, 2)
         ),
-    ]
+        counters=[counter_set("set", mem=2)],
+    )
     outcome = allocator(slices).allocate([claim("c", request("req-0", count=2, tolerations=[tol]))])
     assert outcome.allocations is not None
     assert [(r.device, r.tolerations, r.binding_conditions) for r in outcome.allocations[0].results] == [

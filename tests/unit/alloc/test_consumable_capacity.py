@@ -6,36 +6,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from support.alloc_inputs import allocator, claim, match, picked, reasons, request
-from support.devices import counter_set, device, device_class, q, rslice
+from support.alloc_inputs import ONE_DEVICE_TWO_CLAIMS, allocator, claim, held, match, picked, reasons, request
+from support.devices import capacity as cap
+from support.devices import counter_set, device, device_class, partitioned, rslice
 
 from dractl import model
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-def cap(
-    value: str | int,
-    *,
-    default: str | int | None = None,
-    values: tuple[int, ...] = (),
-    min: int | None = None,
-    max: int | None = None,
-    step: int | None = None,
-) -> model.DeviceCapacity:
-    rng = (
-        None
-        if min is None
-        else model.CapacityRequestPolicyRange(
-            min=q(min), max=None if max is None else q(max), step=None if step is None else q(step)
-        )
-    )
-    policy = model.CapacityRequestPolicy(
-        default=None if default is None else q(default), valid_values=tuple(q(v) for v in values), valid_range=rng
-    )
-    return model.DeviceCapacity(
-        value=q(value), request_policy=policy if (default is not None or values or rng) else None
-    )
 
 
 def shared(name: str = "device-1", **capacity: model.DeviceCapacity) -> model.Device:
@@ -160,17 +137,7 @@ def test_with_request_over_max_sharing_policy() -> None:
 
 def test_with_allocated_capacity_use_remaining() -> None:
     """An existing share of 2 of 4 leaves 2."""
-    existing = claim(
-        "x",
-        allocation=model.AllocationResult(
-            results=(
-                model.DeviceRequestAllocationResult(
-                    "req-0", "driver-a", "node-1", "device-1", share_id="s", consumed_capacity={"memory": q(2)}
-                ),
-            )
-        ),
-    )
-    a = allocator([rslice(shared(memory=cap(4)))], allocated=[existing])
+    a = allocator([rslice(shared(memory=cap(4)))], allocated=[held("x", "device-1", share={"memory": 2})])
     assert reasons(a.allocate([claim("c0", request(capacity={"memory": 3}))])) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free on the "
         "candidate nodes (1 needed); capacity memory of device driver-a/node-1/device-1 ran out"
@@ -180,18 +147,9 @@ def test_with_allocated_capacity_use_remaining() -> None:
 
 def test_with_allocated_capacity_next_device() -> None:
     """A full device-1 sends the share to device-2."""
-    existing = claim(
-        "x",
-        allocation=model.AllocationResult(
-            results=(
-                model.DeviceRequestAllocationResult(
-                    "req-0", "driver-a", "node-1", "device-1", share_id="s", consumed_capacity={"memory": q(4)}
-                ),
-            )
-        ),
-    )
     outcome = allocator(
-        [rslice(shared("device-1", memory=cap(4)), shared("device-2", memory=cap(4)))], allocated=[existing]
+        [rslice(shared("device-1", memory=cap(4)), shared("device-2", memory=cap(4)))],
+        allocated=[held("x", "device-1", share={"memory": 4})],
     ).allocate([claim("c", request(capacity={"memory": 1}))])
     assert picked(outcome) == [[("req-0", "device-2")]]
 
@@ -226,17 +184,13 @@ def test_dedicated_device_with_consumable_capacity_request() -> None:
 
 def test_dedicated_device_is_not_shared() -> None:
     """A dedicated device is not shared by a second claim."""
-    assert reasons(
-        allocator([rslice(device("device-1", capacity={"memory": 8}))]).allocate(
-            [claim("c0", request(capacity={"memory": 1})), claim("c1", request(capacity={"memory": 1}))]
+    assert (
+        reasons(
+            allocator([rslice(device("device-1", capacity={"memory": 8}))]).allocate(
+                [claim("c0", request(capacity={"memory": 1})), claim("c1", request(capacity={"memory": 1}))]
+            )
         )
-    ) == (
-        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
-        "on the candidate nodes (1 needed)\n"
-        "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
-        "on the candidate nodes (1 needed)\n"
-        "None: every request has devices on its own, but none of the 1 candidate node has devices for all "
-        "requests together"
+        == ONE_DEVICE_TWO_CLAIMS
     )
 
 
@@ -251,13 +205,7 @@ def test_exclude_multi_allocatable_device_by_class_selector() -> None:
 
 def test_not_allocate_multi_allocatable_device_which_already_dedicated() -> None:
     """A dedicated allocation of a multi-allocatable device blocks sharing."""
-    existing = claim(
-        "x",
-        allocation=model.AllocationResult(
-            results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "device-1"),)
-        ),
-    )
-    assert reasons(allocator([rslice(shared())], allocated=[existing]).allocate([claim()])) == (
+    assert reasons(allocator([rslice(shared())], allocated=[held("x", "device-1")]).allocate([claim()])) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
         "on the candidate nodes (1 needed)"
     )
@@ -265,12 +213,10 @@ def test_not_allocate_multi_allocatable_device_which_already_dedicated() -> None
 
 def test_allow_multiple_allocations_with_partitionable_device() -> None:
     """Shares of a counter-consuming device charge its counters once."""
-    slices = [
-        rslice(name="a", counters=[counter_set("set", mem=4)], count=2),
-        rslice(
-            device("device-1", multi=True, capacity={"memory": cap(4)}, consumes={"set": {"mem": 4}}), name="b", count=2
-        ),
-    ]
+    slices = partitioned(
+        device("device-1", multi=True, capacity={"memory": cap(4)}, consumes={"set": {"mem": 4}}),
+        counters=[counter_set("set", mem=4)],
+    )
     outcome = allocator(slices).allocate(
         [claim("c0", request(capacity={"memory": 2})), claim("c1", request(capacity={"memory": 2}))]
     )

@@ -6,29 +6,25 @@ from __future__ import annotations
 from support.alloc_inputs import (
     DRIVER_B,
     allocator,
+    big_or_small,
     claim,
-    first_available,
     held,
     match,
+    memory_at_least,
     name_selector,
     node,
     picked,
     reasons,
     request,
     selector,
-    sub,
 )
-from support.devices import counter_set, device, device_class, rslice, taint
-
-MEM = 'device.capacity["driver-a"].memory.compareTo(quantity("%s")) >= 0'
+from support.devices import counter_set, device, device_class, partitioned, rslice, taint
 
 
-def pool(*devs, counters=None, node_name: str = "node-1", driver: str = "driver-a"):
+def pool(*devs, counters=None, driver: str = "driver-a"):
+    """node-1's partitioned pool; counter set set-1 of 8Gi memory unless `counters` are given."""
     sets = counters if counters is not None else [counter_set("set-1", memory="8Gi")]
-    return [
-        rslice(name=f"{node_name}-a-counters", counters=sets, count=2, node=node_name, driver=driver),
-        rslice(*devs, name=f"{node_name}-b-devices", count=2, node=node_name, driver=driver),
-    ]
+    return partitioned(*devs, counters=sets, driver=driver)
 
 
 def part(name: str, mem: str, **kw) -> object:
@@ -45,8 +41,8 @@ def test_partitionable_devices_prioritized_list() -> None:
     slices = pool(part("device-1", "4Gi"), part("device-2", "6Gi"), part("device-3", "4Gi"))
     c = claim(
         "c",
-        request("req-0", "class-a", MEM % "4Gi"),
-        first_available("req-1", sub("big", "class-a", MEM % "6Gi"), sub("small", "class-a", MEM % "4Gi")),
+        request("req-0", "class-a", memory_at_least("4Gi")),
+        big_or_small("req-1", "6Gi", "4Gi"),
     )
     assert picked(allocator(slices).allocate([c])) == [[("req-0", "device-1"), ("req-1/small", "device-3")]]
 
@@ -94,7 +90,7 @@ def test_partitionable_devices_no_capacity_available() -> None:
     """An allocated device leaves too little: nothing fits, and the counter is named."""
     outcome = allocator(
         pool(part("device-1", "4Gi"), part("device-2", "6Gi")), allocated=[held("x", "device-1")]
-    ).allocate([claim("c", request("req-0", "class-a", MEM % "6Gi"))])
+    ).allocate([claim("c", request("req-0", "class-a", memory_at_least("6Gi")))])
     assert "counter memory of counter set set-1 in pool driver-a/node-1 ran out" in reasons(outcome)
 
 
@@ -184,14 +180,15 @@ def test_seed_two_mig_slices_on_one_parent_when_first_gpu_is_partly_used() -> No
     assert picked(outcome) == [[("large-slice", "gpu-1-mig-3g40gb-0"), ("small-slice", "gpu-1-mig-1g10gb-4")]]
 
 
-def test_partitionable_devices_per_device_node_selection_nodename() -> None:
-    """A device on another node is excluded; the result pins the node by name."""
-    slices = [
+def spread_pool(device_1_memory: str) -> list:
+    """Pool "pool" across nodes: counter set set-1 (8Gi memory) in an all-nodes slice, and per-device node
+    selection for device-1 (`device_1_memory`, node-2) and device-2 (4Gi, node-1)."""
+    return [
         rslice(
             name="c", node=None, pool="pool", counters=[counter_set("set-1", memory="8Gi")], count=2, all_nodes=True
         ),
         rslice(
-            part("device-1", "4Gi", node_name="node-2"),
+            part("device-1", device_1_memory, node_name="node-2"),
             part("device-2", "4Gi", node_name="node-1"),
             name="d",
             node=None,
@@ -200,7 +197,13 @@ def test_partitionable_devices_per_device_node_selection_nodename() -> None:
             per_device_node_selection=True,
         ),
     ]
-    outcome = allocator(slices, nodes=[node("node-1"), node("node-2")]).allocate([claim()], nodes=["node-1"])
+
+
+def test_partitionable_devices_per_device_node_selection_nodename() -> None:
+    """A device on another node is excluded; the result pins the node by name."""
+    outcome = allocator(spread_pool("4Gi"), nodes=[node("node-1"), node("node-2")]).allocate(
+        [claim()], nodes=["node-1"]
+    )
     assert picked(outcome) == [[("req-0", "device-2")]]
     assert outcome.allocations is not None and outcome.allocations[0].node_selector == name_selector("node-1")
 
@@ -217,22 +220,8 @@ def test_partitionable_devices_per_device_node_selection_node_selector() -> None
 
 def test_partitionable_devices_devices_on_different_nodes_consume_same_counter_set() -> None:
     """Another node's allocated device consumes the shared counters."""
-    slices = [
-        rslice(
-            name="c", node=None, pool="pool", counters=[counter_set("set-1", memory="8Gi")], count=2, all_nodes=True
-        ),
-        rslice(
-            part("device-1", "8Gi", node_name="node-2"),
-            part("device-2", "4Gi", node_name="node-1"),
-            name="d",
-            node=None,
-            pool="pool",
-            count=2,
-            per_device_node_selection=True,
-        ),
-    ]
     outcome = allocator(
-        slices, nodes=[node("node-1"), node("node-2")], allocated=[held("x", "device-1", pool="pool")]
+        spread_pool("8Gi"), nodes=[node("node-1"), node("node-2")], allocated=[held("x", "device-1", pool="pool")]
     ).allocate([claim()])
     assert reasons(outcome) == (
         "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 1 of those are "

@@ -5,10 +5,12 @@ from __future__ import annotations
 from support.alloc_inputs import (
     DRIVER_B,
     allocator,
+    big_or_small,
     claim,
     first_available,
     held,
     match,
+    memory_at_least,
     picked,
     reasons,
     request,
@@ -16,8 +18,6 @@ from support.alloc_inputs import (
     toleration,
 )
 from support.devices import device, device_class, devices, rslice, taint
-
-MEM = 'device.capacity["driver-a"].memory.compareTo(quantity("%s")) >= 0'
 
 
 def test_prioritized_list_first_unavailable() -> None:
@@ -47,9 +47,11 @@ def test_prioritized_list_subrequests_with_expressions() -> None:
     slices = [rslice(*(device(f"device-{i}", capacity={"memory": m}) for i, m in enumerate(["2Gi", "2Gi", "1Gi"], 1)))]
     c = claim(
         "c",
-        request("req-0", "class-a", MEM % "1Gi"),
+        request("req-0", "class-a", memory_at_least("1Gi")),
         first_available(
-            "req-1", sub("subReq-0", "class-a", MEM % "4Gi"), sub("subReq-1", "class-a", MEM % "2Gi", count=2)
+            "req-1",
+            sub("subReq-0", "class-a", memory_at_least("4Gi")),
+            sub("subReq-1", "class-a", memory_at_least("2Gi"), count=2),
         ),
     )
     assert picked(allocator(slices).allocate([c])) == [
@@ -108,8 +110,8 @@ def test_prioritized_list_multi_request() -> None:
     slices = [rslice(device("device-1", capacity={"memory": "8Gi"}), device("device-2", capacity={"memory": "4Gi"}))]
     c = claim(
         "c",
-        request("req-0", "class-a", MEM % "8Gi"),
-        first_available("req-1", sub("big", "class-a", MEM % "8Gi"), sub("small", "class-a", MEM % "4Gi")),
+        request("req-0", "class-a", memory_at_least("8Gi")),
+        big_or_small("req-1", "8Gi", "4Gi"),
     )
     assert picked(allocator(slices).allocate([c])) == [[("req-0", "device-1"), ("req-1/small", "device-2")]]
 
@@ -119,8 +121,8 @@ def test_prioritized_list_with_backtracking() -> None:
     slices = [rslice(device("device-1", capacity={"memory": "8Gi"}), device("device-2", capacity={"memory": "4Gi"}))]
     c = claim(
         "c",
-        first_available("req-0", sub("big", "class-a", MEM % "8Gi"), sub("small", "class-a", MEM % "4Gi")),
-        request("req-1", "class-a", MEM % "8Gi"),
+        big_or_small("req-0", "8Gi", "4Gi"),
+        request("req-1", "class-a", memory_at_least("8Gi")),
     )
     assert picked(allocator(slices).allocate([c])) == [[("req-0/small", "device-2"), ("req-1", "device-1")]]
 

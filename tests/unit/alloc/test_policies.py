@@ -4,8 +4,8 @@ keeps PCIe roots together and keeps large MIG profiles placeable."""
 from __future__ import annotations
 
 import pytest
-from support.alloc_inputs import allocator, claim, held, picked, request
-from support.devices import counter_set, device, device_class, rslice
+from support.alloc_inputs import allocator, claim, held, memory_at_least, picked, request
+from support.devices import counter_set, device, device_class, partitioned, rslice
 
 from dractl import alloc
 
@@ -85,7 +85,7 @@ def mig_slices(gpus: int) -> list:
         s, d = mig_gpu(g)
         sets += s
         devs += d
-    return [rslice(name="a", counters=sets, count=2), rslice(*devs, name="b", count=2)]
+    return partitioned(*devs, counters=sets)
 
 
 ONE_G = 'device.attributes["driver-a"].profile == "1g"'
@@ -127,9 +127,6 @@ def test_policies_agree_on_feasibility(policy: alloc.Policy) -> None:
     assert (ok, bad) == (True, False)
 
 
-MEM = 'device.capacity["driver-a"].memory.compareTo(quantity("%s")) >= 0'
-
-
 @pytest.mark.parametrize(("policy", "expected"), [(FIRST_FIT, "node-1"), (BINPACK, "node-2")])
 def test_binpack_leaves_large_gpus_to_claims_that_need_them(policy: alloc.Policy, expected: str) -> None:
     """A small claim goes to the GPU that serves the fewest request shapes seen so far
@@ -141,6 +138,8 @@ def test_binpack_leaves_large_gpus_to_claims_that_need_them(policy: alloc.Policy
         rslice(device("small", capacity={"memory": "16Gi"}), node="node-2"),
     ]
     a = allocator(slices, policy=policy)
-    assert a.allocate([claim("large", request("req-0", "class-a", MEM % "40Gi"))]).node == "node-1"
-    assert a.allocate([claim("small", request("req-0", "class-a", MEM % "8Gi"))]).node == expected
-    assert a.allocate([claim("large-2", request("req-0", "class-a", MEM % "40Gi"))]).ok is (policy is BINPACK)
+    assert a.allocate([claim("large", request("req-0", "class-a", memory_at_least("40Gi")))]).node == "node-1"
+    assert a.allocate([claim("small", request("req-0", "class-a", memory_at_least("8Gi")))]).node == expected
+    assert a.allocate([claim("large-2", request("req-0", "class-a", memory_at_least("40Gi")))]).ok is (
+        policy is BINPACK
+    )

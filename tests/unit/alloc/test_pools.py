@@ -28,12 +28,18 @@ def test_duplicate_slice() -> None:
     assert "resource pool driver-a/node-1 is invalid: device 'device-1' is listed more than once" in text
 
 
+def two_hosts(node_1: tuple[int, int], node_2: tuple[int, int]) -> list:
+    """Pool "pool" with a slice from node-1 (device-1) and one from node-2 (device-2), each given as
+    (generation, resourceSliceCount)."""
+    return [
+        rslice(device(f"device-{i}"), name=f"s{i}", node=f"node-{i}", pool="pool", generation=generation, count=count)
+        for i, (generation, count) in enumerate((node_1, node_2), 1)
+    ]
+
+
 def test_multi_host_resource_pool_with_stale_slice_for_current_node() -> None:
     """A newer generation elsewhere makes this node's slice obsolete."""
-    slices = [
-        rslice(device("device-1"), name="s1", node="node-1", pool="pool", generation=1, count=2),
-        rslice(device("device-2"), name="s2", node="node-2", pool="pool", generation=2, count=2),
-    ]
+    slices = two_hosts((1, 2), (2, 2))
     assert reasons(allocator(slices).allocate([claim()], nodes=["node-1"])) == (
         "req-0: device class class-a matches 0 devices; 0 pass the request's selectors; 0 of those are "
         "free on the candidate nodes (1 needed)"
@@ -42,19 +48,13 @@ def test_multi_host_resource_pool_with_stale_slice_for_current_node() -> None:
 
 def test_multi_host_resource_pool_complete_update_from_node_1_to_node_2() -> None:
     """The old complete generation on node-1 is still used."""
-    slices = [
-        rslice(device("device-1"), name="s1", node="node-1", pool="pool", generation=1, count=1),
-        rslice(device("device-2"), name="s2", node="node-2", pool="pool", generation=2, count=1),
-    ]
+    slices = two_hosts((1, 1), (2, 1))
     assert picked(allocator(slices).allocate([claim()], nodes=["node-1"])) == [[("req-0", "device-1")]]
 
 
 def test_multi_host_resource_pool_incomplete_update_from_node_2_to_node_1() -> None:
     """A new generation that is incomplete is not used."""
-    slices = [
-        rslice(device("device-1"), name="s1", node="node-1", pool="pool", generation=2, count=2),
-        rslice(device("device-2"), name="s2", node="node-2", pool="pool", generation=1, count=1),
-    ]
+    slices = two_hosts((2, 2), (1, 1))
     assert reasons(allocator(slices).allocate([claim()], nodes=["node-1"])) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 0 of those are free "
         "on the candidate nodes (1 needed)\n"

@@ -270,22 +270,8 @@ def test_identity_is_unique_per_process_start() -> None:
 
 def test_api_errors_are_counted_by_verb_resource_and_code(tmp_path: pathlib.Path) -> None:
     """Guards: a request that gets no answer is counted once per call in api_errors{verb, resource, code="0"}."""
-    port = controlplane.free_port()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-                "users": [{"name": "u", "user": {}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            }
-        )
-    )
     metrics = run.ProcessMetrics.create(standard=False)
-    base = kube_client.connect(kubeconfig, attempts=1)
+    base = kube_client.connect(_unreachable_kubeconfig(tmp_path), attempts=1)
     api = run.CountingClient(base, errors=metrics.api_errors, timeout=2)
     try:
         for _ in range(2):

@@ -253,41 +253,31 @@ def test_a_reservation_keeps_the_other_consumers() -> None:
     }
 
 
+ONLY_TRAINER = claim("c", allocated_on="n1", reserved=("trainer",), finalizer=True)
+WITH_OTHER = claim("c", allocated_on="n1", reserved=("other", "trainer"), finalizer=True)
+DEALLOCATE = {"allocation": None, "reservedFor": None, "devices": None}
+KEEP_OTHER = schedplan.Undo(status={"reservedFor": [{"resource": "pods", "name": "other", "uid": "uid-other"}]})
+
+
 @pytest.mark.parametrize(
     ("live", "allocated_here", "finalizer_added", "expected"),
     [
         pytest.param(
-            claim("c", allocated_on="n1", reserved=("trainer",), finalizer=True),
+            ONLY_TRAINER,
             True,
             True,
-            schedplan.Undo(
-                status={"allocation": None, "reservedFor": None, "devices": None},
-                metadata={"finalizers": None},
-                deallocates=True,
-            ),
+            schedplan.Undo(status=DEALLOCATE, metadata={"finalizers": None}, deallocates=True),
             id="allocated-here-only-consumer",
         ),
         pytest.param(
-            claim("c", allocated_on="n1", reserved=("trainer",), finalizer=True),
+            ONLY_TRAINER,
             True,
             False,
-            schedplan.Undo(status={"allocation": None, "reservedFor": None, "devices": None}, deallocates=True),
+            schedplan.Undo(status=DEALLOCATE, deallocates=True),
             id="finalizer-was-there-before",
         ),
-        pytest.param(
-            claim("c", allocated_on="n1", reserved=("other", "trainer"), finalizer=True),
-            True,
-            True,
-            schedplan.Undo(status={"reservedFor": [{"resource": "pods", "name": "other", "uid": "uid-other"}]}),
-            id="someone-else-reserved-it-meanwhile",
-        ),
-        pytest.param(
-            claim("c", allocated_on="n1", reserved=("other", "trainer"), finalizer=True),
-            False,
-            False,
-            schedplan.Undo(status={"reservedFor": [{"resource": "pods", "name": "other", "uid": "uid-other"}]}),
-            id="reservation-only",
-        ),
+        pytest.param(WITH_OTHER, True, True, KEEP_OTHER, id="someone-else-reserved-it-meanwhile"),
+        pytest.param(WITH_OTHER, False, False, KEEP_OTHER, id="reservation-only"),
         pytest.param(
             claim("c", finalizer=True),
             True,

@@ -128,6 +128,10 @@ class StubApi:
     def pod(self, name: str) -> dict[str, Any]:
         return self.get(client.PODS, name, namespace="ns")
 
+    def condition(self, pod: str) -> dict[str, Any]:
+        """The pod's first status condition: the PodScheduled condition dractl writes."""
+        return self.pod(pod)["status"]["conditions"][0]
+
 
 def _feed(source: informer.Informer[Any], body: dict[str, Any]) -> None:
     """Deliver `body` as a watch event would (decode, store, handlers)."""
@@ -223,7 +227,7 @@ def test_pods_bound_but_not_yet_seen_bound_count_on_their_node() -> None:
     cluster.sync("first")
     cluster.sync("second")
     assert cluster.api.pod("first")["spec"]["nodeName"] == "n1"
-    condition = cluster.api.pod("second")["status"]["conditions"][0]
+    condition = cluster.api.condition("second")
     assert condition["message"] == "0/1 nodes are available: 1 Insufficient cpu."
 
 
@@ -306,7 +310,7 @@ def test_an_unschedulable_pod_gets_the_condition_and_one_event_and_a_resync_writ
     cluster.scheduler.open_ledger()
     cluster.sync("trainer")
     assert cluster.api.writes == [("PATCH", "ns/pods/trainer/status"), ("POST", "ns/events")]
-    condition = cluster.api.pod("trainer")["status"]["conditions"][0]
+    condition = cluster.api.condition("trainer")
     assert (condition["type"], condition["status"], condition["reason"]) == ("PodScheduled", "False", "Unschedulable")
     assert condition["message"].startswith("0/1 nodes are available: 1 cannot allocate all claims. ")
     assert "ResourceClaim ns/two request gpu" in condition["message"]
@@ -330,7 +334,7 @@ def test_a_pod_asking_for_what_dractl_cannot_check_is_reported_and_not_retried_o
     cluster.add(pod)
     cluster.scheduler.open_ledger()
     cluster.sync("trainer")
-    message = cluster.api.pod("trainer")["status"]["conditions"][0]["message"]
+    message = cluster.api.condition("trainer")["message"]
     assert "podAntiAffinity" in message and not cluster.api.pod("trainer")["spec"].get("nodeName")
     assert ("POST", "ns/events") in cluster.api.writes
     cluster.queued()
@@ -339,26 +343,32 @@ def test_a_pod_asking_for_what_dractl_cannot_check_is_reported_and_not_retried_o
     assert cluster.metric("dractl_scheduler_unschedulable_pods") == 1
 
 
-def test_a_pod_with_unreadable_requests_is_reported_with_the_field() -> None:
-    """Guards: bad input on the pod (cpu "abc") gets one message naming the pod and the field, no traceback."""
-    cluster = Cluster()
-    cluster.add(raw.pod(cpu="abc"))
-    cluster.scheduler.open_ledger()
-    cluster.sync("trainer")
-    message = cluster.api.pod("trainer")["status"]["conditions"][0]["message"]
-    assert "trainer" in message and "cpu" in message
-
-
-def test_a_claim_the_model_refuses_is_named_on_the_pod() -> None:
-    """Guards: a claim that does not decode is reported on the pod using it (not waited for in silence)."""
-    cluster = Cluster()
+def _claim_with_negative_count() -> dict[str, Any]:
     bad = raw.claim("bad")
     bad["spec"]["devices"]["requests"][0]["exactly"]["count"] = -1
-    cluster.add(bad, raw.pod(claims={"gpu": "bad"}))
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("bodies", "named"),
+    [
+        pytest.param([raw.pod(cpu="abc")], ("trainer", "cpu"), id="pod-unreadable-cpu"),
+        pytest.param(
+            [_claim_with_negative_count(), raw.pod(claims={"gpu": "bad"})],
+            ("ResourceClaim ns/bad", "invalid"),
+            id="claim-the-model-refuses",
+        ),
+    ],
+)
+def test_bad_input_is_reported_on_the_pod_by_name(bodies: list[dict[str, Any]], named: tuple[str, ...]) -> None:
+    """Guards: bad input on the pod (cpu "abc") gets one message naming the pod and the field, no traceback; a claim
+    that does not decode is reported on the pod using it (not waited for in silence)."""
+    cluster = Cluster()
+    cluster.add(*bodies)
     cluster.scheduler.open_ledger()
     cluster.sync("trainer")
-    message = cluster.api.pod("trainer")["status"]["conditions"][0]["message"]
-    assert "ResourceClaim ns/bad" in message and "invalid" in message
+    message = cluster.api.condition("trainer")["message"]
+    assert all(part in message for part in named), message
 
 
 def test_pods_of_other_schedulers_and_bound_pods_are_never_written() -> None:
@@ -491,7 +501,7 @@ def test_a_node_that_grows_takes_a_pod_it_refused_before() -> None:
     cluster.add(raw.pod(cpu="2"))
     cluster.scheduler.open_ledger()
     cluster.sync("trainer")
-    assert "Insufficient cpu" in cluster.api.pod("trainer")["status"]["conditions"][0]["message"]
+    assert "Insufficient cpu" in cluster.api.condition("trainer")["message"]
     cluster.seen()
     cluster.queued()
     _feed(cluster.scheduler.nodes, raw.node("n1", cpu="8"))

@@ -70,6 +70,17 @@ def _decode(raw: dict[str, Any]) -> str | None:
     return None if meta["name"] == "bad" else f"{meta['name']}@{meta['resourceVersion']}"
 
 
+def _run_until_quiet(one: informer.Informer[str], script: _Script) -> None:
+    """Start `one`, wait until it has synced and opened the watch that stays quiet (the script's answers are used
+    up), then stop it."""
+    one.start()
+    try:
+        assert one.wait_synced(10)
+        controlplane.wait_until(lambda: script.open is not None, what="the informer's watch after the scripted ones")
+    finally:
+        one.stop()
+
+
 def test_relist_after_410_reports_only_the_difference_and_bad_objects_and_handler_errors_block_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -108,12 +119,7 @@ def test_relist_after_410_reports_only_the_difference_and_bad_objects_and_handle
         decode=_decode,
         handlers=handlers,
     )
-    one.start()
-    try:
-        assert one.wait_synced(10)
-        controlplane.wait_until(lambda: script.open is not None, what="the informer opened its second watch")
-    finally:
-        one.stop()
+    _run_until_quiet(one, script)
     assert events == [("add", "a@1"), ("add", "b@1"), ("update", "a@1->a@2"), ("add", "c@3"), ("delete", "b@1")]
     assert one.store.values() == ["a@2", "c@3"]
     assert script.watched_from == ["10", "20"]
@@ -147,12 +153,7 @@ def test_an_object_that_stops_decoding_is_removed_from_the_store() -> None:
         decode=decode,  # type: ignore[arg-type]
         handlers=informer.Handlers(on_delete=deleted.append),
     )
-    one.start()
-    try:
-        assert one.wait_synced(10)
-        controlplane.wait_until(lambda: script.open is not None, what="the informer resumed its watch")
-    finally:
-        one.stop()
+    _run_until_quiet(one, script)
     assert deleted == ["x@1"]
     assert one.store.keys() == []
     assert script.watched_from == ["5", "6"]  # a watch that ends normally resumes from the last version, no relist

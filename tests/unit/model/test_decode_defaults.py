@@ -35,20 +35,19 @@ def test_explicit_count_zero_means_one() -> None:
 
 def test_all_mode_has_count_zero() -> None:
     """Guards: allocationMode All leaves count at 0, for requests and subrequests."""
-    text = """\
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: all}
-spec:
-  devices:
-    requests:
-    - {name: every, exactly: {deviceClassName: gpu.nvidia.com, allocationMode: All}}
-    - name: alt
-      firstAvailable:
-      - {name: big, deviceClassName: gpu.nvidia.com, allocationMode: All}
-      - {name: small, deviceClassName: gpu.nvidia.com, count: 2}
-"""
-    requests = _claim(text).spec.requests
+    claim = m.claim(
+        requests=[
+            {"name": "every", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}},
+            {
+                "name": "alt",
+                "firstAvailable": [
+                    {"name": "big", "deviceClassName": "gpu.nvidia.com", "allocationMode": "All"},
+                    {"name": "small", "deviceClassName": "gpu.nvidia.com", "count": 2},
+                ],
+            },
+        ]
+    )
+    requests = decode.load_documents([claim]).resource_claims[0].spec.requests
     assert requests[0].exactly is not None
     assert (requests[0].exactly.allocation_mode, requests[0].exactly.count) == (model.AllocationMode.ALL, 0)
     assert [(s.name, s.allocation_mode, s.count) for s in requests[1].first_available] == [
@@ -59,21 +58,14 @@ spec:
 
 def test_toleration_operator_defaults_to_equal() -> None:
     """Guards: a toleration without operator means Equal; empty effect matches every effect."""
-    text = """\
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: tol}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.nvidia.com
-        tolerations:
-        - {key: example.com/unhealthy, value: "yes"}
-        - {operator: Exists, effect: NoExecute, tolerationSeconds: 30}
-"""
-    exactly = _claim(text).spec.requests[0].exactly
+    tolerations = [
+        {"key": "example.com/unhealthy", "value": "yes"},
+        {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+    ]
+    claim = m.claim(
+        requests=[{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "tolerations": tolerations}}]
+    )
+    exactly = decode.load_documents([claim]).resource_claims[0].spec.requests[0].exactly
     assert exactly is not None
     assert exactly.tolerations == (
         model.DeviceToleration(key="example.com/unhealthy", operator="Equal", value="yes"),

@@ -54,6 +54,13 @@ def _slice(
     )
 
 
+def _per_device(*devs: model.Device) -> model.ResourceSlice:
+    """Slice and pool "p" (generation 0) with perDeviceNodeSelection: each device says where it is usable."""
+    return devices.rslice(
+        *devs, name="p", node=None, driver=DRIVER, pool="p", generation=0, per_device_node_selection=True
+    )
+
+
 LABELS = {"zone": "a", "gpus": "8"}
 
 
@@ -132,15 +139,7 @@ def test_slice_and_device_selection() -> None:
     on_a = _slice("a", "d", node="node-a")
     everywhere = _slice("e", "d", all_nodes=True)
     zoned = _slice("z", "d", selector=_selector(_expr("zone", "In", "a")))
-    per_device = devices.rslice(
-        devices.device("x", node_name="node-b"),
-        name="p",
-        node=None,
-        driver=DRIVER,
-        pool="p",
-        generation=0,
-        per_device_node_selection=True,
-    )
+    per_device = _per_device(devices.device("x", node_name="node-b"))
     unselected = _slice("u", "d")
     assert [
         nodes.slice_selects(s, name="node-a", labels=LABELS) for s in (on_a, everywhere, zoned, per_device, unselected)
@@ -176,15 +175,8 @@ def test_discover_prefers_node_objects() -> None:
 def test_discover_without_nodes_takes_every_name_a_slice_gives() -> None:
     """Guards: without Node objects the nodes are slice nodeNames,
     per-device nodeNames and metadata.name In values of selectors."""
-    per_device = devices.rslice(
-        devices.device("x", node_name="node-d"),
-        devices.device("y", node_selector=_named("node-e")),
-        name="p",
-        node=None,
-        driver=DRIVER,
-        pool="p",
-        generation=0,
-        per_device_node_selection=True,
+    per_device = _per_device(
+        devices.device("x", node_name="node-d"), devices.device("y", node_selector=_named("node-e"))
     )
     slices = [
         _slice("a", "d", node="node-b"),

@@ -107,6 +107,11 @@ def snap(*slices: model.ResourceSlice, allocated: tuple[model.ResourceClaim, ...
     return alloc.Snapshot(device_classes=CLASSES, resource_slices=slices, nodes=NODES, allocated_claims=allocated)
 
 
+def one_attribute(name: str, **values: object) -> alloc.Snapshot:
+    """One slice of devices named by the keywords, in order, each with attribute `name` set to its value."""
+    return snap(rslice("s", *(devices.device(d, attributes={name: v}) for d, v in values.items())))
+
+
 def devices_of(found: tuple[model.AllocationResult, ...] | None) -> list[list[str]]:
     assert found is not None
     return [[f"{r.request}={r.device}" for r in a.results] for a in found]
@@ -410,14 +415,7 @@ def test_counter_sets_on_another_nodes_slice_still_count() -> None:
 
 def test_match_attribute_needs_equal_values_and_backtracks() -> None:
     """matchAttribute over two requests picks d1+d2 (numa 1) after d0 (numa 0) fails."""
-    s = snap(
-        rslice(
-            "s",
-            devices.device("d0", attributes={"numa": 0}),
-            devices.device("d1", attributes={"numa": 1}),
-            devices.device("d2", attributes={"numa": 1}),
-        )
-    )
+    s = one_attribute("numa", d0=0, d1=1, d2=1)
     c = claim("c", request("r0"), request("r1"), constraints=(model.DeviceConstraint(match_attribute=f"{GPU}/numa"),))
     assert devices_of(oracle.find_allocation(s, [c], "node-0")) == [["r0=d1", "r1=d2"]]
 
@@ -431,7 +429,7 @@ def test_match_attribute_refuses_devices_without_it() -> None:
 
 def test_match_attribute_scoped_to_one_request() -> None:
     """A constraint naming r0 leaves r1 free to take a different value."""
-    s = snap(rslice("s", devices.device("d0", attributes={"numa": 0}), devices.device("d1", attributes={"numa": 1})))
+    s = one_attribute("numa", d0=0, d1=1)
     c = claim(
         "c",
         request("r0"),
@@ -443,14 +441,7 @@ def test_match_attribute_scoped_to_one_request() -> None:
 
 def test_match_attribute_types_must_agree() -> None:
     """int 1, bool true and string "1" are three different values."""
-    s = snap(
-        rslice(
-            "s",
-            devices.device("d0", attributes={"v": 1}),
-            devices.device("d1", attributes={"v": True}),
-            devices.device("d2", attributes={"v": "1"}),
-        )
-    )
+    s = one_attribute("v", d0=1, d1=True, d2="1")
     for pair in (("d0", "d1"), ("d0", "d2"), ("d1", "d2")):
         c = claim("c", request(count=2), constraints=(model.DeviceConstraint(match_attribute=f"{GPU}/v"),))
         allocation = (model.AllocationResult(results=tuple(result(d) for d in pair)),)
@@ -460,27 +451,14 @@ def test_match_attribute_types_must_agree() -> None:
 def test_versions_compare_as_strings_in_constraints() -> None:
     """1.2.0 and 1.2.0+b7 are equal versions but different strings: no match (upstream rule)."""
     v = model.AttributeKind.VERSION
-    s = snap(
-        rslice(
-            "s",
-            devices.device("d0", attributes={"ver": devices.attr("1.2.0", kind=v)}),
-            devices.device("d1", attributes={"ver": devices.attr("1.2.0+b7", kind=v)}),
-        )
-    )
+    s = one_attribute("ver", d0=devices.attr("1.2.0", kind=v), d1=devices.attr("1.2.0+b7", kind=v))
     c = claim("c", request(count=2), constraints=(model.DeviceConstraint(match_attribute=f"{GPU}/ver"),))
     assert oracle.find_allocation(s, [c], "node-0") is None
 
 
 def test_list_match_attribute_needs_a_common_element_of_all() -> None:
     """DESIGN (4): [p0,p1], [p1,p2], [p0,p2] overlap pairwise but share nothing all three."""
-    s = snap(
-        rslice(
-            "s",
-            devices.device("a", attributes={"roots": ["p0", "p1"]}),
-            devices.device("b", attributes={"roots": ["p1", "p2"]}),
-            devices.device("c", attributes={"roots": ["p0", "p2"]}),
-        )
-    )
+    s = one_attribute("roots", a=["p0", "p1"], b=["p1", "p2"], c=["p0", "p2"])
     match = (model.DeviceConstraint(match_attribute=f"{GPU}/roots"),)
     assert oracle.find_allocation(s, [claim("c", request(count=3), constraints=match)], "node-0") is None
     assert devices_of(oracle.find_allocation(s, [claim("c", request(count=2), constraints=match)], "node-0")) == [
@@ -490,15 +468,7 @@ def test_list_match_attribute_needs_a_common_element_of_all() -> None:
 
 def test_list_match_recomputes_intersection_on_backtracking() -> None:
     """DESIGN (4): after a,b (common p1) fail on the third request, a,c (common p0) must work."""
-    s = snap(
-        rslice(
-            "s",
-            devices.device("a", attributes={"roots": ["p0", "p1"]}),
-            devices.device("b", attributes={"roots": ["p1"]}),
-            devices.device("c", attributes={"roots": ["p0"]}),
-            devices.device("d", attributes={"roots": ["p0", "p2"]}),
-        )
-    )
+    s = one_attribute("roots", a=["p0", "p1"], b=["p1"], c=["p0"], d=["p0", "p2"])
     c = claim(
         "c",
         request("r0"),
@@ -512,22 +482,8 @@ def test_list_match_recomputes_intersection_on_backtracking() -> None:
 def test_distinct_attribute_is_pairwise_even_within_one_request() -> None:
     """DESIGN (2): numa 0,1,0 with count 3 is refused; 0,1,2 is fine."""
     distinct = (model.DeviceConstraint(distinct_attribute=f"{GPU}/numa"),)
-    bad = snap(
-        rslice(
-            "s",
-            devices.device("d0", attributes={"numa": 0}),
-            devices.device("d1", attributes={"numa": 1}),
-            devices.device("d2", attributes={"numa": 0}),
-        )
-    )
-    good = snap(
-        rslice(
-            "s",
-            devices.device("d0", attributes={"numa": 0}),
-            devices.device("d1", attributes={"numa": 1}),
-            devices.device("d2", attributes={"numa": 2}),
-        )
-    )
+    bad = one_attribute("numa", d0=0, d1=1, d2=0)
+    good = one_attribute("numa", d0=0, d1=1, d2=2)
     c = claim("c", request(count=3), constraints=distinct)
     assert oracle.find_allocation(bad, [c], "node-0") is None
     assert oracle.find_allocation(good, [c], "node-0") is not None
@@ -535,14 +491,7 @@ def test_distinct_attribute_is_pairwise_even_within_one_request() -> None:
 
 def test_distinct_list_attributes_must_be_disjoint() -> None:
     """distinctAttribute over lists: [p0,p1] and [p1] collide; [p0,p1] and [p2] do not."""
-    s = snap(
-        rslice(
-            "s",
-            devices.device("a", attributes={"roots": ["p0", "p1"]}),
-            devices.device("b", attributes={"roots": ["p1"]}),
-            devices.device("c", attributes={"roots": ["p2"]}),
-        )
-    )
+    s = one_attribute("roots", a=["p0", "p1"], b=["p1"], c=["p2"])
     c = claim("c", request(count=2), constraints=(model.DeviceConstraint(distinct_attribute=f"{GPU}/roots"),))
     assert devices_of(oracle.find_allocation(s, [c], "node-0")) == [["r0=a", "r0=c"]]
 
@@ -614,52 +563,32 @@ def test_newer_generation_elsewhere_makes_a_pool_obsolete() -> None:
 # --- Consumable capacity -------------------------------------------------------------------------------
 
 
-def shared_dev(name: str, value: str, policy: model.CapacityRequestPolicy | None = None) -> model.Device:
-    return devices.device(
-        name, multi=True, capacity={"memory": model.DeviceCapacity(value=Q(value), request_policy=policy)}
-    )
+def shared_dev(name: str, memory: str | model.DeviceCapacity) -> model.Device:
+    return devices.device(name, multi=True, capacity={"memory": memory})
 
 
 @pytest.mark.parametrize(
-    ("policy", "requested", "consumed", "violation"),
+    ("memory", "requested", "consumed", "violation"),
     [
-        pytest.param(None, None, "40Gi", False, id="no-policy-no-request-takes-all"),
-        pytest.param(None, "10Gi", "10Gi", False, id="no-policy-request-as-is"),
-        pytest.param(model.CapacityRequestPolicy(default=Q("8Gi")), None, "8Gi", False, id="default"),
+        pytest.param(devices.capacity("40Gi"), None, "40Gi", False, id="no-policy-no-request-takes-all"),
+        pytest.param(devices.capacity("40Gi"), "10Gi", "10Gi", False, id="no-policy-request-as-is"),
+        pytest.param(devices.capacity("40Gi", default="8Gi"), None, "8Gi", False, id="default"),
         pytest.param(
-            model.CapacityRequestPolicy(
-                default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"), step=Q("4Gi"))
-            ),
+            devices.capacity("40Gi", default="8Gi", min="4Gi", step="4Gi"),
             "10Gi",
             "12Gi",
             False,
             id="range-step-rounds-up",
         ),
+        pytest.param(devices.capacity("40Gi", default="8Gi", min="4Gi"), "1Gi", "4Gi", False, id="range-below-min"),
         pytest.param(
-            model.CapacityRequestPolicy(default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"))),
-            "1Gi",
-            "4Gi",
-            False,
-            id="range-below-min",
+            devices.capacity("40Gi", default="8Gi", min="4Gi", max="32Gi"), "33Gi", "33Gi", True, id="range-over-max"
         ),
         pytest.param(
-            model.CapacityRequestPolicy(
-                default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"), max=Q("32Gi"))
-            ),
-            "33Gi",
-            "33Gi",
-            True,
-            id="range-over-max",
+            devices.capacity("40Gi", default="8Gi", values=("8Gi", "16Gi")), "10Gi", "16Gi", False, id="values-round-up"
         ),
         pytest.param(
-            model.CapacityRequestPolicy(default=Q("8Gi"), valid_values=(Q("8Gi"), Q("16Gi"))),
-            "10Gi",
-            "16Gi",
-            False,
-            id="values-round-up",
-        ),
-        pytest.param(
-            model.CapacityRequestPolicy(default=Q("8Gi"), valid_values=(Q("8Gi"), Q("16Gi"))),
+            devices.capacity("40Gi", default="8Gi", values=("8Gi", "16Gi")),
             "20Gi",
             "20Gi",
             True,
@@ -668,12 +597,10 @@ def shared_dev(name: str, value: str, policy: model.CapacityRequestPolicy | None
     ],
 )
 def test_consumed_capacity_follows_the_request_policy(
-    policy: model.CapacityRequestPolicy | None, requested: str | None, consumed: str, violation: bool
+    memory: model.DeviceCapacity, requested: str | None, consumed: str, violation: bool
 ) -> None:
-    """Rounding and policy violations of one share (k8s-dra-core.md 3.7)."""
-    amount, problem = oracle.consumed_amount(
-        model.DeviceCapacity(value=Q("40Gi"), request_policy=policy), None if requested is None else Q(requested)
-    )
+    """Rounding and policy violations of one share of a 40Gi capacity (k8s-dra-core.md 3.7)."""
+    amount, problem = oracle.consumed_amount(memory, None if requested is None else Q(requested))
     assert amount == Q(consumed).value
     assert bool(problem) is violation
 
@@ -791,10 +718,7 @@ def test_node_selectors_of_network_slices_are_united() -> None:
 
 def test_check_reports_wrong_share_fields() -> None:
     """A share without shareID, or with consumedCapacity that ignores the policy, is rejected."""
-    policy = model.CapacityRequestPolicy(
-        default=Q("8Gi"), valid_range=model.CapacityRequestPolicyRange(min=Q("4Gi"), step=Q("4Gi"))
-    )
-    s = snap(rslice("s", shared_dev("d0", "40Gi", policy)))
+    s = snap(rslice("s", shared_dev("d0", devices.capacity("40Gi", default="8Gi", min="4Gi", step="4Gi"))))
     c = claim("c", request(capacity_requests={"memory": Q("10Gi")}))
     o = oracle.Oracle(s, "node-0")
     good = o.find([c])
@@ -811,7 +735,7 @@ def test_check_reports_wrong_share_fields() -> None:
 
 def test_search_backtracks_across_claims() -> None:
     """The first claim's first choice starves the second; the search must move it."""
-    s = snap(rslice("s", devices.device("d0", attributes={"numa": 0}), devices.device("d1", attributes={"numa": 1})))
+    s = one_attribute("numa", d0=0, d1=1)
     numa0 = ("device.attributes[device.driver].?numa.orValue(-1) == 0",)
     found = oracle.find_allocation(s, [claim("a"), claim("b", request(selectors=numa0))], "node-0")
     assert devices_of(found) == [["r0=d1"], ["r0=d0"]]
