@@ -21,20 +21,35 @@ before the first rejection, at least 50% fewer rejections under churn, at most 5
 memory stranded at the first rejection, never fewer claims admitted in all), and the wall time
 of replaying a 10,000-event trace on 1,000 nodes (target: under 10 s) with the machine's load.
 Prints figures; asserts nothing.
+
+Two references that need no allocator, to tell placement from capacity (`Capacity`):
+- bound: the most claims any allocator could admit before the first rejection. Claim k can be
+  admitted only if the first k claims together fit the cluster counted without fragmentation:
+  whole-GPU requests on the GPUs that can serve one, MIG requests by their share of a
+  partitionable GPU's memory slices, rounded up to whole GPUs, 8-GPU claims one node each.
+  An upper bound: no placement does better, whatever the node names.
+- fragmentation-free: the churn trace replayed (same retries) against that relaxed cluster, a
+  packer that never fragments. Under overload it rejects more than the real policies, because
+  every big claim it admits takes the room of several small ones: there, rejections measure
+  capacity, not placement.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import dataclasses
+import fractions
+import math
 import os
 import random
 import statistics
 import time
+from collections.abc import Mapping
 
-from dractl import config
-from dractl.simulate import replay, trace
+from dractl import config, model
+from dractl.simulate import metrics, replay, trace
 
 POLICIES = (config.Policy.FIRST_FIT, config.Policy.BINPACK)
 TARGET_BEFORE_FIRST = 1.25
@@ -54,6 +69,113 @@ class Figures:
     churn_admitted: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reference:
+    """One seed's figures that need no allocator (see the module docstring)."""
+
+    bound: int  # the most claims any allocator admits before the first rejection
+    fluid_rejections: int  # rejections under churn of the fragmentation-free packer
+    fluid_admitted: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capacity:
+    """The cluster counted without fragmentation: the GPUs that can serve a whole-GPU request
+    of the mix, how many of them carry MIG placements, the nodes with 8 or more of them, and each
+    MIG profile's share of its GPU's memory slices."""
+
+    whole: int
+    partitionable: int
+    eight_gpu_nodes: int
+    share: Mapping[str, fractions.Fraction]
+
+    def fits(self, whole: int, mig: fractions.Fraction, eight: int) -> bool:
+        """Whether whole-GPU requests, MIG shares and 8-GPU claims of these totals fit at once."""
+        partitioned = math.ceil(mig)
+        return whole + partitioned <= self.whole and partitioned <= self.partitionable and eight <= self.eight_gpu_nodes
+
+
+def _shapes(claim: model.ResourceClaim) -> list[metrics.RequestShape]:
+    return [metrics.parse_shape(text) for text in claim.meta.annotations[trace.SHAPES].split(",")]
+
+
+def capacity(tr: trace.Trace) -> Capacity:
+    """The trace's cluster as `Capacity`. A GPU serves a whole-GPU request of the mix when it has
+    the memory floor of the mix's whole-GPU requests, an NVLink partition, or 7 siblings on its
+    node (for the 8-GPU claims); the T4s of the reference cluster serve none."""
+    shapes = [s for a in trace.arrivals(tr) if isinstance(a.object, model.ResourceClaim) for s in _shapes(a.object)]
+    floor = min((s.min_memory for s in shapes if s.kind == "gpu" and s.min_memory), default=0)
+    gpus = metrics.inventory(tr.cluster.resource_slices, ())
+    per_node = collections.Counter(g.node for g in gpus)
+    whole = [g for g in gpus if g.memory >= floor or g.attributes.get("partition2") or per_node[g.node] >= 8]
+    share: dict[str, fractions.Fraction] = {}
+    for gpu in gpus:
+        for p in gpu.placements:
+            share.setdefault(p.profile, fractions.Fraction(p.size, gpu.slices))
+    eight_nodes = collections.Counter(g.node for g in whole)
+    return Capacity(
+        whole=len(whole),
+        partitionable=sum(1 for g in whole if g.placements),
+        eight_gpu_nodes=sum(1 for n in eight_nodes.values() if n >= 8),
+        share=share,
+    )
+
+
+def _need(claim: model.ResourceClaim, cap: Capacity) -> tuple[int, fractions.Fraction, int]:
+    """(whole GPUs, MIG share, 8-GPU claims) one claim of the mix asks for."""
+    shapes = _shapes(claim)
+    whole = sum(1 for s in shapes if s.kind == "gpu")
+    mig = sum((cap.share[s.profile or ""] for s in shapes if s.kind == "mig"), fractions.Fraction(0))
+    return whole, mig, int(whole >= 8)
+
+
+def reference(fill: trace.Trace, churn: trace.Trace) -> Reference:
+    """The bound on the fill trace and the fragmentation-free packer's replay of the churn trace
+    (arrivals admitted when they fit, departures at one time as a batch, then the waiting
+    claims retried in arrival order, as `replay` does)."""
+    cap = capacity(fill)
+    used = (0, fractions.Fraction(0), 0)
+    bound = 0
+    for arrival in trace.arrivals(fill):
+        assert isinstance(arrival.object, model.ResourceClaim)
+        total = tuple(u + n for u, n in zip(used, _need(arrival.object, cap), strict=True))
+        if not cap.fits(*total):
+            break
+        used, bound = total, bound + 1
+    held: dict[str, tuple[int, fractions.Fraction, int]] = {}
+    waiting: dict[str, tuple[int, fractions.Fraction, int]] = {}
+    rejections = admitted = 0
+    used = (0, fractions.Fraction(0), 0)
+
+    def admit(key: str, need: tuple[int, fractions.Fraction, int]) -> bool:
+        nonlocal admitted, used
+        total = tuple(u + n for u, n in zip(used, need, strict=True))
+        if not cap.fits(*total):
+            return False
+        held[key], used, admitted = need, total, admitted + 1
+        return True
+
+    events = churn.events
+    for i, event in enumerate(events):
+        if isinstance(event, trace.Arrival):
+            assert isinstance(event.object, model.ResourceClaim)
+            need = _need(event.object, cap)
+            if not admit(event.key, need):
+                rejections += 1
+                waiting[event.key] = need
+            continue
+        gone = held.pop(event.key, None)
+        if gone is not None:
+            used = tuple(u - n for u, n in zip(used, gone, strict=True))
+        waiting.pop(event.key, None)
+        following = events[i + 1] if i + 1 < len(events) else None
+        if not (isinstance(following, trace.Departure) and following.at == event.at):
+            for key, need in list(waiting.items()):
+                if admit(key, need):
+                    del waiting[key]
+    return Reference(bound=bound, fluid_rejections=rejections, fluid_admitted=admitted)
+
+
 def renamed(tr: trace.Trace, *, seed: int) -> trace.Trace:
     """The trace with its nodes renamed by names drawn from `seed` (a shuffled name order)."""
     rng = random.Random(f"names-{seed}")
@@ -69,11 +191,16 @@ def renamed(tr: trace.Trace, *, seed: int) -> trace.Trace:
     return trace.parse(document, file=f"{tr.file} renamed by seed {seed}")
 
 
-def measure(seed: int, *, claims: int, round_size: int, shuffle: bool) -> dict[config.Policy, Figures]:
+def traces(seed: int, *, claims: int, round_size: int, shuffle: bool) -> tuple[trace.Trace, trace.Trace]:
+    """The seed's fill and churn traces, with shuffled node names when `shuffle`."""
     fill = trace.generate(f"mix=reference,seed={seed},claims={claims},departures=0")
     churn = trace.generate(f"mix=reference,seed={seed},claims={claims * 3},round={round_size},departures=0.3")
     if shuffle:
         fill, churn = renamed(fill, seed=seed), renamed(churn, seed=seed)
+    return fill, churn
+
+
+def measure(fill: trace.Trace, churn: trace.Trace) -> dict[config.Policy, Figures]:
     out: dict[config.Policy, Figures] = {}
     for policy in POLICIES:
         filled = replay.replay(fill, policy=policy, retry=config.Retry.NEVER)
@@ -107,10 +234,12 @@ def speed(*, nodes: int, events: int) -> tuple[int, float, float]:
     return len(tr.events), loaded, result.seconds
 
 
-def report(rows: list[dict[config.Policy, Figures]]) -> None:
-    """The ratios binpack / first-fit over the seeds, against the issue's targets."""
+def report(rows: list[dict[config.Policy, Figures]], references: list[Reference]) -> None:
+    """The ratios binpack / first-fit over the seeds, against the issue's targets and the bound."""
     ff, bp = config.Policy.FIRST_FIT, config.Policy.BINPACK
     before = [_ratio(r[bp].before_first, r[ff].before_first) for r in rows]
+    reachable = [_ratio(ref.bound, r[ff].before_first) for r, ref in zip(rows, references, strict=True)]
+    of_bound = [_ratio(r[bp].before_first, ref.bound) for r, ref in zip(rows, references, strict=True)]
     rejections = [_ratio(r[bp].churn_rejections, r[ff].churn_rejections) for r in rows]
     stranded = max(r[bp].stranded for r in rows)
     never_worse = all(
@@ -120,6 +249,11 @@ def report(rows: list[dict[config.Policy, Figures]]) -> None:
         f"  admitted before the first rejection, binpack / first-fit: min {min(before):.2f}, "
         f"mean {statistics.mean(before):.2f} (target >= {TARGET_BEFORE_FIRST:.2f} on every seed: "
         f"{'met' if min(before) >= TARGET_BEFORE_FIRST else 'NOT met'})"
+    )
+    print(
+        f"  the most any allocator could reach, bound / first-fit: {', '.join(f'{r:.2f}' for r in reachable)} "
+        f"(target reachable on {sum(r >= TARGET_BEFORE_FIRST for r in reachable)} of {len(rows)} seeds); "
+        f"binpack reaches {min(of_bound):.0%}-{max(of_bound):.0%} of the bound"
     )
     print(
         f"  rejections under churn, binpack / first-fit: max {max(rejections):.2f}, "
@@ -147,18 +281,26 @@ def main() -> None:
     for shuffle in (False, True):
         names = "shuffled per seed" if shuffle else "as generated (a100-01.., h100-01.., t4-01..)"
         print(f"\nnode names {names}")
-        header = f"{'seed':>4}  {'policy':<9} {'before 1st rej':>14} {'stranded':>9} {'fill admitted':>13}"
+        header = f"{'seed':>4}  {'policy':<18} {'before 1st rej':>14} {'stranded':>9} {'fill admitted':>13}"
         print(header + f" {'churn rejections':>16} {'churn admitted':>14}")
         rows: list[dict[config.Policy, Figures]] = []
+        references: list[Reference] = []
         for seed in range(1, args.seeds + 1):
-            figures = measure(seed, claims=args.claims, round_size=args.round, shuffle=shuffle)
+            fill, churn = traces(seed, claims=args.claims, round_size=args.round, shuffle=shuffle)
+            figures = measure(fill, churn)
             rows.append(figures)
+            references.append(reference(fill, churn))
             for policy, f in figures.items():
                 print(
-                    f"{seed:>4}  {policy.value:<9} {f.before_first:>14} {f.stranded:>9.1%} {f.fill_admitted:>13}"
+                    f"{seed:>4}  {policy.value:<18} {f.before_first:>14} {f.stranded:>9.1%} {f.fill_admitted:>13}"
                     f" {f.churn_rejections:>16} {f.churn_admitted:>14}"
                 )
-        report(rows)
+            ref = references[-1]
+            print(
+                f"{seed:>4}  {'bound / frag-free':<18} {ref.bound:>14} {'-':>9} {'-':>13}"
+                f" {ref.fluid_rejections:>16} {ref.fluid_admitted:>14}"
+            )
+        report(rows, references)
     events, loaded, seconds = speed(nodes=args.nodes, events=args.events)
     print(
         f"\nreplay of {events} events on {args.nodes} nodes (binpack): {seconds:.2f} s "

@@ -57,7 +57,9 @@ class Quantity:
 
     def as_int(self) -> int:
         """The value rounded up to an integer, like the API's `Quantity.Value()`."""
-        return math.ceil(self.value)
+        value = self.value
+        # Most quantities are whole: their numerator is the answer, without Fraction.__ceil__.
+        return value.numerator if value.denominator == 1 else math.ceil(value)
 
 
 # resource.Quantity rounds precision finer than 1n (10^-9) up and caps binary-suffixed values

@@ -42,14 +42,16 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
-
-import rich.table
+from typing import TYPE_CHECKING, Any
 
 from dractl import model
 from dractl.model import nodes as model_nodes
+
+if TYPE_CHECKING:
+    import rich.table
 
 CLUSTER = "(cluster)"
 CLUSTER_WIDE = "(cluster-wide)"
@@ -156,8 +158,16 @@ def _attribute(device: model.Device, driver: str, name: str) -> model.DeviceAttr
 
 
 def _text(device: model.Device, driver: str, name: str) -> str:
-    found = _attribute(device, driver, name)
+    return _as_text(_attribute(device, driver, name))
+
+
+def _as_text(found: model.DeviceAttribute | None) -> str:
     return "" if found is None or found.is_list else str(found.texts[0] if found.texts else found.scalar)
+
+
+def _device_type(device: model.Device, driver: str) -> str:
+    """The device's `type` attribute (bare or `<driver>/type`): `gpu`, `mig`, or another or no type ("")."""
+    return _text(device, driver, "type")
 
 
 def _memory(device: model.Device, driver: str) -> int:
@@ -171,28 +181,36 @@ _NVLINK = ("gpuModuleID", "partition8", "partition4", "partition2", "partition1"
 def holders_by_device(claims: Iterable[model.ResourceClaim]) -> dict[tuple[str, str, str], tuple[str, ...]]:
     """(driver, pool, device) -> the keys (`namespace/name`) of the claims allocated that device,
     in claim order; admin-access results are left out, as they hold nothing. Pure."""
-    held: dict[tuple[str, str, str], list[str]] = collections.defaultdict(list)
+    held: dict[tuple[str, str, str], tuple[str, ...]] = {}
     for claim in claims:
         if claim.allocation is None:
             continue
+        key = claim.key
         for result in claim.allocation.results:
             if result.admin_access:
                 continue
-            names = held[(result.driver, result.pool, result.device)]
-            if claim.key not in names:
-                names.append(claim.key)
-    return {key: tuple(names) for key, names in held.items()}
+            device = (result.driver, result.pool, result.device)
+            names = held.get(device, ())
+            if key not in names:
+                held[device] = (*names, key)
+    return held
 
 
-def inventory(slices: Sequence[model.ResourceSlice], claims: Iterable[model.ResourceClaim]) -> tuple[Gpu, ...]:
+def inventory(
+    slices: Sequence[model.ResourceSlice],
+    claims: Iterable[model.ResourceClaim],
+    *,
+    view: model_nodes.View | None = None,
+) -> tuple[Gpu, ...]:
     """Every GPU of the usable pools, sorted by node, driver, pool and device order in the pool.
+    `view` is the slices' `Pools(...).current()` when the caller has it already.
 
     Pure. See the module docstring for how GPUs, their MIG devices and placements are found.
     """
     held = holders_by_device(claims)
     amounts = _Amounts()
     gpus: list[Gpu] = []
-    for usable in model_nodes.Pools(slices).current().usable:
+    for usable in (view or model_nodes.Pools(slices).current()).usable:
         gpus.extend(_pool_gpus(usable.pool, held, amounts))
     return tuple(sorted(gpus, key=lambda g: (g.node, g.driver, g.pool)))
 
@@ -261,13 +279,13 @@ def _pool_gpus(
             sets[counter_set.name] = counter_set.counters
             for counter, value in amounts.of(counter_set.counters):
                 totals[(counter_set.name, counter)] = value
-    devices = [(s, d) for s in pool.slices for d in s.devices]
+    devices = [(s, d, _device_type(d, driver)) for s in pool.slices for d in s.devices]
 
     def is_held(device: model.Device) -> bool:
         return bool(held.get((driver, pool.name, device.name)))
 
     consumed: dict[tuple[str, str], int] = collections.defaultdict(int)
-    for _, device in devices:
+    for _, device, _ in devices:
         if is_held(device):
             for use in device.consumes_counters:
                 for counter, amount in amounts.of(use.counters):
@@ -291,15 +309,15 @@ def _pool_gpus(
                     return False
         return True
 
-    full = [(s, d) for s, d in devices if _text(d, driver, "type") == "gpu"]
-    by_uuid = {_text(d, driver, "uuid"): d.name for _, d in full if _text(d, driver, "uuid")}
-    by_set = {d.consumes_counters[0].counter_set: d.name for _, d in full if d.consumes_counters}
+    full = [(s, d, _text(d, driver, "uuid")) for s, d, kind in devices if kind == "gpu"]
+    by_uuid = {uuid: d.name for _, d, uuid in full if uuid}
+    by_set = {d.consumes_counters[0].counter_set: d.name for _, d, _ in full if d.consumes_counters}
     migs: dict[str, list[model.Device]] = collections.defaultdict(list)
     # Static MIG publishes no full-GPU device for a GPU in MIG mode: its MIG devices are grouped
     # by parentUUID into a GPU named like its devices' prefix (gpu-3 for gpu-3-mig-...).
     orphans: dict[str, tuple[model.ResourceSlice, list[model.Device]]] = {}
-    for s, device in devices:
-        if _text(device, driver, "type") != "mig":
+    for s, device, kind in devices:
+        if kind != "mig":
             continue
         parent_uuid = _text(device, driver, "parentUUID")
         parent = by_uuid.get(parent_uuid)
@@ -310,7 +328,7 @@ def _pool_gpus(
         elif parent_uuid:
             orphans.setdefault(parent_uuid, (s, []))[1].append(device)
     out: list[Gpu] = []
-    for s, device in full:
+    for s, device, uuid in full:
         slice_count = 0
         if device.consumes_counters:
             own = device.consumes_counters[0].counter_set
@@ -320,6 +338,7 @@ def _pool_gpus(
                 s,
                 device,
                 pool=pool,
+                uuid=uuid,
                 full=device,
                 migs=migs.get(device.name, []),
                 slices=slice_count,
@@ -328,7 +347,7 @@ def _pool_gpus(
                 amounts=amounts,
             )
         )
-    for s, group in orphans.values():
+    for parent_uuid, (s, group) in orphans.items():
         placements = [_placement(m, driver=driver, holders=(), placeable=False, amounts=amounts) for m in group]
         slice_count = max((p.start + p.size for p in placements), default=0)
         out.append(
@@ -336,6 +355,7 @@ def _pool_gpus(
                 s,
                 group[0],
                 pool=pool,
+                uuid=parent_uuid,
                 full=None,
                 migs=group,
                 slices=slice_count,
@@ -352,6 +372,7 @@ def _gpu(
     device: model.Device,
     *,
     pool: model_nodes.Pool,
+    uuid: str,
     full: model.Device | None,
     migs: Sequence[model.Device],
     slices: int,
@@ -360,7 +381,7 @@ def _gpu(
     amounts: _Amounts,
 ) -> Gpu:
     """One GPU from its full-GPU device (None under static MIG, where `device` is its first MIG
-    device and the GPU's memory is that of its MIG devices)."""
+    device, `uuid` its parentUUID and the GPU's memory is that of its MIG devices)."""
     driver = pool.driver
     placements = tuple(
         _placement(
@@ -384,11 +405,11 @@ def _gpu(
     best = max((c for c in candidates if c[0].placeable), key=lambda c: (c[0].memory, c[1], -c[0].start), default=None)
     name = full.name if full is not None else device.name.partition("-mig-")[0]
     return Gpu(
-        node=model_nodes.home(s, device) or CLUSTER_WIDE,
+        node=s.node_name or model_nodes.home(s, device) or CLUSTER_WIDE,
         driver=driver,
         pool=pool.name,
         device=name,
-        uuid=_text(device, driver, "uuid" if full is not None else "parentUUID"),
+        uuid=uuid,
         product=_text(device, driver, "productName"),
         memory=memory,
         holders=holders,
@@ -397,8 +418,25 @@ def _gpu(
         state=state,
         allocated_memory=allocated,
         largest=None if best is None else best[0],
-        attributes={n: _text(device, driver, n) for n in _NVLINK if _attribute(device, driver, n)},
+        attributes=_nvlink(device, driver),
     )
+
+
+def _nvlink(device: model.Device, driver: str) -> dict[str, str]:
+    """The device's NVLink attributes (`_NVLINK`) that it has, as text."""
+    attributes = device.attributes
+    out = {}
+    for name, qualified in _qualified(driver, _NVLINK):
+        found = attributes.get(name) or attributes.get(qualified)
+        if found is not None:
+            out[name] = _as_text(found)
+    return out
+
+
+@functools.cache
+def _qualified(driver: str, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(name, `<driver>/name`) per name: the spellings `_attribute` looks up, made once per driver."""
+    return tuple((name, f"{driver}/{name}") for name in names)
 
 
 def _slice_indexes(device: model.Device) -> tuple[int, ...]:
@@ -535,12 +573,41 @@ def measure(
     """The metric set of one cluster state: `claims` with their allocations over `slices`,
     stranded memory judged against the pending request `shapes`. Pure."""
     wanted = tuple(shapes)
-    gpus = tuple(dataclasses.replace(g, stranded=stranded_memory(g, wanted)) for g in inventory(slices, claims))
+    gpus = tuple(_with_stranded(g, wanted) for g in inventory(slices, claims))
+    return Metrics(label=label, nodes=per_node(gpus), cluster=_sum(CLUSTER, gpus), gpus=gpus, shapes=wanted, time=time)
+
+
+def _with_stranded(gpu: Gpu, shapes: Sequence[RequestShape]) -> Gpu:
+    stranded = stranded_memory(gpu, shapes)
+    return dataclasses.replace(gpu, stranded=stranded) if stranded else gpu
+
+
+def per_node(gpus: Iterable[Gpu]) -> tuple[NodeMetrics, ...]:
+    """The GPUs' metrics per node, by node name (`CLUSTER_WIDE` last). Pure."""
     by_node: dict[str, list[Gpu]] = collections.defaultdict(list)
     for gpu in gpus:
         by_node[gpu.node].append(gpu)
-    nodes = tuple(_sum(node, by_node[node]) for node in sorted(by_node, key=lambda n: (n == CLUSTER_WIDE, n)))
-    return Metrics(label=label, nodes=nodes, cluster=_sum(CLUSTER, gpus), gpus=gpus, shapes=wanted, time=time)
+    return tuple(_sum(node, by_node[node]) for node in sorted(by_node, key=lambda n: (n == CLUSTER_WIDE, n)))
+
+
+def total(node: str, parts: Iterable[NodeMetrics]) -> NodeMetrics:
+    """The sum of node metrics under the name `node` (the largest placeable profiles counted
+    together); all zero for no parts. Pure."""
+    parts = tuple(parts)
+    largest: collections.Counter[str] = collections.Counter()
+    for part in parts:
+        largest.update(dict(part.largest))
+    return NodeMetrics(
+        node=node,
+        gpus=sum(p.gpus for p in parts),
+        full=sum(p.full for p in parts),
+        partitioned=sum(p.partitioned for p in parts),
+        free=sum(p.free for p in parts),
+        memory=sum(p.memory for p in parts),
+        memory_allocated=sum(p.memory_allocated for p in parts),
+        memory_stranded=sum(p.memory_stranded for p in parts),
+        largest=tuple(sorted(largest.items())),
+    )
 
 
 def _sum(node: str, gpus: Sequence[Gpu]) -> NodeMetrics:
@@ -640,8 +707,8 @@ def as_dict(metrics: Metrics) -> dict[str, Any]:
     out: dict[str, Any] = {
         "label": metrics.label,
         "shapes": [str(s) for s in metrics.shapes],
-        "cluster": _node_dict(metrics.cluster),
-        "nodes": [_node_dict(n) for n in metrics.nodes],
+        "cluster": node_dict(metrics.cluster),
+        "nodes": [node_dict(n) for n in metrics.nodes],
         "gpus": [
             {
                 "gpu": g.key,
@@ -668,7 +735,8 @@ def as_dict(metrics: Metrics) -> dict[str, Any]:
     return out
 
 
-def _node_dict(n: NodeMetrics) -> dict[str, Any]:
+def node_dict(n: NodeMetrics) -> dict[str, Any]:
+    """One node's (or the cluster's) metrics as a JSON-able dict, memory in bytes. Pure."""
     return {
         "node": n.node,
         "gpus": {"total": n.gpus, "full": n.full, "partitioned": n.partitioned, "free": n.free},
@@ -677,23 +745,30 @@ def _node_dict(n: NodeMetrics) -> dict[str, Any]:
     }
 
 
+def node_columns(*, stranded: bool = True) -> tuple[str, ...]:
+    """The headers of `node_cells`, NODE first; without STRANDED when `stranded` is false
+    (where there are no pending shapes to judge it by)."""
+    return ("NODE", "GPUS", "FULL", "PARTITIONED", "FREE", "MEMORY ALLOCATED") + (
+        ("STRANDED", "LARGEST MIG FREE") if stranded else ("LARGEST MIG FREE",)
+    )
+
+
+def node_cells(n: NodeMetrics, *, stranded: bool = True) -> tuple[str, ...]:
+    """One node's (or the cluster's) row under `node_columns`, as text. Pure."""
+    memory = f"{_gib(n.memory_allocated)} / {_gib(n.memory)}"
+    cells = (n.node, str(n.gpus), str(n.full), str(n.partitioned), str(n.free), memory)
+    return cells + ((_gib(n.memory_stranded),) if stranded else ()) + (_largest_text(n.largest),)
+
+
 def node_table(metrics: Metrics) -> rich.table.Table:
     """Per node and for the cluster: GPUs full/partitioned/free, memory, MIG fragmentation. Pure."""
+    import rich.table  # imported here: `dractl simulate -o json` uses this module without rich
+
     table = rich.table.Table(title=f"GPUs {metrics.label}".strip(), title_justify="left")
-    for header in ("NODE", "GPUS", "FULL", "PARTITIONED", "FREE", "MEMORY ALLOCATED", "STRANDED", "LARGEST MIG FREE"):
+    for header in node_columns():
         table.add_column(header, justify="left" if header in ("NODE", "LARGEST MIG FREE") else "right")
     for n in (*metrics.nodes, metrics.cluster):
-        table.add_row(
-            n.node,
-            str(n.gpus),
-            str(n.full),
-            str(n.partitioned),
-            str(n.free),
-            f"{_gib(n.memory_allocated)} / {_gib(n.memory)}",
-            _gib(n.memory_stranded),
-            _largest_text(n.largest),
-            end_section=n.node != CLUSTER and n is metrics.nodes[-1],
-        )
+        table.add_row(*node_cells(n), end_section=n.node != CLUSTER and n is metrics.nodes[-1])
     return table
 
 
@@ -725,6 +800,8 @@ def compare_table(sets: Sequence[Metrics]) -> rich.table.Table:
     cluster metric; a metric one set lacks (no time series) shows `-`. Pure."""
     if not sets:
         raise ValueError("compare_table needs at least one metric set")
+    import rich.table
+
     table = rich.table.Table(title="placement quality", title_justify="left")
     table.add_column("METRIC")
     for index, metrics in enumerate(sets):

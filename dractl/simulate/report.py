@@ -4,10 +4,13 @@ claims exactly as the API would hold them.
 Pure apart from writing to the streams it is given. Every format gives each claim's status:
 allocated, not allocated, or (for an allocation given in the input that holds nothing)
 conflict or invalid, with the reasons. JSON carries what YAML carries (`allocation` and
-`reservedFor` exactly as the API holds them). The per-node summary counts the devices each
-node offers in usable pools (`model.nodes`, as the allocator sees them) and holds (a device
-shared by several claims counts once) and sums each node's counters by name, adding up
-indexed counters (`memory-slice-0` ... `memory-slice-7`) as one (`memory-slice`).
+`reservedFor` exactly as the API holds them). The per-node summary counts GPUs (full,
+partitioned, free), their memory and the largest MIG profile still placeable
+(`metrics.measure`: a GPU with its MIG placements is one GPU, not one device per placement),
+the devices of other types each node offers in usable pools (`model.nodes`, as the allocator
+sees them) and holds (a device shared by several claims counts once), and, in JSON, every
+device and each node's counters summed by name, adding up indexed counters
+(`memory-slice-0` ... `memory-slice-7`) as one (`memory-slice`).
 
 Speed matters at thousands of claims: JSON is encoded and indented by msgspec, YAML written by
 `yamlout`, and tables above `RICH_ROWS` claims are plain text.
@@ -25,7 +28,7 @@ from typing import Any, TextIO
 from dractl import config, model
 from dractl.model import encode
 from dractl.model import nodes as model_nodes
-from dractl.simulate import engine
+from dractl.simulate import engine, metrics
 
 CLUSTER_WIDE = "(cluster-wide)"
 
@@ -46,12 +49,16 @@ class CounterUsage:
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeUsage:
     """Devices held and offered on one node (or `CLUSTER_WIDE` for slices not bound to a
-    node), and its counters summed by name."""
+    node), its counters summed by name, its GPUs (`metrics.NodeMetrics`), and how many of its
+    devices are neither a GPU nor a MIG device (`other_used` of `other_total`)."""
 
     node: str
     devices_used: int
     devices_total: int
     counters: tuple[CounterUsage, ...]
+    gpus: metrics.NodeMetrics
+    other_used: int = 0
+    other_total: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,11 +105,16 @@ def usage(
                     home = model_nodes.home(s, device) or CLUSTER_WIDE
                     devices[(pool.driver, pool.name, device.name)] = (home, device)
             counter_sets.extend((s.node_name or CLUSTER_WIDE, pool.driver, pool.name, c) for c in s.shared_counters)
-    used = {
-        (result.driver, result.pool, result.device)
+    allocated = [
+        outcome.claim
         for outcome in outcomes
         if outcome.allocated and outcome.claim is not None and outcome.claim.allocation is not None
-        for result in outcome.claim.allocation.results
+    ]
+    used = {
+        (result.driver, result.pool, result.device)
+        for claim in allocated
+        if claim.allocation is not None
+        for result in claim.allocation.results
         if not result.admin_access
     } & devices.keys()
     consumed: dict[tuple[str, str, str, str], fractions.Fraction] = collections.defaultdict(fractions.Fraction)
@@ -119,6 +131,13 @@ def usage(
             group.binary = group.binary or bool(_BINARY_SUFFIX.search(total.text))
     offered = collections.Counter(node for node, _ in devices.values())
     held = collections.Counter(devices[key][0] for key in used)
+    inventory = metrics.inventory(slices, allocated, view=view)
+    # Stranded memory needs pending request shapes (`dractl simulate --trace`): not measured here.
+    gpus = {n.node: n for n in metrics.per_node(inventory)}
+    gpu_devices = {(g.driver, g.pool, d) for g in inventory for d in (g.device, *(p.device for p in g.placements))}
+    other = devices.keys() - gpu_devices
+    other_offered = collections.Counter(devices[key][0] for key in other)
+    other_held = collections.Counter(devices[key][0] for key in used & other)
     names = sorted(offered.keys() | sums.keys() | set(nodes), key=lambda n: (n == CLUSTER_WIDE, n))
     return tuple(
         NodeUsage(
@@ -130,6 +149,9 @@ def usage(
                 for name, group in sorted(sums[node].items())
                 if group.total
             ),
+            gpus=gpus.get(node) or metrics.total(node, ()),
+            other_used=other_held[node],
+            other_total=other_offered[node],
         )
         for node in names
     )
@@ -157,11 +179,21 @@ def _summary(
                 "devices_used": n.devices_used,
                 "devices_total": n.devices_total,
                 "counters": {c.name: {"used": c.used, "total": c.total} for c in n.counters},
+                **_gpu_fields(n.gpus),
             }
             for n in nodes
         ],
+        "cluster": _gpu_fields(metrics.total(metrics.CLUSTER, [n.gpus for n in nodes])),
         "pool_problems": list(pool_problems),
     }
+
+
+def _gpu_fields(n: metrics.NodeMetrics) -> dict[str, Any]:
+    """`gpus`, `memory` (bytes, without `stranded`: there are no pending shapes to judge it by)
+    and `largestPlaceable` of `metrics.node_dict`, for the JSON summary."""
+    fields = {key: value for key, value in metrics.node_dict(n).items() if key != "node"}
+    fields["memory"] = {"total": n.memory, "allocated": n.memory_allocated}
+    return fields
 
 
 def _consumer(ref: model.ResourceClaimConsumerReference) -> dict[str, str]:
@@ -280,15 +312,22 @@ def _footer(result: engine.Result) -> str:
     return f"{text} {', '.join(trouble)}." if trouble else text
 
 
-def _node_rows(nodes: Sequence[NodeUsage]) -> list[tuple[str, str, str]]:
-    return [
-        (
-            n.node,
-            f"{n.devices_used} / {n.devices_total}",
-            "\n".join(f"{c.name}: {c.used} / {c.total}" for c in n.counters) or "-",
-        )
-        for n in nodes
-    ]
+def _node_table(nodes: Sequence[NodeUsage]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The header and the rows, per node and then for the cluster: its GPUs (`metrics.node_cells`)
+    when the cluster has any, and, when some node has devices that are neither GPUs nor MIG
+    devices, how many of those are used (`DEVICES USED` when there is no GPU at all)."""
+    cluster = metrics.total(metrics.CLUSTER, [n.gpus for n in nodes])
+    other = sum(n.other_total for n in nodes)
+    used = [f"{n.other_used} / {n.other_total}" if n.other_total else "-" for n in nodes]
+    used.append(f"{sum(n.other_used for n in nodes)} / {other}")
+    if not cluster.gpus:
+        names = [*(n.node for n in nodes), cluster.node]
+        return ("NODE", "DEVICES USED"), [(name, cell) for name, cell in zip(names, used, strict=True)]
+    header = metrics.node_columns(stranded=False)
+    rows = [metrics.node_cells(n.gpus, stranded=False) for n in nodes] + [metrics.node_cells(cluster, stranded=False)]
+    if not other:
+        return header, rows
+    return (*header, "OTHER DEVICES USED"), [(*row, cell) for row, cell in zip(rows, used, strict=True)]
 
 
 def _plain(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
@@ -338,11 +377,10 @@ def write_table(
     is not taken for markup); above, the same columns as plain text."""
     rows = _rows(result)
     header = ("CLAIM", "NODE", "STATUS", "DEVICES / REASONS")
-    node_header = ("NODE", "DEVICES USED", "COUNTERS USED")
     if len(rows) > RICH_ROWS:
         _plain(f"Claims (policy {policy.value})", header, [(c, n, s.value, d) for c, n, s, d in rows], out)
         out.write(_footer(result) + "\n")
-        _plain("Nodes", node_header, _node_rows(nodes), out)
+        _plain("Nodes", *_node_table(nodes), out)
         out.write("".join(f"warning: {problem}\n" for problem in pool_problems))
         return
     # Imported here: rich takes about 50 ms to import, which json, yaml and large
@@ -366,10 +404,11 @@ def write_table(
     console.print(claims)
     console.print(rich.text.Text(_footer(result)))
     usage_table = rich.table.Table(title="Nodes", title_justify="left")
+    node_header, node_rows = _node_table(nodes)
     for column in node_header:
-        usage_table.add_column(column)
-    for row in _node_rows(nodes):
-        usage_table.add_row(*(rich.text.Text(cell) for cell in row))
+        usage_table.add_column(column, justify="left" if column in ("NODE", "LARGEST MIG FREE") else "right")
+    for index, node_row in enumerate(node_rows):
+        usage_table.add_row(*(rich.text.Text(cell) for cell in node_row), end_section=index == len(node_rows) - 2)
     console.print(usage_table)
     for problem in pool_problems:
         console.print(rich.text.Text(f"warning: {problem}", style="yellow"))
@@ -382,15 +421,14 @@ def write(
     settings: config.Simulate,
     out: TextIO,
     err: TextIO,
-    nodes: Sequence[str] = (),
 ) -> None:
-    """Print `result` in the format `settings.output` names; `nodes` are the input's known
-    nodes, listed in the per-node summary even when they have no devices."""
+    """Print `result` in the format `settings.output` names; the per-node summary lists the
+    result's known nodes even when they have no devices."""
     if settings.output is config.OutputFormat.YAML:
         write_yaml(result, out=out, err=err)
         return
     view = model_nodes.Pools(slices).current()
-    summary = usage(slices, result.claims, nodes=nodes, view=view)
+    summary = usage(slices, result.claims, nodes=result.nodes, view=view)
     pool_problems = [problem.message() for problem in view.problems]
     if settings.output is config.OutputFormat.JSON:
         write_json(result, summary, pool_problems=pool_problems, policy=settings.policy, out=out)

@@ -12,6 +12,7 @@ import sys
 import pytest
 import yaml
 from click.testing import CliRunner, Result
+from support.simulate_manifests import CLASS, resource_slice
 
 import dractl
 from dractl import cli
@@ -20,24 +21,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 # One node with one GPU, a claim that fits, a claim that cannot (it wants two GPUs), and two
 # pods sharing the first claim.
-MANIFESTS = """
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: gpu.example.com}
-spec:
-  selectors:
-  - cel: {expression: 'device.driver == "gpu.example.com"'}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: node-1-gpus}
-spec:
-  driver: gpu.example.com
-  pool: {name: node-1, generation: 1, resourceSliceCount: 1}
-  nodeName: node-1
-  devices:
-  - {name: gpu-0, capacity: {memory: {value: 16Gi}}}
----
+MANIFESTS = (
+    CLASS
+    + "---\n"
+    + resource_slice("node-1-gpus", node="node-1", spec="devices:\n- {name: gpu-0, capacity: {memory: {value: 16Gi}}}")
+    + """---
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: fits}
@@ -68,6 +56,7 @@ spec:
   resourceClaims: [{name: gpu, resourceClaimName: fits}]
   containers: [{name: main, image: busybox, resources: {claims: [{name: gpu}]}}]
 """
+)
 
 BAD = """
 apiVersion: resource.k8s.io/v1
@@ -203,7 +192,11 @@ def test_json_output_has_the_documented_keys(manifests: pathlib.Path) -> None:
     )
     summary = document["summary"]
     assert (summary["policy"], summary["claims"], summary["allocated"], summary["unallocated"]) == ("binpack", 2, 1, 1)
-    assert summary["nodes"] == [{"name": "node-1", "devices_used": 1, "devices_total": 1, "counters": {}}]
+    no_gpus = {"gpus": {"total": 0, "full": 0, "partitioned": 0, "free": 0}, "memory": {"total": 0, "allocated": 0}}
+    assert summary["nodes"] == [
+        {"name": "node-1", "devices_used": 1, "devices_total": 1, "counters": {}, **no_gpus, "largestPlaceable": {}}
+    ]
+    assert summary["cluster"] == {**no_gpus, "largestPlaceable": {}}
 
 
 def test_yaml_output_is_resource_claims_as_the_api_holds_them(manifests: pathlib.Path) -> None:

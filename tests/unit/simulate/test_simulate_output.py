@@ -12,22 +12,18 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 import yaml
-from support.simulate_manifests import CLUSTER, claim, load, pod, template
+from support.simulate_manifests import CLASS, CLUSTER, claim, load, pod, template
 
 from dractl import alloc, config, simulate
 from dractl.model import encode
 from dractl.simulate import EXAMPLES, engine, report, timing, yamlout
 
-CONFIGURED_CLASS = """
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: gpu.example.com}
-spec:
-  selectors:
-  - cel: {expression: 'device.driver == "gpu.example.com"'}
-  config:
+CONFIGURED_CLASS = (
+    CLASS
+    + """  config:
   - opaque: {driver: gpu.example.com, parameters: {sharing: {strategy: TimeSlicing}, ratio: 0.5, "on": "yes"}}
 """
+)
 
 
 def _run(paths: tuple[pathlib.Path, ...], output: config.OutputFormat, *, timing_on: bool = False) -> tuple[str, str]:
@@ -221,11 +217,13 @@ def test_big_tables_are_plain_text_with_the_same_content(monkeypatch: pytest.Mon
         lines[3],
     )
     assert lines[4] == "1 of 2 claims allocated."
+    # The example devices have no `type` attribute: no GPU, so the summary counts devices.
     assert lines[5:] == [
         "Nodes",
-        "NODE     DEVICES USED   COUNTERS USED",
-        "node-a   1 / 2          -",
-        "node-b   0 / 2          -",
+        "NODE        DEVICES USED",
+        "node-a      1 / 2",
+        "node-b      0 / 2",
+        "(cluster)   1 / 4",
     ]
 
 
