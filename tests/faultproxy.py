@@ -343,7 +343,7 @@ class FaultProxy:
         except (OSError, http.client.HTTPException):
             handler.close_connection = True
             return
-        reusable = False
+        held: http.client.HTTPSConnection | None = upstream
         try:
             is_stream = watch and response.getheader("Transfer-Encoding", "").lower() == "chunked"
             handler.send_response(response.status)
@@ -352,7 +352,9 @@ class FaultProxy:
                     handler.send_header(key, value)
             if not is_stream:
                 data = response.read()
-                reusable = not watch and not response.will_close
+                # Back to the pool before the client has its answer: its next request finds it there.
+                held = None
+                self._release(upstream, reusable=not watch and not response.will_close)
                 self._record(handler, response.status, "delay" if rule is not None else "")
                 handler.send_header("Content-Length", str(len(data)))
                 handler.end_headers()
@@ -384,7 +386,8 @@ class FaultProxy:
         except (OSError, http.client.HTTPException):
             handler.close_connection = True
         finally:
-            self._release(upstream, reusable=reusable)
+            if held is not None:
+                self._release(held, reusable=False)
 
 
 class _ClientWatch:
