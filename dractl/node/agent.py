@@ -184,7 +184,7 @@ class Agent:
         self._publish_pending = False
         self._publish_wanted = threading.Event()
         self._publishing: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self._stop_publishing = threading.Event()
         self._last_sweep = 0.0
         self._recorder: kube_events.Recorder | None = None
         self.state: state.State | None = None
@@ -270,10 +270,12 @@ class Agent:
             poll_s=self._health_poll_s,
         )
         self.monitor.subscribe(self._on_taints)
-        self._stopping.clear()
+        # Each thread has its own stop event: one that outlived an earlier stop()'s join (a publish
+        # hanging on the API server) finds its event set when the publish returns, and ends.
+        self._stop_publishing = threading.Event()
         self._publish_wanted.clear()
         self._publishing = threading.Thread(
-            target=self._publish_loop, args=(self.monitor,), name="dractl-publish", daemon=True
+            target=self._publish_loop, args=(self.monitor, self._stop_publishing), name="dractl-publish", daemon=True
         )
         self._publishing.start()
         self.monitor.start()
@@ -321,7 +323,7 @@ class Agent:
             self.monitor.stop()
             self.monitor = None
         if self._publishing is not None:
-            self._stopping.set()
+            self._stop_publishing.set()
             self._publish_wanted.set()
             # A publish hanging on the API server must not hold up the shutdown (the thread is a daemon).
             self._publishing.join(timeout=5.0)
@@ -346,20 +348,26 @@ class Agent:
         for error in result.errors:
             _log.warning("sweep: could not clean up", error=error)
 
-    def _publish_loop(self, monitor: health.Monitor) -> None:
-        """The publisher thread: publish the monitor's current taints whenever a publish is wanted.
+    def _publish_loop(self, monitor: health.Monitor, stopping: threading.Event) -> None:
+        """The publisher thread: publish the monitor's current taints whenever a publish is wanted,
+        until `stopping` (this thread's own) is set.
 
         The taints are read here, at publish time, by the only thread that publishes, so each
         publish carries a state at least as new as the one before: an older health state never
         overwrites a newer one, whatever order the monitor's observers ran in. A change made
         during a publish sets `_publish_wanted` again, so the newest state is always published.
+        Nothing ends the thread but `stopping`: a failure is logged and retried at the next tick.
         """
         while True:
             self._publish_wanted.wait()
-            if self._stopping.is_set():
+            if stopping.is_set():
                 return
             self._publish_wanted.clear()
-            self._publish(monitor.taints())
+            try:
+                self._publish(monitor.taints())
+            except Exception:  # noqa: BLE001 - a bug in building the slices must not stop every later publish
+                self._publish_pending = True
+                _log.exception("publishing ResourceSlices failed; retrying at the next tick")
 
     def _publish(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> None:
         """Build the slices with these taints and publish them; on failure a later `tick()` retries.

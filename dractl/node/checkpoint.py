@@ -33,7 +33,6 @@ __all__ = [
     "Checkpoint",
     "Loaded",
     "load",
-    "save",
     "Writer",
     "read_boot_id",
 ]
@@ -48,7 +47,10 @@ class Phase(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceRecord:
-    """One prepared device as returned to the kubelet (`state.PreparedDevice` is this type)."""
+    """One prepared device: both what the kubelet gets back for it (`state.PreparedDevice` is this
+    type) and how the checkpoint records it. A field added here is also a field of the file, so
+    it changes the checkpoint format: bump `VERSION` with it.
+    """
 
     requests: tuple[str, ...]  # base request names ("gpu", not "gpu/sub")
     pool: str
@@ -245,11 +247,6 @@ def write_atomically(path: pathlib.Path, blob: bytes, *, fsync: bool = True) -> 
         os.fsync(directory)
     finally:
         os.close(directory)
-
-
-def save(path: pathlib.Path, checkpoint: Checkpoint, *, fsync: bool = True) -> None:
-    """Write the checkpoint atomically (see `write_atomically`). Idempotent."""
-    write_atomically(path, encode(checkpoint), fsync=fsync)
 
 
 class Writer:

@@ -97,14 +97,19 @@ def existing_device(gpus: backend.NvmlBackend, name: MigName) -> backend.MigDevi
 
 
 def create(
-    gpus: backend.NvmlBackend, *, minor: int, profile_id: int, placement: backend.Placement
+    gpus: backend.NvmlBackend,
+    *,
+    minor: int,
+    mig_mode: backend.MigMode,
+    profile_id: int,
+    placement: backend.Placement,
 ) -> backend.MigDevice:
     """Create the GPU instance at `placement` and its compute instance; enable MIG mode first
-    when it is off. Not idempotent (the caller rolls back through the checkpoint): if the
-    compute instance cannot be made, the new GPU instance is destroyed before re-raising.
+    when `mig_mode` (the GPU's mode as the caller last read it; nothing is read again here)
+    is off. Not idempotent (the caller rolls back through the checkpoint): if the compute
+    instance cannot be made, the new GPU instance is destroyed before re-raising.
     """
-    info = next((gpu for gpu in gpus.gpus() if gpu.minor == minor), None)
-    if info is not None and info.mig_mode is backend.MigMode.DISABLED:
+    if mig_mode is backend.MigMode.DISABLED:
         gpus.set_mig_mode(minor, backend.MigMode.ENABLED)
     gi = gpus.create_gpu_instance(minor, profile_id=profile_id, placement=placement)
     try:

@@ -12,9 +12,10 @@ liveness check: one gRPC call over each socket.
 What it must not do: any work of its own. Handlers only translate protobuf <-> `state` values
 and call the injected `Preparer` once per claim, the claims of one request one after another,
 turning `state.PrepareError` (and anything unexpected) into that claim's `error` string so
-every claim of a request gets exactly one entry. It does not serialize requests: the
-`Preparer` is thread-safe and serializes its own work, with the slow API read outside its lock
-(as the kubelet helper does), so one pod's claim read does not hold up another pod's prepare.
+every claim of a request gets exactly one entry. It does not serialize requests, unlike the
+upstream kubeletplugin helper (which serializes all prepare and unprepare calls by default): the
+`Preparer` is thread-safe and serializes per claim, so the calls for one claim run one after
+another while one pod's slow claim read does not hold up another pod's prepare.
 It is the only module besides `dractl._proto` that imports grpc; it does not talk to the
 Kubernetes API or NVML.
 """
@@ -64,9 +65,10 @@ class PluginError(Exception):
 class Preparer(Protocol):
     """What the handlers call per claim: `state.State` in production, a fake in tests.
 
-    Thread-safe: concurrent requests call it from several gRPC threads at once. `prepare` is
-    idempotent and raises `state.PrepareError` with the message for the kubelet; `unprepare`
-    succeeds for unknown claims.
+    Thread-safe: concurrent requests call it from several gRPC threads at once, and it
+    serializes the calls for one claim UID itself (a prepare and an unprepare of one claim never
+    overlap). `prepare` is idempotent and raises `state.PrepareError` with the message for the
+    kubelet; `unprepare` succeeds for unknown claims.
     """
 
     def prepare(self, claim: state.ClaimRef) -> tuple[state.PreparedDevice, ...]: ...
@@ -150,7 +152,7 @@ class Plugin:
     registration socket; `stop()` removes the registration socket first (the kubelet then
     deregisters the plugin) and the DRA socket last; each is idempotent. The claims of a prepare
     or unprepare request are handled in request order; requests run concurrently (the preparer
-    serializes what must be), so an empty one (the liveness probe) answers at once.
+    serializes per claim), so an empty one (the liveness probe) answers at once.
     """
 
     def __init__(

@@ -61,9 +61,11 @@ class FakePublisher:
             self.socket_existed.append(self.registration_socket.exists())
             self.cond.notify_all()
 
-    def wait_for(self, predicate: collections.abc.Callable[[tuple[model.ResourceSlice, ...]], bool]) -> bool:
+    def wait_for(
+        self, predicate: collections.abc.Callable[[tuple[model.ResourceSlice, ...]], bool], *, timeout: float = 20
+    ) -> bool:
         with self.cond:
-            return self.cond.wait_for(lambda: bool(self.published) and predicate(self.published[-1]), timeout=20)
+            return self.cond.wait_for(lambda: bool(self.published) and predicate(self.published[-1]), timeout=timeout)
 
 
 @pytest.fixture(autouse=True)
@@ -259,6 +261,34 @@ def test_a_hanging_publish_does_not_hold_up_health_events_and_the_newest_taints_
     assert publisher.wait_for(lambda slices: bool(_tainted(slices, "gpu-0")) and bool(_tainted(slices, "gpu-1")))
     tainted = [{d.name for s in slices for d in s.devices if d.taints} for slices in publisher.published]
     assert all(before <= after for before, after in zip(tainted, tainted[1:], strict=False))
+
+
+def test_a_failure_building_the_slices_is_logged_and_the_publisher_thread_retries_at_the_next_tick(
+    node_agent: agent.Agent, gpus: fakegpu.FakeGpus, publisher: FakePublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards: an exception on the publisher thread (here from reading the taints) is logged with its traceback
+    and does not end the thread: the next tick publishes the taint the failed attempt was for."""
+    monitor = node_agent.monitor
+    assert monitor is not None
+    taints = monitor.taints
+    failed = threading.Event()
+
+    def fail_once() -> collections.abc.Mapping[str, tuple[model.DeviceTaint, ...]]:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("taints unreadable")
+        return taints()
+
+    monkeypatch.setattr(monitor, "taints", fail_once)
+    with structlog.testing.capture_logs() as logs:
+        gpus.inject_xid(0, 79)
+        assert failed.wait(timeout=20)
+        deadline = time.monotonic() + 20
+        while not publisher.wait_for(lambda slices: bool(_tainted(slices, "gpu-0")), timeout=0.05):
+            assert time.monotonic() < deadline, "no publish after the failure: the publisher thread is gone"
+            node_agent.tick()
+    failures = [log for log in logs if log["event"] == "publishing ResourceSlices failed; retrying at the next tick"]
+    assert [(log["log_level"], log["exc_info"]) for log in failures] == [("error", True)]
 
 
 def test_bad_fake_profile_is_one_line(settings: config.NodeAgent) -> None:

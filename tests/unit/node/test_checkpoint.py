@@ -51,7 +51,7 @@ RECORD = checkpoint.ClaimRecord(
 def test_save_then_load_round_trips_every_field(tmp_path: pathlib.Path) -> None:
     """Guards: every record field (devices, MIG ids, MPS, time-slices keyed by int minor) survives a save and load."""
     path = tmp_path / "checkpoint.json"
-    checkpoint.save(path, checkpoint.Checkpoint(boot_id="b1", claims={"u1": RECORD}))
+    checkpoint.Writer(path).save(checkpoint.Checkpoint(boot_id="b1", claims={"u1": RECORD}))
     loaded = checkpoint.load(path, boot_id="b1")
     assert loaded.warning is None
     assert loaded.checkpoint.claims == {"u1": RECORD}
@@ -60,8 +60,9 @@ def test_save_then_load_round_trips_every_field(tmp_path: pathlib.Path) -> None:
 def test_file_has_version_and_checksum_and_no_temp_file_is_left(tmp_path: pathlib.Path) -> None:
     """Guards: the format carries version and checksum; the atomic write leaves only the target file."""
     path = tmp_path / "checkpoint.json"
-    checkpoint.save(path, checkpoint.Checkpoint(boot_id="b1", claims={"u1": RECORD}))
-    checkpoint.save(path, checkpoint.Checkpoint(boot_id="b1"))
+    writer = checkpoint.Writer(path)
+    writer.save(checkpoint.Checkpoint(boot_id="b1", claims={"u1": RECORD}))
+    writer.save(checkpoint.Checkpoint(boot_id="b1"))
     document = json.loads(path.read_text())
     assert document["version"] == checkpoint.VERSION and len(document["checksum"]) == 64
     assert os.listdir(tmp_path) == ["checkpoint.json"]
@@ -89,7 +90,7 @@ def test_missing_file_is_an_empty_checkpoint_without_warning(tmp_path: pathlib.P
 def test_corrupt_file_gives_empty_checkpoint_and_warning(tmp_path: pathlib.Path, mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
     """Guards: bad JSON, checksum mismatch, unknown version: an empty checkpoint and a warning, no raise."""
     path = tmp_path / "checkpoint.json"
-    checkpoint.save(path, checkpoint.Checkpoint(boot_id="b1", claims={"u1": RECORD}))
+    checkpoint.Writer(path).save(checkpoint.Checkpoint(boot_id="b1", claims={"u1": RECORD}))
     changed = mutate(json.loads(path.read_text()))
     path.write_text(changed if isinstance(changed, str) else json.dumps(changed))
     loaded = checkpoint.load(path, boot_id="b1")
@@ -112,7 +113,7 @@ def test_malformed_record_with_a_valid_checksum_is_corrupt_not_a_crash(tmp_path:
 def test_other_boot_discards_the_records_with_a_warning(tmp_path: pathlib.Path) -> None:
     """Guards: a checkpoint from before a reboot is dropped (MIG instances and MPS daemons did not survive it)."""
     path = tmp_path / "checkpoint.json"
-    checkpoint.save(path, checkpoint.Checkpoint(boot_id="b1", claims={"u1": RECORD}))
+    checkpoint.Writer(path).save(checkpoint.Checkpoint(boot_id="b1", claims={"u1": RECORD}))
     loaded = checkpoint.load(path, boot_id="b2")
     assert loaded.checkpoint == checkpoint.Checkpoint(boot_id="b2")
     assert loaded.warning is not None and "b1" in loaded.warning and "discarding 1 prepared claim(s)" in loaded.warning
@@ -128,7 +129,7 @@ def test_boot_id_is_read_from_the_given_path(tmp_path: pathlib.Path) -> None:
 def test_save_without_fsync_is_still_atomic_and_readable(tmp_path: pathlib.Path) -> None:
     """Guards: fsync=False (the fast path) still writes through a temp file and rename, and reads back the same."""
     path = tmp_path / "checkpoint.json"
-    checkpoint.save(path, checkpoint.Checkpoint(boot_id="b1", claims={"u1": RECORD}), fsync=False)
+    checkpoint.Writer(path, fsync=False).save(checkpoint.Checkpoint(boot_id="b1", claims={"u1": RECORD}))
     assert os.listdir(tmp_path) == ["checkpoint.json"]
     assert checkpoint.load(path, boot_id="b1").checkpoint.claims == {"u1": RECORD}
 
@@ -138,7 +139,9 @@ def test_the_file_is_canonical_json_and_its_data_part_is_what_the_checksum_cover
     (escapes included), so the checksum of its `data` is the one a reader recomputes."""
     path = tmp_path / "checkpoint.json"
     odd = dataclasses.replace(RECORD, uid='u"\\é', name="ünïcode\n")
-    checkpoint.save(path, checkpoint.Checkpoint(boot_id='b"1', claims={"u1": RECORD, odd.uid: odd, "a0": RECORD}))
+    checkpoint.Writer(path).save(
+        checkpoint.Checkpoint(boot_id='b"1', claims={"u1": RECORD, odd.uid: odd, "a0": RECORD})
+    )
     blob = path.read_bytes()
     document = json.loads(blob)
     assert blob == json.dumps(document, sort_keys=True, separators=(",", ":")).encode()

@@ -42,12 +42,20 @@ def test_placement_comes_from_the_gpu_profiles() -> None:
 
 
 def test_create_enables_mig_and_makes_gi_and_ci_at_the_placement() -> None:
-    """Guards: create turns MIG on when off and returns the MIG device at exactly the requested placement."""
+    """Guards: create turns MIG on when the mode it is given is off and returns the MIG device at exactly the
+    requested placement; given MIG on, it makes the next instance without setting the mode again."""
     gpus = _gpus()
-    device = mig.create(gpus, minor=3, profile_id=14, placement=backend.Placement(2, 2))
+    device = mig.create(
+        gpus, minor=3, mig_mode=backend.MigMode.DISABLED, profile_id=14, placement=backend.Placement(2, 2)
+    )
     assert gpus.gpus()[3].mig_mode is backend.MigMode.ENABLED
     assert (device.profile_id, device.placement, device.parent_minor) == (14, backend.Placement(2, 2), 3)
     assert gpus.mig_devices(3) == (device,)
+    gpus.fail("set_mig_mode", backend.Return.IN_USE, minor=3)
+    second = mig.create(
+        gpus, minor=3, mig_mode=backend.MigMode.ENABLED, profile_id=19, placement=backend.Placement(0, 1)
+    )
+    assert gpus.mig_devices(3) == (second, device)
 
 
 def test_create_cleans_up_the_gpu_instance_when_the_compute_instance_fails() -> None:
@@ -55,15 +63,15 @@ def test_create_cleans_up_the_gpu_instance_when_the_compute_instance_fails() -> 
     gpus = _gpus()
     gpus.fail("create_compute_instance", backend.Return.INSUFFICIENT_RESOURCES)
     with pytest.raises(backend.NvmlError):
-        mig.create(gpus, minor=0, profile_id=19, placement=backend.Placement(0, 1))
+        mig.create(gpus, minor=0, mig_mode=backend.MigMode.DISABLED, profile_id=19, placement=backend.Placement(0, 1))
     assert gpus.gpu_instances(0) == ()
 
 
 def test_destroy_is_idempotent_and_destroy_at_matches_placement_and_profile() -> None:
     """Guards: destroying twice succeeds; destroy_at removes only the instance at that exact placement and profile."""
     gpus = _gpus()
-    a = mig.create(gpus, minor=0, profile_id=19, placement=backend.Placement(0, 1))
-    b = mig.create(gpus, minor=0, profile_id=19, placement=backend.Placement(1, 1))
+    a = mig.create(gpus, minor=0, mig_mode=backend.MigMode.DISABLED, profile_id=19, placement=backend.Placement(0, 1))
+    b = mig.create(gpus, minor=0, mig_mode=backend.MigMode.DISABLED, profile_id=19, placement=backend.Placement(1, 1))
     mig.destroy(gpus, minor=0, gi_id=a.gi_id)
     mig.destroy(gpus, minor=0, gi_id=a.gi_id)
     assert mig.destroy_at(gpus, minor=0, profile_id=15, placement=backend.Placement(1, 1)) == 0
