@@ -47,36 +47,16 @@ def control_plane() -> Iterator[controlplane.ControlPlane]:
         yield plane
 
 
-@pytest.fixture(scope="session")
-def components(control_plane: controlplane.ControlPlane) -> Iterator[controlplane.Components]:
-    """kube-controller-manager and kube-scheduler beside the session's API server (for coexistence tests).
-
-    Session-scoped and started only by the tests that ask for it; they act on every namespace,
-    so such tests must not depend on objects being left alone by upstream controllers.
-    """
-    with _running(control_plane.start_components) as started:
-        yield started
-
-
 @pytest.fixture
 def upstream(control_plane: controlplane.ControlPlane) -> Iterator[controlplane.Components]:
-    """kube-controller-manager and kube-scheduler for one test, stopped after it.
+    """kube-controller-manager and kube-scheduler beside the session's API server for one test, stopped after it.
 
-    Not the session-wide `components` fixture: that leaves them running for every later test in
-    the session, and their garbage collector then deletes objects those tests own (the node
-    agent's slices of a re-registered Node, for one).
+    Per test, not per session: left running, they would act on every later test's namespace (their
+    garbage collector deletes objects those tests own, the node agent's slices of a re-registered
+    Node for one, and their claim controller races dractl's).
     """
     with _running(control_plane.start_components) as started:
         yield started
-
-
-@pytest.fixture
-def stop_at_end() -> Iterator[contextlib.ExitStack]:
-    """`stop_at_end.callback(started.stop)`: stopped when the test ends, last started first, each one even when
-    stopping an earlier one failed (so no controller thread outlives its test). Ask for it after the clients the
-    started things use, so that it is torn down before them."""
-    with contextlib.ExitStack() as stack:
-        yield stack
 
 
 @pytest.fixture(scope="session")

@@ -171,23 +171,32 @@ def _ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago, chosen at random below the ephemeral range.
+def free_ports(count: int) -> list[int]:
+    """`count` different TCP ports on 127.0.0.1 that were free a moment ago, chosen at random below the ephemeral
+    range. Raises StartFailed when there is no room below it or no free port is found.
 
-    Not one the kernel picks (bind to port 0): that comes from the ephemeral range, where every
+    Not ones the kernel picks (bind to port 0): those come from the ephemeral range, where every
     outgoing connection of the test session (clients, the fault proxy, the API server's own) also
-    takes its local port, so one of them could hold it by the time the child process binds it.
+    takes its local port, so one of them could hold a port by the time the child process binds it.
+    Each chosen port stays bound until all are chosen, so none is chosen twice.
     """
     low, _ = _ephemeral_ports()
-    for _ in range(100):
-        port = _PORT_CHOICE.randrange(max(1024, low - 16384), low)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    first = max(1024, low - 16384)
+    if first >= low:
+        raise StartFailed(f"the ephemeral port range starts at {low}: no unprivileged port below it to choose")
+    with contextlib.ExitStack() as held:
+        ports: list[int] = []
+        for _ in range(100 * count):
+            port = _PORT_CHOICE.randrange(first, low)
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
-                continue  # In use (or in TIME_WAIT): try another.
-            return port
-    raise StartFailed(f"no free port on 127.0.0.1 below {low} after 100 tries")
+                continue  # In use (or in TIME_WAIT, or chosen already): try another.
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise StartFailed(f"no {count} free ports on 127.0.0.1 below {low} after {100 * count} tries")
 
 
 def _openssl(*args: str, cwd: pathlib.Path) -> None:
@@ -374,7 +383,7 @@ class ControlPlane:
                 cwd=directory,
             )
             _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
-            port = free_port()
+            port, etcd_client, etcd_peer = free_ports(3)
             plane = cls(
                 directory=directory,
                 binaries=binaries,
@@ -388,7 +397,6 @@ class ControlPlane:
                     key=admin_key,
                 ),
             )
-            etcd_client, etcd_peer = free_port(), free_port()
             etcd = _start(
                 "etcd",
                 [
@@ -495,7 +503,7 @@ class ControlPlane:
             kcm_config = write_kubeconfig(
                 self.directory / "kcm.kubeconfig", server=self.url, ca=self.ca.cert, cert=kcm_cert, key=kcm_key
             )
-            kcm_port = free_port()
+            kcm_port, scheduler_port = free_ports(2)
             kcm = _start(
                 "kube-controller-manager",
                 [
@@ -534,7 +542,6 @@ class ControlPlane:
                 cert=scheduler_cert,
                 key=scheduler_key,
             )
-            scheduler_port = free_port()
             scheduler = _start(
                 "kube-scheduler",
                 [

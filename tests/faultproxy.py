@@ -9,7 +9,9 @@ answer, a 410 Gone ERROR event on a watch, a watch dropped mid-stream after N ev
 latency. A rule matches by method and a regex searched in the request target (path and query)
 and fires `count` times (None: forever).
 
-What it must not do: change requests or answers it has no rule for, or listen beyond 127.0.0.1.
+What it must not do: change requests or answers it has no rule for, send a write twice (only a
+GET or HEAD is sent again when a kept-alive connection breaks under it), or listen beyond
+127.0.0.1.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import socket
 import ssl
 import sys
 import threading
-import time
 from typing import Any
 
 import controlplane
@@ -46,6 +47,9 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"
 _WATCH = re.compile(r"[?&]watch=true")
 # Idle upstream connections kept for reuse; more requests at once open more, closed when done.
 _IDLE_UPSTREAMS = 8
+# Requests the server may receive twice with the same effect (RFC 9110 9.2.2 also lists PUT and DELETE, but a
+# second PUT of the Kubernetes API gets a Conflict and a second DELETE a NotFound: their answers differ).
+_REPLAYABLE = {"GET", "HEAD"}
 
 
 @dataclasses.dataclass(slots=True)
@@ -134,6 +138,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     disable_nagle_algorithm = True  # else Nagle and delayed ACK cost ~40 ms per request
     server: _Server
 
+    def setup(self) -> None:
+        super().setup()
+        self.server.proxy._serving(self.connection)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.proxy._served(self.connection)
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # The request log is `FaultProxy.requests`.
 
@@ -146,16 +160,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class FaultProxy:
     """The running proxy: `rules` to inject faults, `requests` to see what passed. Thread-safe."""
 
-    def __init__(self, plane: controlplane.ControlPlane, server: _Server, kubeconfig: pathlib.Path) -> None:
+    def __init__(
+        self, plane: controlplane.ControlPlane, server: _Server, *, kubeconfig: pathlib.Path, upstream_port: int
+    ) -> None:
         self.plane = plane
         self._server = server
         self.kubeconfig = kubeconfig
+        self._upstream_port = upstream_port
         self._lock = threading.Lock()
         self._rules: list[Rule] = []
         self._requests: list[Request] = []
         self._upstreams: set[http.client.HTTPSConnection] = set()  # every open one, idle or in use
         self._idle: list[http.client.HTTPSConnection] = []
-        self._stopped = False
+        self._clients: set[socket.socket] = set()  # the connections of the clients being served
+        self._stopped = threading.Event()  # set under `_lock`
         self._opened = 0
         self._upstream_context = plane.ssl_context()
         self._thread = threading.Thread(target=server.serve_forever, name="faultproxy", daemon=True)
@@ -166,8 +184,12 @@ class FaultProxy:
         return port
 
     @classmethod
-    def start(cls, plane: controlplane.ControlPlane) -> FaultProxy:
-        """Listen on a free 127.0.0.1 port; returns once accepting. Writes `<plane dir>/proxy-<port>.kubeconfig`."""
+    def start(cls, plane: controlplane.ControlPlane, *, upstream_port: int | None = None) -> FaultProxy:
+        """Listen on a free 127.0.0.1 port; returns once accepting. Writes `<plane dir>/proxy-<port>.kubeconfig`.
+
+        Requests go to `plane`'s API server, or to `upstream_port` on 127.0.0.1 when given (something that relays
+        to it, for tests of the proxy itself: the server's certificate must still be valid for 127.0.0.1).
+        """
         cert, key = plane.ca.issue("proxy", subject="/CN=dractl-fault-proxy", server=True)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(str(cert), str(key))
@@ -183,25 +205,32 @@ class FaultProxy:
             cert=plane.directory / "admin.crt",
             key=plane.directory / "admin.key",
         )
-        proxy = cls(plane, server, kubeconfig)
+        proxy = cls(plane, server, kubeconfig=kubeconfig, upstream_port=upstream_port or plane.port)
         server.proxy = proxy
         proxy._thread.start()
         return proxy
 
     def stop(self) -> None:
-        """Stop listening, close idle upstream connections and cut those in use (watches). Idempotent."""
-        self._server.shutdown()
-        self._server.server_close()
+        """Stop serving: stop listening, cut every client connection and every upstream connection in use, close
+        the idle ones. A request held by a latency rule is not forwarded any more. Returns once no request is
+        being handled. Idempotent."""
         with self._lock:
-            self._stopped = True
+            self._stopped.set()
             idle = list(self._idle)
             self._idle.clear()
             self._upstreams.difference_update(idle)
+        self._server.shutdown()
+        # No connection is accepted any more; one accepted meanwhile is cut by `_serving`.
+        with self._lock:
+            clients = list(self._clients)
             upstreams = list(self._upstreams)
+        for sock in clients:
+            _shutdown(sock)
         for connection in upstreams:
             _shutdown(connection.sock)
         for connection in idle:
             connection.close()
+        self._server.server_close()  # Joins the handlers' threads.
         self._thread.join(timeout=10)
 
     def add(self, *rules: Rule) -> None:
@@ -238,6 +267,19 @@ class FaultProxy:
 
     # --- Serving -------------------------------------------------------------------------
 
+    def _serving(self, client: socket.socket) -> None:
+        """A handler starts serving `client`'s connection: remembered, so that `stop` can cut it (at once when the
+        proxy has stopped already)."""
+        with self._lock:
+            if not self._stopped.is_set():
+                self._clients.add(client)
+                return
+        _shutdown(client)
+
+    def _served(self, client: socket.socket) -> None:
+        with self._lock:
+            self._clients.discard(client)
+
     def _take_rule(self, method: str, target: str) -> Rule | None:
         with self._lock:
             for rule in self._rules:
@@ -255,7 +297,7 @@ class FaultProxy:
         body = handler.rfile.read(length) if length else None
         rule = self._take_rule(handler.command, handler.path)
         if rule is not None and rule.delay:
-            time.sleep(rule.delay)
+            self._stopped.wait(rule.delay)  # `stop` ends the delay; the request is then not forwarded.
         if rule is not None and rule.status:
             reason = rule.reason or _REASONS.get(rule.status, "Error")
             # Recorded before answering, so a client that got its answer always finds it in the log.
@@ -296,18 +338,33 @@ class FaultProxy:
         self._forward(handler, body, rule)
 
     def _connect(self) -> http.client.HTTPSConnection:
+        """A new upstream connection (opened by its first request). Raises ConnectionRefusedError once stopped."""
         connection = http.client.HTTPSConnection(
-            "127.0.0.1", self.plane.port, context=self._upstream_context, timeout=600
+            "127.0.0.1", self._upstream_port, context=self._upstream_context, timeout=600
         )
         with self._lock:
+            if self._stopped.is_set():
+                raise ConnectionRefusedError("the fault proxy is stopped")
             self._upstreams.add(connection)
             self._opened += 1
         return connection
 
+    def _take_idle(self) -> http.client.HTTPSConnection | None:
+        """A pooled connection the server has not closed, or None. Those it closed are dropped on the way."""
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                connection = self._idle.pop()
+            if not _readable(connection.sock):
+                return connection
+            # An idle HTTP/1.1 connection receives nothing: readable means the server closed it (its idle timeout).
+            self._release(connection, reusable=False)
+
     def _release(self, connection: http.client.HTTPSConnection, *, reusable: bool) -> None:
         """Keep `connection` for the next request when `reusable` and there is room, else close it."""
         with self._lock:
-            if reusable and not self._stopped and len(self._idle) < _IDLE_UPSTREAMS:
+            if reusable and not self._stopped.is_set() and len(self._idle) < _IDLE_UPSTREAMS:
                 self._idle.append(connection)
                 return
             self._upstreams.discard(connection)
@@ -317,15 +374,15 @@ class FaultProxy:
         self, handler: _Handler, body: bytes | None, *, watch: bool
     ) -> tuple[http.client.HTTPSConnection, http.client.HTTPResponse]:
         """Send the request upstream and read the answer's head: a watch on a connection of its own, anything
-        else on an idle kept-alive one (or a new one). A kept-alive connection the server closed while it sat idle
-        fails before the request reaches the server, so the request goes on to the next connection (a new one
-        once no idle one is left). A new connection's failure closes it and is raised."""
+        else on an idle kept-alive one (or a new one). A failure closes the connection and is raised, with one
+        exception: a GET or HEAD that fails on a kept-alive connection goes on to the next one (a new one once no
+        idle one is left). The server may close a kept-alive connection just as a request goes out, and whether it
+        received the request then cannot be known, so only requests it may receive twice are sent again (as Go's
+        http.Transport does)."""
         headers = {key: value for key, value in handler.headers.items() if key.lower() not in _HOP_BY_HOP}
+        replayable = handler.command in _REPLAYABLE
         while True:
-            connection = None
-            if not watch:
-                with self._lock:
-                    connection = self._idle.pop() if self._idle else None
+            connection = None if watch else self._take_idle()
             reused = connection is not None
             connection = connection or self._connect()
             try:
@@ -333,7 +390,7 @@ class FaultProxy:
                 return connection, connection.getresponse()
             except BaseException as error:
                 self._release(connection, reusable=False)
-                if not (reused and isinstance(error, (OSError, http.client.HTTPException))):
+                if not (reused and replayable and isinstance(error, (OSError, http.client.HTTPException))):
                     raise
 
     def _forward(self, handler: _Handler, body: bytes | None, rule: Rule | None) -> None:
@@ -415,11 +472,15 @@ class _ClientWatch:
         os.close(self._wake_write)
 
     def _run(self) -> None:
+        # poll, not select: select fails for descriptors >= 1024, which a busy test process may reach.
+        poller = select.poll()
         try:
-            readable, _, _ = select.select([self._client, self._wake_read], [], [])
+            poller.register(self._client, select.POLLIN)
+            poller.register(self._wake_read, select.POLLIN)
+            woken = any(fd == self._wake_read for fd, _ in poller.poll())
         except (OSError, ValueError):
-            readable = [self._client]  # The client socket is already closed.
-        if self._wake_read not in readable:
+            woken = False  # The client socket is already closed.
+        if not woken:
             _shutdown(self._upstream.sock)
 
 
@@ -435,6 +496,18 @@ def _send_json(handler: _Handler, status: int, document: dict[str, Any]) -> None
 def _send_chunk(handler: _Handler, data: bytes) -> None:
     handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
     handler.wfile.flush()
+
+
+def _readable(sock: socket.socket | None) -> bool:
+    """Whether `sock` has something to read (or is closed) right now, without waiting."""
+    if sock is None:
+        return True
+    poller = select.poll()
+    try:
+        poller.register(sock, select.POLLIN)
+    except ValueError:
+        return True  # Closed: no descriptor any more.
+    return bool(poller.poll(0))
 
 
 def _shutdown(sock: socket.socket | None) -> None:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import controlplane
@@ -115,50 +115,52 @@ def kubeconfig(control_plane: controlplane.ControlPlane, tmp_path: pathlib.Path)
 
 @pytest.fixture
 def start_replica(
-    kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path, stop_at_end: contextlib.ExitStack
-) -> Callable[[str], Replica]:
-    """Starts `dractl controller` replicas on the test namespace and waits until each serves; stops them at the end."""
+    kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path
+) -> Iterator[Callable[[str], Replica]]:
+    """Starts `dractl controller` replicas on the test namespace and waits until each serves; stops them at the end
+    (last started first, each even when stopping another failed)."""
+    with contextlib.ExitStack() as started:
 
-    def start(name: str) -> Replica:
-        log = tmp_path / f"{name}.log"
-        args = [
-            sys.executable,
-            "-m",
-            "dractl",
-            "controller",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--controllers",
-            "claims",
-            "--namespace",
-            namespace,
-            "--lease-namespace",
-            namespace,
-            "--lease-duration",
-            str(LEASE_DURATION),
-            "--renew-deadline",
-            str(RENEW_DEADLINE),
-            "--retry-period",
-            str(RETRY_PERIOD),
-            "--metrics-port",
-            "0",
-            "--health-port",
-            "0",
-            "--log-format",
-            "json",
-        ]
-        env = {key: value for key, value in os.environ.items() if not key.startswith("DRACTL_")}
-        with log.open("wb") as sink:
-            process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-        replica = Replica(name=name, process=process, log=log)
-        stop_at_end.callback(replica.stop)
-        entry = replica.wait_logged("controller started")
-        replica.identity = str(entry["identity"])
-        replica.metrics_port = int(entry["metrics_port"])
-        replica.health_port = int(entry["health_port"])
-        return replica
+        def start(name: str) -> Replica:
+            log = tmp_path / f"{name}.log"
+            args = [
+                sys.executable,
+                "-m",
+                "dractl",
+                "controller",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--controllers",
+                "claims",
+                "--namespace",
+                namespace,
+                "--lease-namespace",
+                namespace,
+                "--lease-duration",
+                str(LEASE_DURATION),
+                "--renew-deadline",
+                str(RENEW_DEADLINE),
+                "--retry-period",
+                str(RETRY_PERIOD),
+                "--metrics-port",
+                "0",
+                "--health-port",
+                "0",
+                "--log-format",
+                "json",
+            ]
+            env = {key: value for key, value in os.environ.items() if not key.startswith("DRACTL_")}
+            with log.open("wb") as sink:
+                process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+            replica = Replica(name=name, process=process, log=log)
+            started.callback(replica.stop)
+            entry = replica.wait_logged("controller started")
+            replica.identity = str(entry["identity"])
+            replica.metrics_port = int(entry["metrics_port"])
+            replica.health_port = int(entry["health_port"])
+            return replica
 
-    return start
+        yield start
 
 
 def _lease(api: client.Client, namespace: str) -> dict[str, Any]:

@@ -137,16 +137,27 @@ def test_stop_ends_exactly_its_processes_and_removes_its_directory() -> None:
     plane.stop()  # idempotent
 
 
-def test_free_ports_lie_below_the_ephemeral_range_and_are_free() -> None:
+def test_free_ports_lie_below_the_ephemeral_range_differ_and_are_free() -> None:
     """Guards: the ports given to etcd, the API server and the components come from below the kernel's range for
-    outgoing connections (where any connection of the session could take one before the process binds it), and
-    can be bound."""
+    outgoing connections (where any connection of the session could take one before the process binds it), are
+    all different, and can be bound."""
     low, _ = controlplane._ephemeral_ports()
-    ports = [controlplane.free_port() for _ in range(20)]
+    ports = controlplane.free_ports(20)
     assert all(1024 <= port < low for port in ports), ports
+    assert len(set(ports)) == len(ports), ports
     for port in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_free_ports_fail_clearly_when_no_port_lies_below_the_ephemeral_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Guards: an ephemeral range starting at or below 1024 leaves nothing to choose from: StartFailed says so (not
+    random.randrange's ValueError about an empty range)."""
+    monkeypatch.setattr(controlplane, "_ephemeral_ports", lambda: (1024, 65535))
+    with pytest.raises(controlplane.StartFailed, match="ephemeral port range starts at 1024"):
+        controlplane.free_ports(1)
 
 
 def test_a_stopped_process_is_reaped_and_stopping_it_again_does_nothing() -> None:
@@ -181,11 +192,10 @@ def test_the_controller_manager_and_scheduler_run_beside_the_api_server(
         assert [p.name for p in processes] == ["kube-controller-manager", "kube-scheduler"]
         namespace = f"t-{uuid.uuid4().hex[:10]}"
         kube_client.create(client.NAMESPACES, {"metadata": {"name": namespace}})
-        service_accounts = client.Resource("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True)
 
         def has_default_service_account() -> bool:
             try:
-                kube_client.get(service_accounts, "default", namespace=namespace)
+                kube_client.get(kube_objects.SERVICE_ACCOUNTS, "default", namespace=namespace)
             except client.NotFound:
                 return False
             return True

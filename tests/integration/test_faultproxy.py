@@ -6,7 +6,10 @@ import concurrent.futures
 import http.client
 import json
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import controlplane
 import faultproxy
@@ -16,23 +19,136 @@ from support import kube_objects
 from dractl.kube import client
 
 pytestmark = pytest.mark.timeout(120)
+# What a caller without retries meets when the proxy cuts its connection instead of answering.
+BROKEN = (OSError, http.client.HTTPException)
 
 
-def _namespace_body(name: str) -> dict[str, object]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+class _Relay:
+    """A TCP relay on 127.0.0.1 to the API server: the network between the proxy and the server, for a test to
+    break. TLS passes through it untouched (the server's certificate is for 127.0.0.1 too).
+
+    `close_all()` closes every relayed connection, as the server closing its idle connections would;
+    `lose_next_answer()` lets the next request through but cuts its connection instead of passing the answer on,
+    as a connection breaking after the server acted on the request would.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self._target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._lose_answer = False
+        self._threads = [threading.Thread(target=self._accept, name="relay", daemon=True)]
+        self._threads[0].start()
+
+    def close_all(self) -> None:
+        """Close every relayed connection (each side gets end of stream)."""
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+    def lose_next_answer(self) -> None:
+        """The next bytes the server sends on any connection are dropped and that connection closed."""
+        with self._lock:
+            self._lose_answer = True
+
+    def stop(self) -> None:
+        """Stop accepting, close every connection and join the relay's threads."""
+        _shut(self._listener)  # Wakes the accept.
+        self._listener.close()
+        self.close_all()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        for sock in self._sockets:
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                near, _ = self._listener.accept()
+            except OSError:
+                return  # Stopped.
+            far = socket.create_connection(("127.0.0.1", self._target_port))
+            with self._lock:
+                self._sockets += [near, far]
+            for source, sink, answers in ((near, far, False), (far, near, True)):
+                thread = threading.Thread(target=self._pump, args=(source, sink, answers), name="relay", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
+        """Copy `source` to `sink` until either ends; then close both ways of the connection."""
+        try:
+            while data := source.recv(65536):
+                if answers:
+                    with self._lock:
+                        lose, self._lose_answer = self._lose_answer, False
+                    if lose:
+                        break
+                sink.sendall(data)
+        except OSError:
+            pass  # The other pump or close_all() shut the connection.
+        _shut(source)
+        _shut(sink)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # Not connected any more.
+
+
+@pytest.fixture
+def relay(control_plane: controlplane.ControlPlane) -> Iterator[_Relay]:
+    """A relay to the session's API server, stopped after the test."""
+    started = _Relay(control_plane.port)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def relayed_proxy(control_plane: controlplane.ControlPlane, relay: _Relay) -> Iterator[faultproxy.FaultProxy]:
+    """A fault proxy whose upstream connections go through `relay`."""
+    proxy = faultproxy.FaultProxy.start(control_plane, upstream_port=relay.port)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def _connection(proxy: faultproxy.FaultProxy) -> http.client.HTTPSConnection:
+    """A plain http.client connection to the proxy: it never sends a request twice."""
+    return http.client.HTTPSConnection("127.0.0.1", proxy.port, context=proxy.plane.ssl_context(), timeout=30)
+
+
+def _request(
+    proxy: faultproxy.FaultProxy, method: str, path: str, body: dict[str, Any] | None = None
+) -> tuple[int, dict[str, Any]]:
+    """One request on a connection of its own; the status and the JSON answer."""
+    connection = _connection(proxy)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def _templates_path(namespace: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
 
 
 def test_requests_without_rules_pass_through_and_are_recorded(
     proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
 ) -> None:
     """Guards: with no rule the proxy is transparent (reads and writes), and logs method, target and status."""
-    proxied_client.create(
-        client.RESOURCE_CLAIM_TEMPLATES,
-        {
-            "metadata": {"name": "t", "namespace": namespace},
-            "spec": {"spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "c"}}]}}},
-        },
-    )
+    proxied_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("t", namespace=namespace))
     assert proxied_client.get(client.RESOURCE_CLAIM_TEMPLATES, "t", namespace=namespace)["metadata"]["name"] == "t"
     seen = [(r.method, r.status, r.fault) for r in fault_proxy.requests]
     assert seen == [("POST", 201, ""), ("GET", 200, "")]
@@ -92,13 +208,7 @@ def test_a_dropped_watch_breaks_the_stream_after_the_given_events(
     """Guards: drop_watch forwards N events and then cuts the connection, which the stream reports as Transient."""
     version = kube_client.list(client.RESOURCE_CLAIM_TEMPLATES, namespace=namespace).resource_version
     for i in range(3):
-        kube_client.create(
-            client.RESOURCE_CLAIM_TEMPLATES,
-            {
-                "metadata": {"name": f"t{i}", "namespace": namespace},
-                "spec": {"spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "c"}}]}}},
-            },
-        )
+        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(f"t{i}", namespace=namespace))
     fault_proxy.add(faultproxy.drop_watch(path="/resourceclaimtemplates", after=2))
     stream = proxied_client.watch(
         client.RESOURCE_CLAIM_TEMPLATES,
@@ -122,8 +232,7 @@ def test_latency_delays_the_matching_request(
     fault_proxy.add(faultproxy.latency(0.3, method="GET", path=f"/namespaces/{namespace}$"))
     began = time.monotonic()
     assert proxied_client.get(client.NAMESPACES, namespace)["metadata"]["name"] == namespace
-    elapsed = time.monotonic() - began
-    print(f"delayed request took {elapsed:.2f}s")
+    assert time.monotonic() - began >= 0.3
     assert [r.fault for r in fault_proxy.requests] == ["delay"]
     assert fault_proxy.requests[0].status == 200
 
@@ -152,10 +261,12 @@ def test_concurrent_requests_each_get_their_own_answer(
     proxied_client: client.Client, kube_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
 ) -> None:
     """Guards: requests in flight at once never share an upstream connection: every caller gets the object it
-    asked for, and all connections are back in the pool afterwards."""
+    asked for (a delay on every GET makes them overlap, so more than one connection is opened), and all
+    connections are back in the pool afterwards."""
     names = [f"t{i}" for i in range(8)]
     for name in names:
         kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(name, namespace=namespace))
+    fault_proxy.add(faultproxy.latency(0.2, method="GET", count=None))
 
     def fetch(name: str) -> str:
         return str(proxied_client.get(client.RESOURCE_CLAIM_TEMPLATES, name, namespace=namespace)["metadata"]["name"])
@@ -163,29 +274,80 @@ def test_concurrent_requests_each_get_their_own_answer(
     with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
         fetched = list(pool.map(fetch, names * 5))
     assert fetched == names * 5
-    assert 1 <= fault_proxy.opened_upstreams <= len(names)
+    assert 2 <= fault_proxy.opened_upstreams <= len(names)
     assert fault_proxy.busy_upstreams == 0
 
 
-def test_a_stale_kept_alive_connection_is_replaced(
-    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+def test_a_kept_alive_connection_the_server_closed_is_replaced(
+    relayed_proxy: faultproxy.FaultProxy, relay: _Relay, namespace: str
 ) -> None:
-    """Guards: when the kept-alive upstream connection is dead (the server closed it while idle), the request
-    is sent once more on a new connection: a caller that does not retry (plain http.client) gets its answer."""
-    proxied_client.get(client.NAMESPACES, namespace)
-    [idle] = fault_proxy._idle  # The test plays the server closing it.
-    assert idle.sock is not None
-    idle.sock.shutdown(socket.SHUT_RDWR)
-    direct = http.client.HTTPSConnection(
-        "127.0.0.1", fault_proxy.port, context=fault_proxy.plane.ssl_context(), timeout=30
-    )
+    """Guards: when the server has closed the kept-alive upstream connection while it sat idle, the next request
+    goes over a new connection: a caller that does not retry (plain http.client) gets its answer."""
+    path = f"/api/v1/namespaces/{namespace}"
+    assert _request(relayed_proxy, "GET", path)[0] == 200
+    relay.close_all()
+    status, namespace_object = _request(relayed_proxy, "GET", path)
+    assert (status, namespace_object["metadata"]["name"]) == (200, namespace)
+    assert relayed_proxy.opened_upstreams == 2
+    assert relayed_proxy.busy_upstreams == 0
+
+
+def test_a_write_whose_answer_was_lost_is_not_sent_again_but_a_read_is(
+    kube_client: client.Client, relayed_proxy: faultproxy.FaultProxy, relay: _Relay, namespace: str
+) -> None:
+    """Guards: when a kept-alive upstream connection breaks after a POST went out (the server may have acted on
+    it), the proxy does not send it again: the caller gets a broken connection, and the server saw the POST once
+    (a second one would have got 409 AlreadyExists). A GET in the same spot is sent again on a new connection."""
+    path = f"/api/v1/namespaces/{namespace}"
+    assert _request(relayed_proxy, "GET", path)[0] == 200
+    relay.lose_next_answer()
+    with pytest.raises(BROKEN):
+        _request(relayed_proxy, "POST", _templates_path(namespace), kube_objects.template("t", namespace=namespace))
+    assert kube_client.get(client.RESOURCE_CLAIM_TEMPLATES, "t", namespace=namespace)["metadata"]["name"] == "t"
+    assert relayed_proxy.opened_upstreams == 1
+
+    assert _request(relayed_proxy, "GET", path)[0] == 200
+    relay.lose_next_answer()
+    status, template = _request(relayed_proxy, "GET", f"{_templates_path(namespace)}/t")
+    assert (status, template["metadata"]["name"]) == (200, "t")
+    assert relayed_proxy.opened_upstreams == 3
+    assert relayed_proxy.busy_upstreams == 0
+
+
+def test_stop_cuts_client_connections_and_forwards_no_held_request(
+    kube_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: stop() stops serving: a client's kept-alive connection gets no more answers, and a POST a latency
+    rule held when the proxy stopped is never forwarded (stop() returns once no request is handled any more)."""
+    held = faultproxy.latency(60, method="POST")
+    kept = _connection(fault_proxy)
     try:
-        direct.request("GET", f"/api/v1/namespaces/{namespace}")
-        response = direct.getresponse()
-        assert (response.status, json.loads(response.read())["metadata"]["name"]) == (200, namespace)
+        kept.request("GET", f"/api/v1/namespaces/{namespace}")
+        response = kept.getresponse()
+        response.read()
+        assert response.status == 200
+        fault_proxy.add(held)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            post = pool.submit(
+                _request,
+                fault_proxy,
+                "POST",
+                _templates_path(namespace),
+                kube_objects.template("t", namespace=namespace),
+            )
+            controlplane.wait_until(lambda: held.fired == 1, what="the proxy holds the POST")
+            fault_proxy.stop()
+            with pytest.raises(BROKEN):
+                post.result(timeout=30)
+        with pytest.raises(BROKEN):
+            kept.request("GET", f"/api/v1/namespaces/{namespace}")
+            kept.getresponse()
     finally:
-        direct.close()
-    assert fault_proxy.opened_upstreams == 2
+        kept.close()
+    with pytest.raises(client.NotFound):
+        kube_client.get(client.RESOURCE_CLAIM_TEMPLATES, "t", namespace=namespace)
+    assert [(r.method, r.status) for r in fault_proxy.requests] == [("GET", 200)]
+    assert fault_proxy.busy_upstreams == 0
 
 
 def test_a_watch_its_client_leaves_is_cut_upstream_at_once(

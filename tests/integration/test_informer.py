@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator
 
 import controlplane
 import faultproxy
@@ -52,31 +53,55 @@ class Recorder:
             return list(self.events)
 
 
-def _start(
-    api: client.Client, namespace: str, recorder: Recorder, stop_at_end: contextlib.ExitStack
-) -> informer.Informer[client.Decoded]:
-    one: informer.Informer[client.Decoded] = informer.Informer(
-        api,
-        client.RESOURCE_CLAIM_TEMPLATES,
-        decode=client.decode,
-        handlers=recorder.handlers(),
-        namespace=namespace,
-        watch_timeout=60,
-    )
-    stop_at_end.callback(one.stop)
-    one.start()
-    assert one.wait_synced(30)
-    return one
+StartInformer = Callable[[informer.Handlers[client.Decoded]], informer.Informer[client.Decoded]]
+
+
+@contextlib.contextmanager
+def _informers(api: client.Client, namespace: str) -> Iterator[StartInformer]:
+    """Starts informers on the templates of `namespace` through `api`, each synced before it is returned; on exit
+    stops them (last started first, each even when stopping another failed)."""
+    with contextlib.ExitStack() as started:
+
+        def start(handlers: informer.Handlers[client.Decoded]) -> informer.Informer[client.Decoded]:
+            one: informer.Informer[client.Decoded] = informer.Informer(
+                api,
+                client.RESOURCE_CLAIM_TEMPLATES,
+                decode=client.decode,
+                handlers=handlers,
+                namespace=namespace,
+                watch_timeout=60,
+            )
+            started.callback(one.stop)
+            one.start()
+            assert one.wait_synced(30)
+            return one
+
+        yield start
+
+
+@pytest.fixture
+def start_informer(kube_client: client.Client, namespace: str) -> Iterator[StartInformer]:
+    """Starts informers on the test namespace's templates with the direct client; stopped after the test."""
+    with _informers(kube_client, namespace) as start:
+        yield start
+
+
+@pytest.fixture
+def start_proxied_informer(proxied_client: client.Client, namespace: str) -> Iterator[StartInformer]:
+    """Starts informers on the test namespace's templates through the fault proxy; stopped after the test, before
+    the proxied client is closed."""
+    with _informers(proxied_client, namespace) as start:
+        yield start
 
 
 def test_sync_fills_the_store_and_reports_each_object_once(
-    kube_client: client.Client, namespace: str, stop_at_end: contextlib.ExitStack
+    kube_client: client.Client, namespace: str, start_informer: StartInformer
 ) -> None:
     """Guards: after the first list has_synced() is true, the store holds every object, one add each."""
     for name in ("a", "b", "c"):
         kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(name, namespace=namespace))
     recorder = Recorder()
-    one = _start(kube_client, namespace, recorder, stop_at_end)
+    one = start_informer(recorder.handlers())
     assert one.has_synced()
     assert one.store.keys() == [f"{namespace}/a", f"{namespace}/b", f"{namespace}/c"]
     value = one.store.get(f"{namespace}/a")
@@ -85,11 +110,11 @@ def test_sync_fills_the_store_and_reports_each_object_once(
 
 
 def test_live_adds_updates_and_deletes_arrive_in_order(
-    kube_client: client.Client, namespace: str, stop_at_end: contextlib.ExitStack
+    kube_client: client.Client, namespace: str, start_informer: StartInformer
 ) -> None:
     """Guards: watch events after the sync become add, update and delete callbacks in the order they happened."""
     recorder = Recorder()
-    one = _start(kube_client, namespace, recorder, stop_at_end)
+    one = start_informer(recorder.handlers())
     kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("x", namespace=namespace))
     kube_client.patch(client.RESOURCE_CLAIM_TEMPLATES, "x", {"metadata": {"labels": {"v": "2"}}}, namespace=namespace)
     kube_client.delete(client.RESOURCE_CLAIM_TEMPLATES, "x", namespace=namespace)
@@ -100,18 +125,17 @@ def test_live_adds_updates_and_deletes_arrive_in_order(
 
 
 def test_a_dropped_watch_relists_without_losing_or_repeating_events(
-    proxied_client: client.Client,
     kube_client: client.Client,
     fault_proxy: faultproxy.FaultProxy,
     namespace: str,
-    stop_at_end: contextlib.ExitStack,
+    start_proxied_informer: StartInformer,
 ) -> None:
     """Guards: a watch cut mid-stream leads to a relist; changes made meanwhile arrive exactly once, none repeat."""
     for name in ("keep", "change", "remove"):
         kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(name, namespace=namespace))
     recorder = Recorder()
     fault_proxy.add(faultproxy.drop_watch(path="/resourceclaimtemplates", after=1))
-    one = _start(proxied_client, namespace, recorder, stop_at_end)
+    one = start_proxied_informer(recorder.handlers())
     # The first watch event (this create) is forwarded, then the connection is cut.
     kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("first", namespace=namespace))
     kube_client.patch(
@@ -137,11 +161,10 @@ def test_a_dropped_watch_relists_without_losing_or_repeating_events(
 
 
 def test_a_410_relists_and_diffs_against_the_store(
-    proxied_client: client.Client,
     kube_client: client.Client,
     fault_proxy: faultproxy.FaultProxy,
     namespace: str,
-    stop_at_end: contextlib.ExitStack,
+    start_proxied_informer: StartInformer,
 ) -> None:
     """Guards: on 410 Gone the informer relists; changes made while it could not watch give one event each."""
     for name in ("keep", "change", "remove"):
@@ -149,7 +172,7 @@ def test_a_410_relists_and_diffs_against_the_store(
     recorder = Recorder()
     # Every watch is refused with 410 until the rule is removed.
     fault_proxy.add(faultproxy.watch_gone(path="/resourceclaimtemplates", count=None))
-    one = _start(proxied_client, namespace, recorder, stop_at_end)
+    one = start_proxied_informer(recorder.handlers())
     kube_client.patch(
         client.RESOURCE_CLAIM_TEMPLATES, "change", {"metadata": {"labels": {"v": "2"}}}, namespace=namespace
     )
@@ -182,7 +205,7 @@ def test_stop_ends_the_thread_while_a_watch_is_open(kube_client: client.Client, 
 
 
 def test_the_informer_feeds_a_work_queue_that_converges(
-    kube_client: client.Client, namespace: str, stop_at_end: contextlib.ExitStack
+    kube_client: client.Client, namespace: str, start_informer: StartInformer
 ) -> None:
     """Guards: handlers that only enqueue keys, and a worker reading the store, see the final state of each object."""
     queue = workqueue.WorkQueue()
@@ -191,16 +214,7 @@ def test_the_informer_feeds_a_work_queue_that_converges(
     def enqueue(value: client.Decoded, *_: client.Decoded) -> None:
         queue.add(f"{value.meta.namespace}/{value.meta.name}")
 
-    one: informer.Informer[client.Decoded] = informer.Informer(
-        kube_client,
-        client.RESOURCE_CLAIM_TEMPLATES,
-        decode=client.decode,
-        namespace=namespace,
-        handlers=informer.Handlers(on_add=enqueue, on_update=lambda old, new: enqueue(new), on_delete=enqueue),
-    )
-    stop_at_end.callback(one.stop)
-    one.start()
-    assert one.wait_synced(30)
+    one = start_informer(informer.Handlers(on_add=enqueue, on_update=lambda old, new: enqueue(new), on_delete=enqueue))
 
     def work() -> None:
         while (key := queue.get()) is not None:

@@ -199,21 +199,27 @@ def scheduler_name() -> str:
 
 
 @pytest.fixture
-def make_scheduler(
-    proxied_client: client.Client, scheduler_name: str, stop_at_end: contextlib.ExitStack
-) -> Callable[..., sched.Scheduler]:
-    """Starts schedulers (through the fault proxy, fast backoff unless told) for the test's scheduler name."""
+def make_scheduler(proxied_client: client.Client, scheduler_name: str) -> Iterator[Callable[..., sched.Scheduler]]:
+    """Starts schedulers (through the fault proxy, fast backoff unless told) for the test's scheduler name.
 
-    def make(*, backoff: float = 0.02) -> sched.Scheduler:
-        queue = workqueue.WorkQueue(backoff=workqueue.ExponentialBackoff(base=backoff, cap=max(backoff, 0.5)))
-        made = sched.Scheduler(
-            proxied_client, scheduler_name=scheduler_name, queue=queue, registry=prometheus_client.CollectorRegistry()
-        )
-        made.start()
-        stop_at_end.callback(made.stop)
-        return made
+    At the end of the test each is stopped (last started first, each even when stopping another failed), before
+    the client it uses is closed; `stop()` joins their threads with a timeout.
+    """
+    with contextlib.ExitStack() as started:
 
-    return make
+        def make(*, backoff: float = 0.02) -> sched.Scheduler:
+            queue = workqueue.WorkQueue(backoff=workqueue.ExponentialBackoff(base=backoff, cap=max(backoff, 0.5)))
+            made = sched.Scheduler(
+                proxied_client,
+                scheduler_name=scheduler_name,
+                queue=queue,
+                registry=prometheus_client.CollectorRegistry(),
+            )
+            made.start()
+            started.callback(made.stop)
+            return made
+
+        yield make
 
 
 @pytest.fixture
@@ -431,7 +437,7 @@ def test_claims_allocated_before_the_start_are_held(
 
 def test_beside_kube_scheduler_its_pods_are_untouched_and_its_claims_count_as_used(
     fault_proxy: faultproxy.FaultProxy,
-    components: object,
+    upstream: controlplane.Components,
     group: Group,
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
@@ -442,8 +448,8 @@ def test_beside_kube_scheduler_its_pods_are_untouched_and_its_claims_count_as_us
     group.pod("upstream", scheduler="default-scheduler", claims=[kube_objects.of_claim("upstream")])
     scheduler = make_scheduler()
     assert group.wait_bound("upstream", timeout=90) == node
-    upstream = _devices(group.get_claim("upstream"))
-    assert len(upstream) == 1
+    theirs = _devices(group.get_claim("upstream"))
+    assert len(theirs) == 1
     controlplane.wait_until(
         lambda: (claim := scheduler.claims.store.get(f"{group.namespace}/upstream")) is not None and claim.allocation,
         what="the scheduler's cache sees kube-scheduler's allocation",
@@ -453,7 +459,7 @@ def test_beside_kube_scheduler_its_pods_are_untouched_and_its_claims_count_as_us
     group.pod("mine", claims=[kube_objects.of_claim("mine")])
     assert group.wait_bound("mine") == node
     mine = _devices(group.get_claim("mine"))
-    assert len(mine) == 1 and mine != upstream
+    assert len(mine) == 1 and mine != theirs
     group.pod("extra", claims=[kube_objects.of_claim("extra")])
     condition = group.wait_condition("extra")
     assert condition["reason"] == "Unschedulable"

@@ -10,6 +10,7 @@ What it must not do: hold fixtures (they stay in conftest.py) or wait for anythi
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +44,10 @@ def claim(
     finalizers: Sequence[str] = (),
     owner: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A ResourceClaim; `owner` (a created Pod) makes it that pod's generated claim (controller owner reference)."""
+    """A ResourceClaim; `owner` (a created Pod) makes it that pod's generated claim (controller owner reference).
+
+    The claim holds a deep copy of `spec`: changing one never changes the other (or `ONE_GPU`).
+    """
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if annotations:
         metadata["annotations"] = dict(annotations)
@@ -51,16 +55,24 @@ def claim(
         metadata["finalizers"] = list(finalizers)
     if owner is not None:
         metadata["ownerReferences"] = [controller_reference(owner)]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": metadata, "spec": dict(spec)}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": metadata,
+        "spec": copy.deepcopy(dict(spec)),
+    }
 
 
 def template(
     name: str, *, namespace: str, spec: Mapping[str, Any] = ONE_GPU, claim_metadata: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """A ResourceClaimTemplate whose claims get `spec` (and `claim_metadata`: labels, annotations)."""
-    body: dict[str, Any] = {"spec": dict(spec)}
+    """A ResourceClaimTemplate whose claims get `spec` (and `claim_metadata`: labels, annotations).
+
+    The template holds deep copies of `spec` and `claim_metadata`: changing one never changes the other.
+    """
+    body: dict[str, Any] = {"spec": copy.deepcopy(dict(spec))}
     if claim_metadata is not None:
-        body["metadata"] = dict(claim_metadata)
+        body["metadata"] = copy.deepcopy(dict(claim_metadata))
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",

@@ -43,28 +43,30 @@ def _log_both(log_format: config.LogFormat | None, out: io.StringIO) -> list[str
 
 
 @pytest.mark.parametrize(
-    ("log_format", "out"),
-    [(None, io.StringIO()), (config.LogFormat.JSON, _Terminal())],
+    ("log_format", "stream"),
+    [(None, io.StringIO), (config.LogFormat.JSON, _Terminal)],
     ids=["unset-on-a-pipe", "json-on-a-terminal"],
 )
-def test_json_lines_carry_the_traceback_as_a_field(log_format: config.LogFormat | None, out: io.StringIO) -> None:
+def test_json_lines_carry_the_traceback_as_a_field(
+    log_format: config.LogFormat | None, stream: type[io.StringIO]
+) -> None:
     """Guards: JSON (asked for, or unset on a stream that is not a terminal) makes every line of both loggers one
     JSON object, the traceback in its `exception` field."""
-    lines = [json.loads(line) for line in _log_both(log_format, out)]
+    lines = [json.loads(line) for line in _log_both(log_format, stream())]
     assert [line["event"] for line in lines] == ["from structlog", "from logging"]
     assert lines[0]["claim"] == "ns/c"
     assert "ValueError: bad" in lines[1]["exception"]
 
 
 @pytest.mark.parametrize(
-    ("log_format", "out"),
-    [(None, _Terminal()), (config.LogFormat.CONSOLE, io.StringIO())],
+    ("log_format", "stream"),
+    [(None, _Terminal), (config.LogFormat.CONSOLE, io.StringIO)],
     ids=["unset-on-a-terminal", "console-on-a-pipe"],
 )
-def test_console_lines_are_not_json(log_format: config.LogFormat | None, out: io.StringIO) -> None:
+def test_console_lines_are_not_json(log_format: config.LogFormat | None, stream: type[io.StringIO]) -> None:
     """Guards: console (asked for, or unset on a terminal) writes readable lines for both loggers, the traceback
     after them, and no JSON."""
-    lines = _log_both(log_format, out)
+    lines = _log_both(log_format, stream())
     assert not [line for line in lines if line.startswith("{")]
     text = "\n".join(lines)
     assert "from structlog" in text and "claim" in text and "from logging" in text

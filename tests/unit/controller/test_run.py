@@ -579,7 +579,7 @@ def _unreachable_kubeconfig(tmp_path: pathlib.Path) -> pathlib.Path:
                 "apiVersion": "v1",
                 "kind": "Config",
                 "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{controlplane.free_port()}"}}],
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{controlplane.free_ports(1)[0]}"}}],
                 "users": [{"name": "u", "user": {}}],
                 "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
             }
@@ -606,7 +606,7 @@ def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0
         seen.append(context)
         return FakeController("claims", log)
 
-    port = controlplane.free_port()
+    [port] = controlplane.free_ports(1)
     settings = config.ControllerConfig(
         kubeconfig=_unreachable_kubeconfig(tmp_path),
         leader_elect=False,
