@@ -95,15 +95,22 @@ class Capacity:
         return whole + partitioned <= self.whole and partitioned <= self.partitionable and eight <= self.eight_gpu_nodes
 
 
-def _shapes(claim: model.ResourceClaim) -> list[metrics.RequestShape]:
-    return [metrics.parse_shape(text) for text in claim.meta.annotations[trace.SHAPES].split(",")]
+def _shapes(claim: model.ResourceClaim) -> tuple[metrics.RequestShape, ...]:
+    shapes = trace.shapes_of(claim)
+    assert shapes, f"claim {claim.key} declares no request shapes ({trace.SHAPES})"
+    return shapes
 
 
 def capacity(tr: trace.Trace) -> Capacity:
-    """The trace's cluster as `Capacity`. A GPU serves a whole-GPU request of the mix when it has
-    the memory floor of the mix's whole-GPU requests, an NVLink partition, or 7 siblings on its
-    node (for the 8-GPU claims); the T4s of the reference cluster serve none."""
+    """The trace's cluster as `Capacity`, for the reference mix. A GPU serves one of its
+    whole-GPU requests when it has their memory floor (1 GPU with a floor), an NVLink partition
+    (2 or 4 GPUs in one partition) or 7 siblings on its node (8 GPUs): only these claims ask for
+    whole GPUs, which the assertion checks, so no GPU left out could serve one (the T4s of the
+    reference cluster serve none)."""
     shapes = [s for a in trace.arrivals(tr) if isinstance(a.object, model.ResourceClaim) for s in _shapes(a.object)]
+    assert {a.object.meta.labels.get("dractl.io/mix") for a in trace.arrivals(tr)} <= {
+        share.name for share in trace.MIXES["reference"]
+    }, "the bound counts the reference mix's claims only"
     floor = min((s.min_memory for s in shapes if s.kind == "gpu" and s.min_memory), default=0)
     gpus = metrics.inventory(tr.cluster.resource_slices, ())
     per_node = collections.Counter(g.node for g in gpus)
@@ -134,6 +141,7 @@ def reference(fill: trace.Trace, churn: trace.Trace) -> Reference:
     (arrivals admitted when they fit, departures at one time as a batch, then the waiting
     claims retried in arrival order, as `replay` does)."""
     cap = capacity(fill)
+    churn_cap = capacity(churn)
     used = (0, fractions.Fraction(0), 0)
     bound = 0
     for arrival in trace.arrivals(fill):
@@ -150,7 +158,7 @@ def reference(fill: trace.Trace, churn: trace.Trace) -> Reference:
     def admit(key: str, need: tuple[int, fractions.Fraction, int]) -> bool:
         nonlocal admitted, used
         total = tuple(u + n for u, n in zip(used, need, strict=True))
-        if not cap.fits(*total):
+        if not churn_cap.fits(*total):
             return False
         held[key], used, admitted = need, total, admitted + 1
         return True
@@ -159,7 +167,7 @@ def reference(fill: trace.Trace, churn: trace.Trace) -> Reference:
     for i, event in enumerate(events):
         if isinstance(event, trace.Arrival):
             assert isinstance(event.object, model.ResourceClaim)
-            need = _need(event.object, cap)
+            need = _need(event.object, churn_cap)
             if not admit(event.key, need):
                 rejections += 1
                 waiting[event.key] = need

@@ -494,7 +494,6 @@ class ClaimController:
     ) -> None:
         self.client = client
         self.namespace = namespace
-        self.workers = workers
         self.sync_timeout = sync_timeout
         self.recorder = recorder or events.Recorder(client)
         self.queue = queue if queue is not None else workqueue.WorkQueue()

@@ -268,6 +268,7 @@ class CountingClient(kube_client.Client):
     It shares `base`'s connection pool, auth and field manager; `attempts` and `timeout` may differ
     (the leader elector's requests are short and not retried, so a renewal cannot outlive its
     deadline). Errors raised while a watch streams are the informers' business and not counted.
+    Its `on_error` is the counter alone: a hook `base` has is not called.
     """
 
     def __init__(

@@ -333,7 +333,6 @@ class Scheduler:
     ) -> None:
         self.client = client
         self.scheduler_name = scheduler_name
-        self.workers = workers
         self.sync_timeout = sync_timeout
         self.recorder = recorder if recorder is not None else events.Recorder(client)
         # Not `queue or ...`: an empty queue has length 0 and is falsy.

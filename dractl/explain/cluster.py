@@ -23,7 +23,8 @@ from dractl.kube import client as kube_client
 
 
 class Reader(Protocol):
-    """The reads `dractl explain` makes; `kube_client.Client` provides them."""
+    """The reads `dractl explain` makes; `kube_client.Client` provides them. Objects come back
+    with their `apiVersion` and `kind` (as the client fills them in), so they decode alone."""
 
     @property
     def host(self) -> str: ...
@@ -92,14 +93,12 @@ def _list(reader: Reader, resource: kube_client.Resource, *, namespace: str = ""
 def _get(reader: Reader, resource: kube_client.Resource, name: str, *, namespace: str = "") -> dict[str, Any] | None:
     """The raw object, or None when it does not exist (or its namespace does not)."""
     try:
-        raw = reader.get(resource, name, namespace=namespace)
+        return reader.get(resource, name, namespace=namespace)
     except kube_client.NotFound:
         return None
     except kube_client.ApiError as error:
         what = f"{resource.kind} {namespace}/{name}" if namespace else f"{resource.kind} {name}"
         raise _failure(reader, verb="get", what=what, error=error) from error
-    # Decoding needs the kind, and a `Reader` need not fill it in (the client does, the unit tests' fake does not).
-    return resource.with_kind(raw)
 
 
 def _decoded(raws: Iterable[Mapping[str, Any]], kind: type[Any], warnings: list[str]) -> list[Any]:

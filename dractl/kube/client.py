@@ -248,27 +248,25 @@ class WatchStream:
         self._response = response
         self._lock = threading.Lock()
         self._closed = False
-        self._reading = False
+        self._state = _IDLE
 
     def close(self) -> None:
         """Stop the stream; safe to call twice and from another thread (a blocked reader wakes up).
 
         While another thread reads, only the socket is shut down: that wakes the reader, whose
         iteration then releases the response itself. Closing the response under a running read
-        would pull its file object away mid-chunk (urllib3 then fails with an AttributeError)."""
+        would pull its file object away mid-chunk (urllib3 then fails with an AttributeError).
+        Once the iteration has ended, the response is the reader's (or back in the pool)."""
         with self._lock:
             self._closed = True
-            reading = self._reading
-        shutdown = getattr(self._response, "shutdown", None)
-        if reading and shutdown is not None:
-            self._quietly(shutdown)
-        else:
+            state = self._state
+        if state == _READING:
+            self._quietly(self._response.shutdown)
+        elif state == _IDLE:
             self._abort()
 
     def _abort(self) -> None:
-        shutdown = getattr(self._response, "shutdown", None)
-        if shutdown is not None:
-            self._quietly(shutdown)
+        self._quietly(self._response.shutdown)
         self._quietly(self._response.close)
 
     @staticmethod
@@ -280,9 +278,9 @@ class WatchStream:
 
     def __iter__(self) -> Iterator[WatchEvent]:
         with self._lock:
-            if self._closed:
+            if self._closed or self._state != _IDLE:
                 return
-            self._reading = True
+            self._state = _READING
         buffer = b""
         completed = False
         try:
@@ -300,12 +298,16 @@ class WatchStream:
                 raise Transient(0, "WatchBroken", f"the watch connection broke: {error}") from error
         finally:
             with self._lock:
-                self._reading = False
+                self._state = _DONE
                 closed = self._closed
             if completed and not closed:
                 self._response.release_conn()  # Read to the end: the connection can serve again.
             else:
                 self._abort()
+
+
+# WatchStream's states: not iterated yet, a thread iterating, iteration over (response released).
+_IDLE, _READING, _DONE = "idle", "reading", "done"
 
 
 def _watch_event(line: bytes) -> WatchEvent:

@@ -181,7 +181,7 @@ _NVLINK = ("gpuModuleID", "partition8", "partition4", "partition2", "partition1"
 def holders_by_device(claims: Iterable[model.ResourceClaim]) -> dict[tuple[str, str, str], tuple[str, ...]]:
     """(driver, pool, device) -> the keys (`namespace/name`) of the claims allocated that device,
     in claim order; admin-access results are left out, as they hold nothing. Pure."""
-    held: dict[tuple[str, str, str], tuple[str, ...]] = {}
+    held: dict[tuple[str, str, str], list[str]] = collections.defaultdict(list)
     for claim in claims:
         if claim.allocation is None:
             continue
@@ -189,11 +189,10 @@ def holders_by_device(claims: Iterable[model.ResourceClaim]) -> dict[tuple[str, 
         for result in claim.allocation.results:
             if result.admin_access:
                 continue
-            device = (result.driver, result.pool, result.device)
-            names = held.get(device, ())
+            names = held[(result.driver, result.pool, result.device)]
             if key not in names:
-                held[device] = (*names, key)
-    return held
+                names.append(key)
+    return {device: tuple(names) for device, names in held.items()}
 
 
 def inventory(
@@ -405,7 +404,7 @@ def _gpu(
     best = max((c for c in candidates if c[0].placeable), key=lambda c: (c[0].memory, c[1], -c[0].start), default=None)
     name = full.name if full is not None else device.name.partition("-mig-")[0]
     return Gpu(
-        node=s.node_name or model_nodes.home(s, device) or CLUSTER_WIDE,
+        node=model_nodes.home(s, device) or CLUSTER_WIDE,
         driver=driver,
         pool=pool.name,
         device=name,
@@ -574,7 +573,8 @@ def measure(
     stranded memory judged against the pending request `shapes`. Pure."""
     wanted = tuple(shapes)
     gpus = tuple(_with_stranded(g, wanted) for g in inventory(slices, claims))
-    return Metrics(label=label, nodes=per_node(gpus), cluster=_sum(CLUSTER, gpus), gpus=gpus, shapes=wanted, time=time)
+    nodes = per_node(gpus)
+    return Metrics(label=label, nodes=nodes, cluster=total(CLUSTER, nodes), gpus=gpus, shapes=wanted, time=time)
 
 
 def _with_stranded(gpu: Gpu, shapes: Sequence[RequestShape]) -> Gpu:
@@ -735,12 +735,16 @@ def as_dict(metrics: Metrics) -> dict[str, Any]:
     return out
 
 
-def node_dict(n: NodeMetrics) -> dict[str, Any]:
-    """One node's (or the cluster's) metrics as a JSON-able dict, memory in bytes. Pure."""
+def node_dict(n: NodeMetrics, *, stranded: bool = True) -> dict[str, Any]:
+    """One node's (or the cluster's) metrics as a JSON-able dict, memory in bytes; without
+    `memory.stranded` when `stranded` is false (as `node_columns`). Pure."""
+    memory = {"total": n.memory, "allocated": n.memory_allocated}
+    if stranded:
+        memory["stranded"] = n.memory_stranded
     return {
         "node": n.node,
         "gpus": {"total": n.gpus, "full": n.full, "partitioned": n.partitioned, "free": n.free},
-        "memory": {"total": n.memory, "allocated": n.memory_allocated, "stranded": n.memory_stranded},
+        "memory": memory,
         "largestPlaceable": dict(n.largest),
     }
 

@@ -85,8 +85,9 @@ def usage(
     nodes: Sequence[str] = (),
     view: model_nodes.View | None = None,
 ) -> tuple[NodeUsage, ...]:
-    """The per-node summary of devices and counters after the simulation: every node in
-    `nodes` (even without devices) and every node a usable pool's device lives on. Only
+    """The per-node summary after the simulation: devices, counters, GPUs (`metrics.per_node`)
+    and devices of other types, for every node in `nodes` (even without devices) and every
+    node a usable pool's device lives on. Only
     usable pools count, as for the allocator (`model.nodes.Pools`): the newest generation of
     each pool, and nothing of an incomplete or invalid pool. `view` is the slices'
     `Pools(...).current()` when the caller has it already. Pure."""
@@ -189,11 +190,9 @@ def _summary(
 
 
 def _gpu_fields(n: metrics.NodeMetrics) -> dict[str, Any]:
-    """`gpus`, `memory` (bytes, without `stranded`: there are no pending shapes to judge it by)
-    and `largestPlaceable` of `metrics.node_dict`, for the JSON summary."""
-    fields = {key: value for key, value in metrics.node_dict(n).items() if key != "node"}
-    fields["memory"] = {"total": n.memory, "allocated": n.memory_allocated}
-    return fields
+    """`metrics.node_dict` without the name and without stranded memory (there are no pending
+    shapes to judge it by), for the JSON summary."""
+    return {key: value for key, value in metrics.node_dict(n, stranded=False).items() if key != "node"}
 
 
 def _consumer(ref: model.ResourceClaimConsumerReference) -> dict[str, str]:

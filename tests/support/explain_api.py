@@ -40,7 +40,7 @@ class FakeReader:
         for item in self.objects.get(resource.plural, ()):
             meta = item.get("metadata") or {}
             if meta.get("name") == name and (meta.get("namespace") or "") == namespace:
-                return copy.deepcopy(item)
+                return resource.with_kind(copy.deepcopy(item))  # as the client's get does
         raise kube_client.NotFound(404, "NotFound", f'{resource.plural} "{name}" not found')
 
     def list(
@@ -51,10 +51,7 @@ class FakeReader:
         for item in self.objects.get(resource.plural, ()):
             if namespace and (item.get("metadata") or {}).get("namespace") != namespace:
                 continue
-            raw = copy.deepcopy(item)
-            raw.setdefault("apiVersion", resource.api_version)
-            raw.setdefault("kind", resource.kind)
-            items.append(raw)
+            items.append(resource.with_kind(copy.deepcopy(item)))
         return kube_client.ListResult(tuple(items), "1")
 
     def close(self) -> None:

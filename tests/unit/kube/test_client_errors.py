@@ -31,6 +31,9 @@ class _Response:
     def release_conn(self) -> None:
         return None
 
+    def shutdown(self) -> None:
+        return None
+
     def close(self) -> None:
         return None
 

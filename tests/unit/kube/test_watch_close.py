@@ -72,3 +72,14 @@ def test_close_before_reading_closes_at_once_and_iterates_nothing() -> None:
     stream.close()
     assert response.calls == ["shutdown", "close"]
     assert list(stream) == []
+
+
+def test_close_after_the_stream_ended_leaves_the_released_connection_alone() -> None:
+    """Guards: once a watch was read to its end, its connection is back in urllib3's pool: a later
+    close() must not shut down a socket that now serves other requests."""
+    response = _Response()
+    response.woken.set()  # the stream ends by itself after its one event
+    stream = client.WatchStream(response)  # type: ignore[arg-type]
+    assert [event.object["metadata"]["name"] for event in stream] == ["a"]
+    stream.close()
+    assert response.calls == ["release_conn"]
