@@ -52,6 +52,9 @@ EXIT_FAILED = 1
 # A sweep at start-up catches what a crash left behind; the periodic one catches claims deleted
 # while their pods were gone from the kubelet's view (the NVIDIA driver sweeps every 10 min).
 SWEEP_INTERVAL_S = 600.0
+# How long stop() waits for the publisher thread: a publish hanging on the API server must not
+# hold up the shutdown (the thread is a daemon, and ends when that publish returns).
+PUBLISHER_JOIN_S = 5.0
 
 
 # --- logging ---------------------------------------------------------------------------------------
@@ -162,7 +165,8 @@ class Agent:
     Invariants: slices are published before the plugin registers, so the scheduler can see the
     devices the kubelet will be asked to prepare; after that only the publisher thread publishes,
     so a slow API server never holds up NVML event delivery; taint changes wake it at once and a
-    failed publish is retried when `tick()` wakes it; `stop()` is idempotent and never deletes slices.
+    failed publish is retried when `tick()` wakes it; a publisher thread left running by `stop()`
+    never publishes again once its publish returns; `stop()` is idempotent and never deletes slices.
     """
 
     def __init__(
@@ -270,12 +274,16 @@ class Agent:
             poll_s=self._health_poll_s,
         )
         self.monitor.subscribe(self._on_taints)
-        # Each thread has its own stop event: one that outlived an earlier stop()'s join (a publish
-        # hanging on the API server) finds its event set when the publish returns, and ends.
+        # Each thread has its own events: one that outlived an earlier stop()'s join (a publish
+        # hanging on the API server) finds its stop event set when the publish returns, and ends;
+        # wake-ups meant for the new thread never reach it.
         self._stop_publishing = threading.Event()
-        self._publish_wanted.clear()
+        self._publish_wanted = threading.Event()
         self._publishing = threading.Thread(
-            target=self._publish_loop, args=(self.monitor, self._stop_publishing), name="dractl-publish", daemon=True
+            target=self._publish_loop,
+            args=(self.monitor, self._publish_wanted, self._stop_publishing),
+            name="dractl-publish",
+            daemon=True,
         )
         self._publishing.start()
         self.monitor.start()
@@ -325,16 +333,15 @@ class Agent:
         if self._publishing is not None:
             self._stop_publishing.set()
             self._publish_wanted.set()
-            # A publish hanging on the API server must not hold up the shutdown (the thread is a daemon).
-            self._publishing.join(timeout=5.0)
+            self._publishing.join(timeout=PUBLISHER_JOIN_S)
             self._publishing = None
         if self._gpus is not None:
             self._gpus.close()
             self._gpus = None
 
     def tick(self) -> None:
-        """Periodic work from the main loop: have a failed publish retried (by the publisher
-        thread), sweep every SWEEP_INTERVAL_S."""
+        """Periodic work from the main loop: have a failed publish retried (by the current
+        publisher thread), sweep every SWEEP_INTERVAL_S."""
         if self._publish_pending:
             self._publish_wanted.set()
         if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
@@ -348,29 +355,40 @@ class Agent:
         for error in result.errors:
             _log.warning("sweep: could not clean up", error=error)
 
-    def _publish_loop(self, monitor: health.Monitor, stopping: threading.Event) -> None:
-        """The publisher thread: publish the monitor's current taints whenever a publish is wanted,
-        until `stopping` (this thread's own) is set.
+    def _publish_loop(self, monitor: health.Monitor, wanted: threading.Event, stopping: threading.Event) -> None:
+        """The publisher thread: publish the monitor's current taints whenever `wanted` is set,
+        until `stopping` is set; both events are this thread's own.
 
         The taints are read here, at publish time, by the only thread that publishes, so each
         publish carries a state at least as new as the one before: an older health state never
         overwrites a newer one, whatever order the monitor's observers ran in. A change made
-        during a publish sets `_publish_wanted` again, so the newest state is always published.
-        Nothing ends the thread but `stopping`: a failure is logged and retried at the next tick.
+        during a publish sets `wanted` again, so the newest state is always published. `stopping`
+        is checked after each publish too, so a thread that outlived `stop()` ends as soon as its
+        publish returns. Nothing else ends the thread: a failure is logged and retried at the next
+        tick, with its traceback the first time it is seen and one line while it recurs, until a
+        publish succeeds.
         """
-        while True:
-            self._publish_wanted.wait()
+        seen: set[str] = set()
+        while not stopping.is_set():
+            wanted.wait()
             if stopping.is_set():
                 return
-            self._publish_wanted.clear()
+            wanted.clear()
             try:
-                self._publish(monitor.taints())
-            except Exception:  # noqa: BLE001 - a bug in building the slices must not stop every later publish
+                if self._publish(monitor.taints()):
+                    seen.clear()
+            except Exception as err:  # noqa: BLE001 - a bug in building the slices must not stop every later publish
                 self._publish_pending = True
-                _log.exception("publishing ResourceSlices failed; retrying at the next tick")
+                failure = f"{type(err).__qualname__}: {err}"
+                if failure in seen:
+                    _log.warning("publishing ResourceSlices failed again; retrying at the next tick", error=failure)
+                else:
+                    seen.add(failure)
+                    _log.exception("publishing ResourceSlices failed; retrying at the next tick", error=failure)
 
-    def _publish(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> None:
-        """Build the slices with these taints and publish them; on failure a later `tick()` retries.
+    def _publish(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> bool:
+        """Build the slices with these taints and publish them; return whether the API took them.
+        When it did not, a later `tick()` retries.
 
         Called by `_start` before the publisher thread exists, then only by that thread.
         """
@@ -381,7 +399,7 @@ class Agent:
         except Exception as err:  # noqa: BLE001 - the API being away must not stop the node agent
             self._publish_pending = True
             _log.warning("publishing ResourceSlices failed; retrying", error=str(err))
-            return
+            return False
         self._publish_pending = False
         unhealthy = sum(
             1
@@ -390,6 +408,7 @@ class Agent:
             if any(t.effect != model.TaintEffect.NONE.value for t in d.taints)
         )
         self.metrics.unhealthy_devices.set(unhealthy)
+        return True
 
     def _build(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> tuple[model.ResourceSlice, ...]:
         assert self._inventory is not None
@@ -404,8 +423,8 @@ class Agent:
         return slices.build(self._inventory, options=options)
 
     def _on_taints(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> None:
-        # Called on the monitor's NVML event thread: only wake the publisher thread, which reads
-        # the newest taints itself, so a slow API server cannot delay the next event.
+        # Called on the monitor's NVML event thread: only wake the current publisher thread, which
+        # reads the newest taints itself, so a slow API server cannot delay the next event.
         self._publish_wanted.set()
 
     def _warn(self, message: str) -> None:

@@ -9,27 +9,36 @@ and exactly the services served. The DRA socket is up before the registration so
 stale sockets are removed before binding and both are removed on stop. `probe()` is the
 liveness check: one gRPC call over each socket.
 
-What it must not do: any work of its own. Handlers only translate protobuf <-> `state` values
-and call the injected `Preparer` once per claim, the claims of one request one after another,
-turning `state.PrepareError` (and anything unexpected) into that claim's `error` string so
-every claim of a request gets exactly one entry. It does not serialize requests, unlike the
-upstream kubeletplugin helper (which serializes all prepare and unprepare calls by default): the
-`Preparer` is thread-safe and serializes per claim, so the calls for one claim run one after
-another while one pod's slow claim read does not hold up another pod's prepare.
-It is the only module besides `dractl._proto` that imports grpc; it does not talk to the
-Kubernetes API or NVML.
+Calls for one claim are serialized here, per claim rather than per plugin as the upstream
+kubeletplugin helper's `Serialize` option does: before handling the first claim of a prepare
+or unprepare request, the handler takes the lock of every claim UID in the request (in sorted
+UID order, so two requests never deadlock) and releases them after the last. An unprepare of
+a claim therefore never runs while a prepare of a request naming it is still working on an
+earlier claim or reading it, and what that prepare makes is undone. Requests sharing no claim
+run concurrently, so one pod's slow claim read does not hold up another pod's prepare, and an
+empty request (the liveness probe) takes no lock. A lock still busy after
+`claim_lock_timeout_s` (a claim read can hang for minutes) answers every claim of the waiting
+request with an error naming the busy claim, so kubelet retries cannot pile up on the gRPC
+workers.
+
+What it must not do: any other work of its own. Handlers only translate protobuf <-> `state`
+values and call the injected `Preparer` once per claim, the claims of one request one after
+another, turning `state.PrepareError` (and anything unexpected) into that claim's `error`
+string so every claim of a request gets exactly one entry. It is the only module besides
+`dractl._proto` that imports grpc; it does not talk to the Kubernetes API or NVML.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import pathlib
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -56,6 +65,10 @@ _MAX_SOCKET_PATH = 107
 # The kubelet marks a device Unknown 30 s after its last report; re-send well within that.
 DEFAULT_HEALTH_RESEND_S = 10.0
 _HEALTH_MESSAGE_LIMIT = 1024
+# How long a call waits for another call of one of its claims before answering "still running":
+# below the kubelet's 45 s call timeout, so the answer reaches it, and short enough that retries
+# behind a hanging claim read (up to 5 attempts of 30 s) do not hold every gRPC worker.
+CLAIM_LOCK_TIMEOUT_S = 30.0
 
 
 class PluginError(Exception):
@@ -65,10 +78,10 @@ class PluginError(Exception):
 class Preparer(Protocol):
     """What the handlers call per claim: `state.State` in production, a fake in tests.
 
-    Thread-safe: concurrent requests call it from several gRPC threads at once, and it
-    serializes the calls for one claim UID itself (a prepare and an unprepare of one claim never
-    overlap). `prepare` is idempotent and raises `state.PrepareError` with the message for the
-    kubelet; `unprepare` succeeds for unknown claims.
+    Thread-safe for different claims: concurrent requests call it from several gRPC threads at
+    once. Calls for one claim UID never overlap: the plugin holds the claim's lock around them.
+    `prepare` is idempotent and raises `state.PrepareError` with the message for the kubelet;
+    `unprepare` succeeds for unknown claims.
     """
 
     def prepare(self, claim: state.ClaimRef) -> tuple[state.PreparedDevice, ...]: ...
@@ -107,6 +120,64 @@ class Sockets:
 
     registration: pathlib.Path
     dra: pathlib.Path
+
+
+@dataclasses.dataclass(slots=True)
+class _ClaimLock:
+    """The lock of one claim UID and how many calls hold it or wait for it."""
+
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    users: int = 0
+
+
+class _ClaimLocks:
+    """One lock per claim UID. An entry lives while a call holds or waits for it, so the map holds
+    only the claims being worked on. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._entries: dict[str, _ClaimLock] = {}
+
+    @contextlib.contextmanager
+    def held(self, uids: Collection[str], *, timeout_s: float) -> Iterator[str | None]:
+        """Take the lock of each distinct UID in sorted order (so two calls never deadlock),
+        waiting at most `timeout_s` in all, and hold them until the block ends. Yields None when
+        all are held; otherwise the UID whose lock stayed busy, with none held."""
+        held: list[tuple[str, _ClaimLock]] = []
+        busy: str | None = None
+        deadline = time.monotonic() + timeout_s
+        try:
+            for uid in sorted(set(uids)):
+                entry = self._join(uid)
+                if not entry.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    self._leave(uid)
+                    busy = uid
+                    break
+                held.append((uid, entry))
+            if busy is not None:
+                self._release(held)
+                held = []
+            yield busy
+        finally:
+            self._release(held)
+
+    def _join(self, uid: str) -> _ClaimLock:
+        with self._guard:
+            entry = self._entries.setdefault(uid, _ClaimLock())
+            entry.users += 1
+            return entry
+
+    def _leave(self, uid: str) -> None:
+        with self._guard:
+            entry = self._entries[uid]
+            entry.users -= 1
+            if not entry.users:
+                del self._entries[uid]
+
+    def _release(self, held: Sequence[tuple[str, _ClaimLock]]) -> None:
+        for uid, entry in reversed(held):
+            entry.lock.release()
+            self._leave(uid)
 
 
 def socket_paths(*, driver_name: str, registrar_dir: pathlib.Path, plugins_dir: pathlib.Path) -> Sockets:
@@ -151,8 +222,12 @@ class Plugin:
     Invariants: `start()` binds the DRA socket, waits until it exists, then binds the
     registration socket; `stop()` removes the registration socket first (the kubelet then
     deregisters the plugin) and the DRA socket last; each is idempotent. The claims of a prepare
-    or unprepare request are handled in request order; requests run concurrently (the preparer
-    serializes per claim), so an empty one (the liveness probe) answers at once.
+    or unprepare request are handled in request order, holding the lock of every claim UID in
+    the request from before the first to after the last; requests with no claim in common run
+    concurrently, and an empty one (the liveness probe) takes no lock, so it answers at once. A
+    request that cannot take a lock within `claim_lock_timeout_s` answers each of its claims
+    "another call for claim <ns>/<name> (uid <uid>) is still running; the kubelet retries",
+    naming the busy claim, without calling the preparer.
     """
 
     def __init__(
@@ -165,6 +240,7 @@ class Plugin:
         on_call: Callable[[Call], None] | None = None,
         health_resend_s: float = DEFAULT_HEALTH_RESEND_S,
         workers: int = 8,
+        claim_lock_timeout_s: float = CLAIM_LOCK_TIMEOUT_S,
     ) -> None:
         self.driver_name = driver_name
         self.sockets = sockets
@@ -173,6 +249,8 @@ class Plugin:
         self._on_call = on_call
         self._health_resend_s = health_resend_s
         self._workers = workers
+        self._claim_lock_timeout_s = claim_lock_timeout_s
+        self._claim_locks = _ClaimLocks()
         self._stopping = threading.Event()
         self._status = RegistrationStatus()
         self._dra_server: Any = None
@@ -331,22 +409,30 @@ class Plugin:
         operation: str,
         api: str,
     ) -> None:
-        """Call `handle(claim, entry)` for each claim in request order, `entry` being the claim's
-        entry in `response`; set the entry's error from what it raised, or to "" when it did not.
-        Records the call for metrics unless the request is empty (the liveness probe)."""
+        """Holding the lock of every claim UID in the request, call `handle(claim, entry)` for each
+        claim in request order, `entry` being the claim's entry in `response`; set the entry's
+        error from what it raised, or to "" when it did not. When a lock stays busy, set every
+        entry's error to say so and call nothing. Records the call for metrics unless the request
+        is empty (the liveness probe, which takes no lock)."""
         if not claims:
             return
         started = time.perf_counter()
         errors = 0
-        for claim in claims:
-            entry = response.claims[claim.uid]
-            try:
-                handle(claim, entry)
-            except Exception as err:  # noqa: BLE001 - every failure becomes this claim's error
-                entry.error = _error_text(operation, claim, err)
-                errors += 1
-            else:
-                entry.error = ""
+        with self._claim_locks.held([claim.uid for claim in claims], timeout_s=self._claim_lock_timeout_s) as busy:
+            refused = None if busy is None else _busy_text(operation, next(c for c in claims if c.uid == busy))
+            for claim in claims:
+                entry = response.claims[claim.uid]
+                if refused is not None:
+                    entry.error = refused
+                    errors += 1
+                    continue
+                try:
+                    handle(claim, entry)
+                except Exception as err:  # noqa: BLE001 - every failure becomes this claim's error
+                    entry.error = _error_text(operation, claim, err)
+                    errors += 1
+                else:
+                    entry.error = ""
         self._record(Call(operation=operation, api=api, claims=len(claims), errors=errors, seconds=_since(started)))
 
     def _watch_resources(self, request: Any, context: Any, hpb2: ModuleType) -> Iterator[Any]:
@@ -398,6 +484,19 @@ def _error_text(operation: str, claim: Any, err: Exception) -> str:
     )
     who = f"ResourceClaim {claim.namespace}/{claim.name} (uid {claim.uid})"
     return f"{who}: {operation} failed: {type(err).__name__}: {err}"
+
+
+def _busy_text(operation: str, claim: Any) -> str:
+    """The error for each claim of a call that could not take `claim`'s lock in time."""
+    _log.warning(
+        f"plugin: {operation} refused: another call for a claim is still running",
+        namespace=claim.namespace,
+        name=claim.name,
+        uid=claim.uid,
+    )
+    return (
+        f"another call for claim {claim.namespace}/{claim.name} (uid {claim.uid}) is still running; the kubelet retries"
+    )
 
 
 def _device_message(pb2: ModuleType, device: state.PreparedDevice, *, share_id: bool) -> Any:

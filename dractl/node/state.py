@@ -7,9 +7,11 @@ checkpoint, creates dynamic MIG instances, applies sharing (time-slice, MPS, a s
 memory limit), writes the claim's CDI spec, and records PrepareCompleted with every side
 effect; unprepare undoes exactly those; `sweep` removes what no prepared claim owns. All
 state changes happen under one lock, and the checkpoint is written before and after the
-side effects, so a crash at any point is rolled back on the next attempt. Prepares and
-unprepares of one claim run one after another (a lock per claim UID, held across the claim
-read); those of different claims only share the state lock.
+side effects, so a crash at any point is rolled back on the next attempt. The claim is read
+outside the state lock, so prepares of different claims do not wait for each other's API read.
+Callers must not overlap calls for one claim (the plugin holds a lock per claim UID around
+them): an unprepare during the prepare's read would find nothing to undo, and what the prepare
+then makes would leak.
 
 What it must not do: speak gRPC (plugin translates), talk to the API server except through
 `ClaimSource`, import `pynvml`, or allocate: it only carries out a claim's allocation.
@@ -17,11 +19,10 @@ What it must not do: speak gRPC (plugin translates), talk to the API server exce
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import pathlib
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import structlog
@@ -114,18 +115,11 @@ def _describe(record: checkpoint.ClaimRecord) -> str:
     return f"{record.namespace}/{record.name}"
 
 
-@dataclasses.dataclass(slots=True)
-class _ClaimLock:
-    """The lock of one claim UID and how many threads hold it or wait for it."""
-
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    users: int = 0
-
-
 class State:
-    """The prepared claims of this node. Thread-safe: every change runs under one lock, and the
-    prepares and unprepares of one claim UID run one after another (different claims' do not wait
-    for each other's API read).
+    """The prepared claims of this node. Thread-safe for different claims: every change runs
+    under one lock, and the claim read of `prepare` outside it, so different claims do not wait
+    for each other's API read. Callers serialize the `prepare` and `unprepare` calls of one claim
+    UID (the plugin does); `sweep` may run beside them.
 
     `dynamic_mig` says whether MIG devices are created at prepare time (DynamicMIG) or
     already exist (static MIG). `device_nodes` says whether CDI specs carry `/dev/nvidia*`
@@ -169,10 +163,6 @@ class State:
         self._proc_root = proc_root
         self._on_warning = on_warning
         self._lock = threading.Lock()
-        # Taken before `_lock`, never while holding it. An entry lives while a thread holds or
-        # waits for it, so the map holds only the claims being worked on.
-        self._claim_locks: dict[str, _ClaimLock] = {}
-        self._claim_locks_guard = threading.Lock()
         self._writer = checkpoint.Writer(state_dir / CHECKPOINT_FILE, fsync=fsync)
         self.warnings: list[str] = []
         loaded = checkpoint.load(self._writer.path, boot_id=checkpoint.read_boot_id(boot_id_path))
@@ -192,41 +182,38 @@ class State:
     def prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
         """Prepare one claim and return its devices. Idempotent: a completed claim returns
         the same answer without touching anything; an interrupted earlier attempt is rolled
-        back first. Raises `PrepareError` naming the claim (and field, for bad input). An
-        unprepare of the same claim waits until this returns, and this waits for it."""
-        with self._claim_lock(claim.uid):
-            with self._lock:
-                done = self._completed(claim)
+        back first. Raises `PrepareError` naming the claim (and field, for bad input). The caller
+        must not run an unprepare of the same claim until this returns."""
+        with self._lock:
+            done = self._completed(claim)
+        if done is not None:
+            return done
+        # The API read is slow, so it happens outside the state lock. Nothing else of this claim
+        # runs meanwhile (the caller serializes its calls), so no unprepare can slip in between
+        # the read and the record it leads to.
+        resource = self._read_claim(claim)
+        with self._lock:
+            done = self._completed(claim)
             if done is not None:
                 return done
-            # The API read is slow, so it happens outside the state lock: only this claim's
-            # lock is held, so an unprepare of this claim cannot slip in between the read and
-            # the record it leads to (it would find nothing to undo and the prepare would leak).
-            resource = self._read_claim(claim)
-            with self._lock:
-                done = self._completed(claim)
-                if done is not None:
-                    return done
-                # The GPU list (minors, UUIDs, MIG modes) is read once here and used for every
-                # result and every MIG instance created; nothing else changes it while the lock is held.
-                gpus = {gpu.minor: gpu for gpu in self._gpus.gpus()}
-                items = self._plan(claim, resource, gpus)
-                self._check_conflicts(claim, items)
-                previous = self._cp.claims.get(claim.uid)
-                if previous is not None:
-                    _log.info(
-                        "rolling back an interrupted prepare", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid
-                    )
-                    self._undo_or_raise(previous, what="roll back the interrupted prepare of")
-                    self._store(None, uid=claim.uid)
-                return self._apply(claim, items)
+            # The GPU list (minors, UUIDs, MIG modes) is read once here and used for every
+            # result and every MIG instance created; nothing else changes it while the lock is held.
+            gpus = {gpu.minor: gpu for gpu in self._gpus.gpus()}
+            items = self._plan(claim, resource, gpus)
+            self._check_conflicts(claim, items)
+            previous = self._cp.claims.get(claim.uid)
+            if previous is not None:
+                _log.info("rolling back an interrupted prepare", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid)
+                self._undo_or_raise(previous, what="roll back the interrupted prepare of")
+                self._store(None, uid=claim.uid)
+            return self._apply(claim, items)
 
     def unprepare(self, claim: ClaimRef) -> None:
         """Undo everything prepare did for the claim. Unknown claims succeed (idempotent).
         Raises `PrepareError` when a side effect cannot be undone (the record is kept, so the
-        kubelet's retry or the next sweep tries again). Waits for a prepare of the same claim
-        in progress, so what that prepare makes is undone too."""
-        with self._claim_lock(claim.uid), self._lock:
+        kubelet's retry or the next sweep tries again). The caller must not run it while a
+        prepare of the same claim is in progress."""
+        with self._lock:
             record = self._cp.claims.get(claim.uid)
             if record is None:
                 return
@@ -286,21 +273,6 @@ class State:
         return result
 
     # --- reading and planning ----------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _claim_lock(self, uid: str) -> Iterator[None]:
-        """Hold the lock of one claim UID; the entry is dropped when its last user leaves."""
-        with self._claim_locks_guard:
-            entry = self._claim_locks.setdefault(uid, _ClaimLock())
-            entry.users += 1
-        try:
-            with entry.lock:
-                yield
-        finally:
-            with self._claim_locks_guard:
-                entry.users -= 1
-                if not entry.users:
-                    del self._claim_locks[uid]
 
     def _warn(self, message: str) -> None:
         _log.warning(message)

@@ -37,13 +37,14 @@ UID = "0c1d2e3f-0000-4000-8000-0000000000a1"
 
 
 class FakePublisher:
-    """Records every publish (and whether the registration socket existed then); can fail on demand,
-    and hang like a slow API server while `gate` is set and not yet open (`hanging` says one is)."""
+    """Records every publish (the thread that made it, and whether the registration socket existed then); can fail
+    on demand, and hang like a slow API server while `gate` is set and not yet open (`hanging` says one is)."""
 
     def __init__(self, registration_socket: pathlib.Path) -> None:
         self.registration_socket = registration_socket
         self.published: list[tuple[model.ResourceSlice, ...]] = []
         self.socket_existed: list[bool] = []
+        self.threads: list[threading.Thread] = []
         self.failures = 0
         self.cond = threading.Condition()
         self.gate: threading.Event | None = None
@@ -59,6 +60,7 @@ class FakePublisher:
                 raise ConnectionError("apiserver unreachable")
             self.published.append(tuple(desired))
             self.socket_existed.append(self.registration_socket.exists())
+            self.threads.append(threading.current_thread())
             self.cond.notify_all()
 
     def wait_for(
@@ -289,6 +291,95 @@ def test_a_failure_building_the_slices_is_logged_and_the_publisher_thread_retrie
             node_agent.tick()
     failures = [log for log in logs if log["event"] == "publishing ResourceSlices failed; retrying at the next tick"]
     assert [(log["log_level"], log["exc_info"]) for log in failures] == [("error", True)]
+
+
+def test_a_publisher_thread_that_outlived_stop_ends_when_its_publish_returns(
+    settings: config.NodeAgent,
+    gpus: fakegpu.FakeGpus,
+    claims: Claims,
+    publisher: FakePublisher,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Guards: a publisher thread still hanging in a publish when stop() stopped waiting for it ends as soon as
+    that publish returns, after the agent started again with a new publisher thread and without any wake-up:
+    it publishes nothing more and leaves the new thread's wake-ups to the new thread."""
+    monkeypatch.setattr(agent, "PUBLISHER_JOIN_S", 0.05)
+    a = agent.Agent(settings, gpus=gpus, claims=claims, publisher=publisher, health_poll_s=0.05)
+    a.start()
+    gate = threading.Event()
+    try:
+        old = a._publishing
+        assert old is not None
+        publisher.gate = gate
+        gpus.inject_xid(0, 79)
+        assert publisher.hanging.wait(timeout=20)
+        publisher.gate = None  # only the publish under way hangs
+        published_by_old = publisher.threads.count(old)
+        a.stop()
+        assert old.is_alive()
+        a.start()
+        new = a._publishing
+        assert new is not None and new is not old
+        count = len(publisher.published)
+        a._on_taints({})
+        assert publisher.wait_for(lambda slices: len(publisher.published) > count)
+        assert publisher.threads[-1] is new
+        gate.set()
+        old.join(timeout=20)
+        assert not old.is_alive(), "the old publisher thread is still waiting after its publish returned"
+        assert publisher.threads.count(old) == published_by_old + 1
+    finally:
+        gate.set()
+        a.stop()
+
+
+def test_a_recurring_publish_failure_logs_its_traceback_once_until_a_publish_succeeds(
+    node_agent: agent.Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards: a failure on the publisher thread that recurs logs its traceback the first time only, then one
+    warning line per repeat; another error gets its own traceback, and once a publish succeeds the first error
+    logs its traceback again."""
+    monitor = node_agent.monitor
+    assert monitor is not None
+    taints = monitor.taints
+    unreadable = (RuntimeError, "taints unreadable")
+    script: list[tuple[type[Exception], str] | None] = [unreadable] * 3 + [(ValueError, "bad taint"), unreadable]
+    script += [None, unreadable]
+    attempted = threading.Condition()
+
+    def scripted() -> collections.abc.Mapping[str, tuple[model.DeviceTaint, ...]]:
+        with attempted:
+            outcome = script.pop(0) if script else None
+            attempted.notify_all()
+        if outcome is not None:
+            raise outcome[0](outcome[1])
+        return taints()
+
+    monkeypatch.setattr(monitor, "taints", scripted)
+    with structlog.testing.capture_logs() as logs:
+        deadline = time.monotonic() + 20
+        with attempted:
+            while script:
+                assert time.monotonic() < deadline, "the publisher thread stopped trying"
+                node_agent._on_taints({})
+                attempted.wait(timeout=0.05)
+        failures: list[tuple[str, bool, str | None]] = []
+        while len(failures) < 6:
+            assert time.monotonic() < deadline, f"only {len(failures)} failures logged"
+            time.sleep(0.005)
+            failures = [
+                (log["log_level"], log.get("exc_info", False), log.get("error"))
+                for log in logs
+                if log["event"].startswith("publishing ResourceSlices failed")
+            ]
+    assert failures == [
+        ("error", True, "RuntimeError: taints unreadable"),
+        ("warning", False, "RuntimeError: taints unreadable"),
+        ("warning", False, "RuntimeError: taints unreadable"),
+        ("error", True, "ValueError: bad taint"),
+        ("warning", False, "RuntimeError: taints unreadable"),
+        ("error", True, "RuntimeError: taints unreadable"),
+    ]
 
 
 def test_bad_fake_profile_is_one_line(settings: config.NodeAgent) -> None:

@@ -8,6 +8,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 
 import grpc
 import pytest
@@ -435,8 +436,8 @@ class OverlapDetector(FakePreparer):
 
 
 def test_concurrent_requests_reach_the_preparer_together(sockets: plugin.Sockets) -> None:
-    """Guards: the plugin does not serialize requests (the preparer does, around its own work only): two
-    concurrent NodePrepareResources calls are in the preparer at once, so one claim's API read holds up no other."""
+    """Guards: the plugin serializes calls per claim only: two concurrent NodePrepareResources calls for
+    different claims are in the preparer at once, so one claim's API read holds up no other."""
     detector = OverlapDetector()
     p = plugin.Plugin(driver_name=DRIVER, sockets=sockets, preparer=detector)
     p.start()
@@ -462,26 +463,107 @@ def test_concurrent_requests_reach_the_preparer_together(sockets: plugin.Sockets
     assert detector.max_active == 2
 
 
-def test_liveness_probe_is_not_blocked_by_a_running_batch(
+def _lock_users(p: plugin.Plugin, uid: str) -> int:
+    """How many calls hold or wait for the claim's lock (0: it has no entry)."""
+    entry = p._claim_locks._entries.get(uid)
+    return 0 if entry is None else entry.users
+
+
+def _wait_for_lock_users(p: plugin.Plugin, uid: str, users: int) -> None:
+    deadline = time.monotonic() + 20
+    while _lock_users(p, uid) != users:
+        assert time.monotonic() < deadline, f"claim {uid}: {_lock_users(p, uid)} lock users, expected {users}"
+        time.sleep(0.005)
+
+
+def _call(sockets: plugin.Sockets, operation: str, uids: collections.abc.Sequence[str]) -> object:
+    with _channel(sockets.dra) as channel:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+        claims = [_claim(dra_v1_pb2, uid) for uid in uids]
+        if operation == "prepare":
+            return stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=claims), timeout=20)
+        return stub.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=claims), timeout=20)
+
+
+def test_liveness_probe_takes_no_claim_lock_and_never_waits(
     running: plugin.Plugin, sockets: plugin.Sockets, preparer: FakePreparer
 ) -> None:
-    """Guards: the empty NodePrepareResources of the liveness probe answers while a long prepare is running."""
+    """Guards: the empty NodePrepareResources of the liveness probe answers while a long prepare holds its claim's
+    lock and an unprepare of that claim waits for it, and it adds no lock entry."""
     preparer.gate = threading.Event()
+    threads = [
+        threading.Thread(target=_call, args=(sockets, "prepare", ["slow"])),
+        threading.Thread(target=_call, args=(sockets, "unprepare", ["slow"])),
+    ]
+    threads[0].start()
+    try:
+        assert preparer.entered.wait(timeout=10)
+        threads[1].start()
+        _wait_for_lock_users(running, "slow", 2)
+        assert plugin.probe(sockets, timeout_s=5) == []
+        assert {uid: entry.users for uid, entry in running._claim_locks._entries.items()} == {"slow": 2}
+    finally:
+        preparer.gate.set()
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join(timeout=20)
+    assert [(op, c.uid) for op, c in preparer.calls] == [("prepare", "slow"), ("unprepare", "slow")]
+    assert running._claim_locks._entries == {}
 
-    def slow_prepare() -> None:
-        with _channel(sockets.dra) as channel:
-            dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-                dra_v1_pb2.NodePrepareResourcesRequest(claims=[_claim(dra_v1_pb2, "slow")]), timeout=20
-            )
 
-    thread = threading.Thread(target=slow_prepare)
+def test_a_call_that_cannot_take_a_claim_lock_in_time_answers_each_claim_still_running(
+    sockets: plugin.Sockets, preparer: FakePreparer, calls: list[plugin.Call]
+) -> None:
+    """Guards: a request holds the locks of all its claims from before its first: while a prepare of [u2, u3] is
+    still in the preparer for u2, an unprepare of [u3, u1] waits at most the claim lock timeout, then answers each
+    of its claims that u3's call is still running without calling the preparer, and lets go of u1's lock."""
+    preparer.gate = threading.Event()
+    p = plugin.Plugin(
+        driver_name=DRIVER, sockets=sockets, preparer=preparer, on_call=calls.append, claim_lock_timeout_s=0.05
+    )
+    p.start()
+    thread = threading.Thread(target=_call, args=(sockets, "prepare", ["u2", "u3"]))
     thread.start()
     try:
         assert preparer.entered.wait(timeout=10)
-        assert plugin.probe(sockets, timeout_s=5) == []
+        response = _call(sockets, "unprepare", ["u3", "u1"])
+        calls_meanwhile = [(op, c.uid) for op, c in preparer.calls]
+        held_meanwhile = {uid: entry.users for uid, entry in p._claim_locks._entries.items()}
     finally:
         preparer.gate.set()
         thread.join(timeout=20)
+        p.stop(grace_s=0)
+    busy = "another call for claim default/claim-u3 (uid u3) is still running; the kubelet retries"
+    assert {uid: entry.error for uid, entry in response.claims.items()} == {"u3": busy, "u1": busy}  # type: ignore[attr-defined]
+    assert calls_meanwhile == [("prepare", "u2")]
+    assert held_meanwhile == {"u2": 1, "u3": 1}
+    assert [(c.operation, c.claims, c.errors) for c in calls] == [("unprepare", 2, 2), ("prepare", 2, 0)]
+    assert p._claim_locks._entries == {}
+
+
+def test_claim_locks_are_taken_in_sorted_uid_order() -> None:
+    """Guards: a call takes its claims' locks in sorted UID order whatever the request's order, so two calls naming
+    the same claims in opposite orders cannot each hold one and wait for the other: a call for [b, a] waits for a's
+    lock without holding b's, then holds both."""
+    locks = plugin._ClaimLocks()
+    answers: list[tuple[str | None, list[str]]] = []
+
+    def take() -> None:
+        with locks.held(["b", "a"], timeout_s=20) as busy:
+            answers.append((busy, sorted(locks._entries)))
+
+    thread = threading.Thread(target=take)
+    with locks.held(["a"], timeout_s=0) as busy:
+        assert busy is None
+        thread.start()
+        deadline = time.monotonic() + 20
+        while locks._entries["a"].users < 2:
+            assert time.monotonic() < deadline, "the second call never waited for a's lock"
+            time.sleep(0.005)
+        assert "b" not in locks._entries
+    thread.join(timeout=20)
+    assert answers == [(None, ["a", "b"])]
+    assert locks._entries == {}
 
 
 # --- health stream --------------------------------------------------------------------------------

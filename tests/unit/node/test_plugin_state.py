@@ -8,6 +8,8 @@ import pathlib
 import shutil
 import tempfile
 import threading
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -35,12 +37,13 @@ APIS = [
 
 @dataclasses.dataclass
 class Kubelet:
-    """The kubelet's side: prepare/unprepare calls over the DRA socket of one API version."""
+    """The kubelet's side: prepare/unprepare calls over the DRA socket of one API version; `server` is the plugin."""
 
     pb2: Any
     stub: Any
     node: Node
     sockets: plugin.Sockets
+    server: plugin.Plugin
 
     def prepare(self, *refs: state.ClaimRef) -> object:
         request = self.pb2.NodePrepareResourcesRequest(  # type: ignore[attr-defined]
@@ -62,7 +65,7 @@ def _serve(tmp_path: pathlib.Path, api: tuple[object, type], node: Node) -> coll
     p.start()
     channel = grpc.insecure_channel(f"unix:{sockets.dra}")
     try:
-        yield Kubelet(pb2=api[0], stub=api[1](channel), node=node, sockets=sockets)
+        yield Kubelet(pb2=api[0], stub=api[1](channel), node=node, sockets=sockets, server=p)
     finally:
         channel.close()
         p.stop(grace_s=0)
@@ -206,23 +209,32 @@ def test_unprepare_of_an_unknown_claim_succeeds(kubelet: Kubelet) -> None:
     assert response.claims[UID].error == ""  # type: ignore[attr-defined]
 
 
-def test_a_hanging_claim_read_does_not_hold_up_another_pods_prepare(
-    kubelet: Kubelet, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Guards: the API read happens outside every lock: while reading one pod's claim hangs, another pod's
-    NodePrepareResources is answered, and the first completes once its read returns."""
-    slow = kubelet.node.claims.put(claim("slow", UID, [result("gpu-0")]))
-    fast = kubelet.node.claims.put(claim("fast", UID2, [result("gpu-1")]))
+def _hang_reads(
+    kubelet: Kubelet, monkeypatch: pytest.MonkeyPatch, name: str
+) -> tuple[threading.Event, threading.Event]:
+    """Make reading the claim `name` hang until the second event is set; the first says a read began."""
     reading, release = threading.Event(), threading.Event()
     read = kubelet.node.claims.get_claim
 
-    def get_claim(namespace: str, name: str) -> model.ResourceClaim | None:
-        if name == slow.name:
+    def get_claim(namespace: str, claim_name: str) -> model.ResourceClaim | None:
+        if claim_name == name:
             reading.set()
             assert release.wait(timeout=60)
-        return read(namespace, name)
+        return read(namespace, claim_name)
 
     monkeypatch.setattr(kubelet.node.claims, "get_claim", get_claim)
+    return reading, release
+
+
+def test_a_hanging_claim_read_does_not_hold_up_another_pods_prepare(
+    kubelet: Kubelet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards: the API read holds only the locks of its own request's claims (not the state lock): while reading
+    one pod's claim hangs, another pod's NodePrepareResources is answered, and the first completes once its read
+    returns."""
+    slow = kubelet.node.claims.put(claim("slow", UID, [result("gpu-0")]))
+    fast = kubelet.node.claims.put(claim("fast", UID2, [result("gpu-1")]))
+    reading, release = _hang_reads(kubelet, monkeypatch, slow.name)
     answers: list[object] = []
     thread = threading.Thread(target=lambda: answers.append(kubelet.prepare(slow)))
     thread.start()
@@ -238,3 +250,77 @@ def test_a_hanging_claim_read_does_not_hold_up_another_pods_prepare(
         release.set()
         thread.join(timeout=30)
     assert len(answers) == 1 and answers[0].claims[UID].error == ""  # type: ignore[attr-defined]
+
+
+def _lock_users(kubelet: Kubelet, uid: str) -> int:
+    """How many calls hold or wait for the claim's lock in the plugin (0: it has no entry)."""
+    entry = kubelet.server._claim_locks._entries.get(uid)
+    return 0 if entry is None else entry.users
+
+
+def _unprepare_during_read(
+    kubelet: Kubelet,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    prepare: Sequence[state.ClaimRef],
+    hang: state.ClaimRef,
+    unprepare: state.ClaimRef,
+) -> tuple[Any, Any]:
+    """Prepare `prepare` in one call while reading `hang` hangs; meanwhile unprepare `unprepare` in another call
+    and check that it waits for the claim's lock instead of returning. Returns both answers once the read ends."""
+    reading, release = _hang_reads(kubelet, monkeypatch, hang.name)
+    answers: dict[str, Any] = {}
+    preparing = threading.Thread(target=lambda: answers.update(prepare=kubelet.prepare(*prepare)))
+    unpreparing = threading.Thread(target=lambda: answers.update(unprepare=kubelet.unprepare(unprepare)))
+    preparing.start()
+    try:
+        assert reading.wait(timeout=20)
+        unpreparing.start()
+        # The unprepare joins the claim's lock (its second user) while the read still hangs, and so cannot have
+        # returned; without a lock held across the whole request it finds no record and returns at once.
+        deadline = time.monotonic() + 20
+        while _lock_users(kubelet, unprepare.uid) < 2 and unpreparing.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        waited = unpreparing.is_alive() and _lock_users(kubelet, unprepare.uid) == 2
+    finally:
+        release.set()
+        preparing.join(timeout=30)
+        if unpreparing.ident is not None:
+            unpreparing.join(timeout=30)
+    assert waited, "the unprepare returned while the prepare was still reading a claim"
+    assert not preparing.is_alive() and not unpreparing.is_alive()
+    assert kubelet.server._claim_locks._entries == {}
+    return answers["prepare"], answers["unprepare"]
+
+
+def test_an_unprepare_during_the_claim_read_waits_for_the_prepare_and_nothing_leaks(
+    dynamic_kubelet: Kubelet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards: a prepare and an unprepare of one claim never interleave: an unprepare arriving while the prepare
+    reads the claim waits for it, then undoes what it made (no record, CDI file, MIG instance or MPS daemon is
+    left), and the claim's lock entry is dropped afterwards."""
+    node = dynamic_kubelet.node
+    mps = config(gpu_config({"strategy": "MPS"}), requests=["gpu"])
+    ref = node.claims.put(claim("m", UID, [result("gpu-1-mig-1g10gb-19-2", "mig"), result("gpu-4")], [mps]))
+    prepared, unprepared = _unprepare_during_read(dynamic_kubelet, monkeypatch, prepare=[ref], hang=ref, unprepare=ref)
+    assert prepared.claims[UID].error == "" and len(prepared.claims[UID].devices) == 2
+    assert unprepared.claims[UID].error == ""
+    assert node.state().prepared() == {}
+    assert node.cdi_files() == [] and node.mps.running == {} and node.gpus.gpu_instances(1) == ()
+
+
+def test_an_unprepare_of_a_later_claim_in_a_prepare_request_waits_for_the_whole_request_and_nothing_leaks(
+    dynamic_kubelet: Kubelet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards: a request holds the locks of all its claims from before its first: while a prepare of [A, B] still
+    reads A, an unprepare of B waits (it would find no record of B and return, and B's MIG instance would leak),
+    then undoes B once the prepare made it; A stays prepared."""
+    node = dynamic_kubelet.node
+    a = node.claims.put(claim("a", UID, [result("gpu-1-mig-1g10gb-19-2")]))
+    b = node.claims.put(claim("b", UID2, [result("gpu-2-mig-1g10gb-19-0")]))
+    prepared, unprepared = _unprepare_during_read(dynamic_kubelet, monkeypatch, prepare=[a, b], hang=a, unprepare=b)
+    assert {uid: entry.error for uid, entry in prepared.claims.items()} == {UID: "", UID2: ""}
+    assert unprepared.claims[UID2].error == ""
+    assert list(node.state().prepared()) == [UID]
+    assert node.gpus.gpu_instances(2) == () and len(node.gpus.gpu_instances(1)) == 1
+    assert node.cdi_files() == [f"k8s.gpu.nvidia.com-claim_{UID}.yaml"]

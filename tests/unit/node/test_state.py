@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pathlib
-import threading
-import time
 
 import pytest
 from support import cdi_rules
@@ -17,7 +15,6 @@ from support.state_inputs import (
     result,
 )
 
-from dractl import model
 from dractl.node import backend, cdi, checkpoint, state
 
 UID = "0c1d2e3f-0000-4000-8000-000000000001"
@@ -443,54 +440,3 @@ def test_a_prepare_encodes_only_its_own_claim_however_many_are_prepared(
     s.prepare(node.claims.put(claim("new", UID, [result("gpu-7")])))
     assert encoded_claims == [UID, UID]
     assert node.state().prepared() == s.prepared() and len(s.prepared()) == 7
-
-
-def unpreparing_waits(s: state.State) -> bool:
-    """Whether a second thread (the unprepare) holds or waits for the claim's lock."""
-    entry = s._claim_locks.get(UID)
-    return entry is not None and entry.users == 2
-
-
-def test_an_unprepare_during_the_claim_read_waits_for_the_prepare_and_nothing_leaks(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Guards: a prepare and an unprepare of one claim never interleave: an unprepare arriving while the prepare
-    reads the claim waits for it, then undoes what it made (no record, CDI file, MIG instance or MPS daemon is
-    left), and the claim's lock is dropped afterwards."""
-    node = make_node(tmp_path, dynamic_mig=True)
-    s = node.state()
-    mps = config(gpu_config({"strategy": "MPS"}), requests=["gpu"])
-    ref = node.claims.put(claim("m", UID, [result("gpu-1-mig-1g10gb-19-2", "mig"), result("gpu-4")], [mps]))
-    reading, release = threading.Event(), threading.Event()
-    read = node.claims.get_claim
-
-    def get_claim(namespace: str, name: str) -> model.ResourceClaim | None:
-        reading.set()
-        assert release.wait(timeout=60)
-        return read(namespace, name)
-
-    monkeypatch.setattr(node.claims, "get_claim", get_claim)
-    prepared: list[tuple[state.PreparedDevice, ...]] = []
-    preparing = threading.Thread(target=lambda: prepared.append(s.prepare(ref)))
-    unpreparing = threading.Thread(target=s.unprepare, args=(ref,))
-    preparing.start()
-    try:
-        assert reading.wait(timeout=20)
-        unpreparing.start()
-        # The unprepare has joined the claim's lock (its second user) while the read still hangs, and
-        # so cannot have returned; without per-claim locking it finds no record and returns at once.
-        deadline = time.monotonic() + 20
-        while not unpreparing_waits(s) and unpreparing.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        returned_during_read = not unpreparing.is_alive() or not unpreparing_waits(s)
-    finally:
-        release.set()
-        preparing.join(timeout=30)
-        if unpreparing.ident is not None:
-            unpreparing.join(timeout=30)
-    assert not returned_during_read, "the unprepare returned while the prepare was still reading the claim"
-    assert not preparing.is_alive() and not unpreparing.is_alive()
-    assert len(prepared) == 1 and len(prepared[0]) == 2
-    assert s.prepared() == {}
-    assert node.cdi_files() == [] and node.mps.running == {} and node.gpus.gpu_instances(1) == ()
-    assert s._claim_locks == {}
