@@ -20,7 +20,7 @@ Then the ratios binpack / first-fit against the issue's targets (at least 25% mo
 before the first rejection, at least 50% fewer rejections under churn, at most 5% of the GPU
 memory stranded at the first rejection, never fewer claims admitted in all), and the wall time
 of replaying a 10,000-event trace on 1,000 nodes (target: under 10 s) with the machine's load.
-Prints figures; asserts nothing.
+Prints figures; checks nothing against them.
 
 Two references that need no allocator, to tell placement from capacity (`Capacity`):
 - bound: the most claims any allocator could admit before the first rejection. Claim k can be
@@ -97,20 +97,22 @@ class Capacity:
 
 def _shapes(claim: model.ResourceClaim) -> tuple[metrics.RequestShape, ...]:
     shapes = trace.shapes_of(claim)
-    assert shapes, f"claim {claim.key} declares no request shapes ({trace.SHAPES})"
+    if not shapes:
+        raise ValueError(f"claim {claim.key} declares no request shapes ({trace.SHAPES})")
     return shapes
 
 
 def capacity(tr: trace.Trace) -> Capacity:
     """The trace's cluster as `Capacity`, for the reference mix. A GPU serves one of its
     whole-GPU requests when it has their memory floor (1 GPU with a floor), an NVLink partition
-    (2 or 4 GPUs in one partition) or 7 siblings on its node (8 GPUs): only these claims ask for
-    whole GPUs, which the assertion checks, so no GPU left out could serve one (the T4s of the
-    reference cluster serve none)."""
+    (2 or 4 GPUs in one partition) or 7 siblings on its node (8 GPUs). Only the reference mix's
+    claim kinds ask for whole GPUs in just these ways, so no GPU left out could serve one (the
+    T4s of the reference cluster serve none); a trace with other claim kinds is refused
+    (ValueError)."""
     shapes = [s for a in trace.arrivals(tr) if isinstance(a.object, model.ResourceClaim) for s in _shapes(a.object)]
-    assert {a.object.meta.labels.get("dractl.io/mix") for a in trace.arrivals(tr)} <= {
-        share.name for share in trace.MIXES["reference"]
-    }, "the bound counts the reference mix's claims only"
+    kinds = {a.object.meta.labels.get("dractl.io/mix") for a in trace.arrivals(tr)}
+    if not kinds <= {share.name for share in trace.MIXES["reference"]}:
+        raise ValueError("the bound counts the reference mix's claim kinds only")
     floor = min((s.min_memory for s in shapes if s.kind == "gpu" and s.min_memory), default=0)
     gpus = metrics.inventory(tr.cluster.resource_slices, ())
     per_node = collections.Counter(g.node for g in gpus)

@@ -50,6 +50,8 @@ _IDLE_UPSTREAMS = 8
 # Requests the server may receive twice with the same effect (RFC 9110 9.2.2 also lists PUT and DELETE, but a
 # second PUT of the Kubernetes API gets a Conflict and a second DELETE a NotFound: their answers differ).
 _REPLAYABLE = {"GET", "HEAD"}
+# How long `stop` waits for the requests being handled to end, once it has cut their connections.
+_STOP_TIMEOUT = 10.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -122,8 +124,25 @@ class Request:
 
 
 class _Server(http.server.ThreadingHTTPServer):
+    # Daemon threads, which `server_close` does not join: `FaultProxy.stop` waits for them itself, with a timeout.
     daemon_threads = True
     proxy: FaultProxy
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Counted here in the serving thread, before the handler's thread starts: once `shutdown` has returned, the
+        # count can only fall.
+        self.proxy._handler_started()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.proxy._handler_ended()  # Its thread did not start.
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.proxy._handler_ended()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Connections the proxy cut on purpose (dropped watches) or that clients dropped end in
@@ -154,7 +173,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.server.proxy._handle(self)
 
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+    do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
 
 class FaultProxy:
@@ -174,6 +193,8 @@ class FaultProxy:
         self._idle: list[http.client.HTTPSConnection] = []
         self._clients: set[socket.socket] = set()  # the connections of the clients being served
         self._stopped = threading.Event()  # set under `_lock`
+        self._handlers = 0  # handler threads started and not ended yet
+        self._handlers_ended = threading.Condition(self._lock)  # notified when `_handlers` falls to 0
         self._opened = 0
         self._upstream_context = plane.ssl_context()
         self._thread = threading.Thread(target=server.serve_forever, name="faultproxy", daemon=True)
@@ -213,7 +234,8 @@ class FaultProxy:
     def stop(self) -> None:
         """Stop serving: stop listening, cut every client connection and every upstream connection in use, close
         the idle ones. A request held by a latency rule is not forwarded any more. Returns once no request is
-        being handled. Idempotent."""
+        being handled; raises RuntimeError if one still is after 10 s (its thread is left running, as a daemon
+        thread). Idempotent."""
         with self._lock:
             self._stopped.set()
             idle = list(self._idle)
@@ -230,8 +252,13 @@ class FaultProxy:
             _shutdown(connection.sock)
         for connection in idle:
             connection.close()
-        self._server.server_close()  # Joins the handlers' threads.
+        with self._lock:
+            self._handlers_ended.wait_for(lambda: self._handlers == 0, timeout=_STOP_TIMEOUT)
+            handling = self._handlers
+        self._server.server_close()
         self._thread.join(timeout=10)
+        if handling:
+            raise RuntimeError(f"the fault proxy still handles {handling} request(s) {_STOP_TIMEOUT:g} s after stop()")
 
     def add(self, *rules: Rule) -> None:
         """Add rules; the first matching rule with firings left applies to a request."""
@@ -279,6 +306,16 @@ class FaultProxy:
     def _served(self, client: socket.socket) -> None:
         with self._lock:
             self._clients.discard(client)
+
+    def _handler_started(self) -> None:
+        with self._lock:
+            self._handlers += 1
+
+    def _handler_ended(self) -> None:
+        with self._lock:
+            self._handlers -= 1
+            if not self._handlers:
+                self._handlers_ended.notify_all()
 
     def _take_rule(self, method: str, target: str) -> Rule | None:
         with self._lock:
@@ -338,16 +375,23 @@ class FaultProxy:
         self._forward(handler, body, rule)
 
     def _connect(self) -> http.client.HTTPSConnection:
-        """A new upstream connection (opened by its first request). Raises ConnectionRefusedError once stopped."""
+        """A new upstream connection, connected. Raises ConnectionRefusedError once stopped: `_stopped` is checked
+        after connecting, under the lock, so `stop` either finds the connection (with its socket) and cuts it or
+        the connection is never used."""
         connection = http.client.HTTPSConnection(
             "127.0.0.1", self._upstream_port, context=self._upstream_context, timeout=600
         )
-        with self._lock:
-            if self._stopped.is_set():
-                raise ConnectionRefusedError("the fault proxy is stopped")
-            self._upstreams.add(connection)
-            self._opened += 1
-        return connection
+        try:
+            connection.connect()
+            with self._lock:
+                if not self._stopped.is_set():
+                    self._upstreams.add(connection)
+                    self._opened += 1
+                    return connection
+            raise ConnectionRefusedError("the fault proxy is stopped")
+        except BaseException:
+            connection.close()
+            raise
 
     def _take_idle(self) -> http.client.HTTPSConnection | None:
         """A pooled connection the server has not closed, or None. Those it closed are dropped on the way."""
@@ -413,7 +457,10 @@ class FaultProxy:
                 held = None
                 self._release(upstream, reusable=not watch and not response.will_close)
                 self._record(handler, response.status, "delay" if rule is not None else "")
-                handler.send_header("Content-Length", str(len(data)))
+                # A HEAD answer has no body but the Content-Length a GET's would have: passed on as it came.
+                length = response.getheader("Content-Length") if handler.command == "HEAD" else str(len(data))
+                if length is not None:
+                    handler.send_header("Content-Length", length)
                 handler.end_headers()
                 handler.wfile.write(data)
                 return
