@@ -28,7 +28,9 @@ claim (the informer's cache, plus the claims this process made that the cache ha
 yet), so a restart between "claim created" and "status written" (the first list has the claim)
 or a retry after a failed status write leads to adoption, not a second claim. A claim
 kube-controller-manager makes at the same moment as dractl's is a duplicate, which the claim
-sync deletes, as upstream. A second sync over unchanged state writes nothing.
+sync deletes, as upstream, once a live read of the pod confirms that it records the other claim
+(the pod cache may lag behind a status kube-controller-manager has just written). A second sync
+over unchanged state writes nothing.
 
 What it must not do: import `dractl.node`, talk to the API except through `dractl.kube`, write
 fields it does not own, deallocate claims without the finalizer, or delete a claim that is
@@ -793,6 +795,10 @@ class ClaimController:
         cached = self.pods.store.get(f"{namespace}/{name}")
         if cached is not None:
             return cached
+        return self._live_pod(namespace, name)
+
+    def _live_pod(self, namespace: str, name: str) -> PodState | None:
+        """The pod as the API server has it now; None when it is gone."""
         try:
             raw = self.client.get(kube_client.PODS, name, namespace=namespace)
         except kube_client.NotFound:
@@ -827,6 +833,12 @@ class ClaimController:
         owner_pod = pods.get(str(owner["name"])) if owner is not None and owner.get("name") else None
         existing = self._claims_of(owner_pod) if owner_pod is not None else {}
         plan = plan_claim(claim, pods, existing=existing, finalizer_pending=pending)
+        if plan.delete and owner is not None and owner_pod is not None:
+            if not _pod_gone_or_done(owner_pod, str(owner.get("uid") or "")):
+                # A duplicate by the cached pod: confirm with the pod as the API has it. kube-controller-manager
+                # may have just recorded this very claim, and deleting it would make both controllers start over.
+                pods[str(owner["name"])] = self._live_pod(namespace, str(owner["name"]))
+                plan = plan_claim(claim, pods, existing=existing, finalizer_pending=pending)
         if plan.empty:
             return
         version = claim.meta.resource_version

@@ -429,6 +429,20 @@ def _settled(api: client.Client, namespace: str, pods: list[str]) -> bool:
     return all(records) and sorted(names) == sorted(str(r) for r in records)
 
 
+def _claims_state(api: client.Client, namespace: str, pods: list[str]) -> str:
+    """What each pod records and which claims exist (with their owners and deletion marks), for a failure message."""
+    records = {pod: _recorded(api, namespace, pod).get("gpu") for pod in pods}
+    claims = [
+        (
+            c["metadata"]["name"],
+            [o.get("name") for o in c["metadata"].get("ownerReferences", [])],
+            bool(c["metadata"].get("deletionTimestamp")),
+        )
+        for c in _claims(api, namespace)
+    ]
+    return f"pods record {records}; claims (name, owners, being deleted) {claims}"
+
+
 def test_beside_kube_controller_manager_claims_are_adopted_and_never_duplicated(
     upstream: controlplane.Components,
     kube_client: client.Client,
@@ -453,6 +467,9 @@ def test_beside_kube_controller_manager_claims_are_adopted_and_never_duplicated(
     racing = [f"race-{i}" for i in range(6)]
     for name in racing:
         _template_pod(kube_client, namespace, name)
-    controlplane.wait_until(
-        lambda: _settled(kube_client, namespace, early + racing), what="each pod claim has one claim", timeout=90
-    )
+    try:
+        controlplane.wait_until(
+            lambda: _settled(kube_client, namespace, early + racing), what="each pod claim has one claim", timeout=90
+        )
+    except AssertionError as error:
+        raise AssertionError(f"{error}; {_claims_state(kube_client, namespace, early + racing)}") from error

@@ -17,13 +17,18 @@ from dractl.kube import client
 class StubClient:
     """Answers reads from fixed objects and records every write as (method, plural, name or body)."""
 
-    def __init__(self, *, templates: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self, *, templates: dict[str, dict[str, Any]] | None = None, pods: dict[str, dict[str, Any]] | None = None
+    ) -> None:
         self.templates = templates or {}
+        self.pods = pods or {}
         self.writes: list[tuple[str, str, Any]] = []
 
     def get(self, resource: client.Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
         if resource is client.RESOURCE_CLAIM_TEMPLATES and name in self.templates:
             return copy.deepcopy(self.templates[name])
+        if resource is client.PODS and name in self.pods:
+            return copy.deepcopy(self.pods[name])
         raise client.NotFound(404, "NotFound", f"{resource.plural} {name!r} not found")
 
     def list(self, resource: client.Resource, *, namespace: str = "", **_: Any) -> client.ListResult:
@@ -157,13 +162,39 @@ def test_a_finished_pods_claim_is_unreserved_deallocated_unprotected_and_deleted
     ]
 
 
+def _raw_pod(name: str, *, recorded: str) -> dict[str, Any]:
+    """The pod as the API server holds it: one template pod claim `gpu`, recorded as `recorded`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": "9"},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+        },
+        "status": {"phase": "Running", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": recorded}]},
+    }
+
+
+def test_a_duplicate_by_a_stale_cached_pod_is_confirmed_live_and_kept() -> None:
+    """Guards: the cached pod records `ours`, but the API server's pod now records `theirs` (kube-controller-manager
+    wrote it since): `theirs` is not deleted; the live pod decides, so the controllers do not undo each other."""
+    trainer = build.pod(templates={"gpu": "one-gpu"}, recorded={"gpu": "ours"})
+    theirs = build.claim("theirs", owner=trainer)
+    ours = build.claim("ours", owner=trainer)
+    stub = StubClient(pods={"trainer": _raw_pod("trainer", recorded="theirs")})
+    ctl = _controller(stub, pods=(trainer,), claims=(theirs, ours))
+    ctl.sync_claim("ns", "theirs")
+    assert stub.writes == []
+
+
 def test_a_duplicate_seen_before_the_recorded_claim_is_deleted_once_that_claim_arrives() -> None:
     """Guards: kube-controller-manager's claim for a pod claim arrives first, while the cache does not yet have the
     claim the pod records; when the recorded claim arrives, the earlier sibling is synced again and deleted."""
     trainer = build.pod(templates={"gpu": "one-gpu"}, recorded={"gpu": "ours"})
     theirs = build.claim("theirs", owner=trainer)
     ours = build.claim("ours", owner=trainer)
-    stub = StubClient()
+    stub = StubClient(pods={"trainer": _raw_pod("trainer", recorded="ours")})
     ctl = _controller(stub, pods=(trainer,), claims=(theirs,))
 
     def drain() -> list[str]:
