@@ -11,6 +11,7 @@ are broken by position), and runs the node loop and the search without the GIL.
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.math cimport floor, log, log2, pow
 from libc.string cimport memcpy, memmove, memset
 
 cdef enum:
@@ -39,6 +40,24 @@ cdef enum:
 cdef int64_t INT64_LAST = 0x7FFFFFFFFFFFFFFF  # a rank after every other
 cdef int32_t FLEX_NONE = 0x3FFFFFFF  # binpack's node key part for a shape without a free candidate there
 cdef int64_t FLEX_SCALE = 0x40000000  # every flexibility is below this, so it is the last part of a rank
+# `_flex` is log2(1 + pressure * PRESSURE_SCALE) in steps of 1 / PRESSURE_STEPS, then the devices
+# of the unit (a partitionable GPU offers more than one that is not) in the last six bits.
+cdef double PRESSURE_SCALE = 1048576.0
+cdef double PRESSURE_STEPS = 262144.0
+cdef double BUCKET_BASE = 1.1  # free shares enter the pressure rounded down to a power of this
+
+
+cdef inline int32_t _bucket(double free) noexcept nogil:
+    """The rounded logarithm of a free share: the pressure changes only when this does."""
+    if free < 0.5:
+        return -1000
+    return <int32_t> floor(log(free) / log(BUCKET_BASE) + 1e-9)
+
+
+cdef inline double _rounded(int32_t bucket) noexcept nogil:
+    """The free share a bucket stands for: none counts as a quarter of a unit, so a shape with
+    nothing left free weighs much but finitely."""
+    return 0.25 if bucket == -1000 else pow(BUCKET_BASE, bucket)
 
 # Search results (the facade maps them to reasons).
 OK = 0
@@ -105,8 +124,17 @@ cdef struct Shape:
     int32_t* cap_slot
     int64_t* cap_amt
     uint8_t* err        # per device: 1 if evaluating a selector on it failed (NULL: none did)
+    # Binpack's demand model (see `Core._flex`): how many devices one request of the shape asks
+    # for (`demand`), the mean share of its unit (GPU) a candidate takes (`size`), the units
+    # holding a candidate (`umask`, one byte per unit) and how much of them is free (`free`,
+    # in units; `bucket` is its rounded logarithm, see `_bucket`).
+    double demand
+    double size
+    uint8_t* umask
+    double free
+    int32_t bucket
     # Per node, cached (see `Core._node_cache`): how many of the shape's candidates on the node
-    # are free, and the least `dev_value` among them (binpack's key); valid while `key_at` is
+    # are free, and the least `_flex` among them (binpack's key); valid while `key_at` is
     # not older than the node's last change.
     int32_t* key_free
     int32_t* key_min
@@ -204,10 +232,19 @@ cdef class Core:
     cdef int32_t* dev_group
     cdef double* dev_size
     cdef int32_t* group_free
-    cdef int32_t* dev_value     # per device: how many registered shapes it is a candidate of
+    # Binpack's units: a GPU, which is the counter set its devices consume (a full GPU and its
+    # MIG devices share one) or else a device of its own. `pressure[u]`: how much the request
+    # shapes known want unit u (see `_pressure_of`).
+    cdef int32_t* unit
+    cdef int32_t n_units
+    cdef double* unit_frac      # per device: the share of its unit it takes (1 without counters)
+    cdef int32_t* unit_dev      # per unit past the counter sets: its device
+    cdef double* unit_free      # per unit: the share of it that is free
+    cdef double* pressure
+    cdef bint pressure_stale
     cdef int32_t* node_used     # per node: how many of its visible devices are held or shared
     # Event clock of the cached binpack keys: `node_changed[n]` is when node n's devices last
-    # changed hands, `values_changed` when `dev_value` last changed (a shape was added).
+    # changed hands, `values_changed` when `pressure` last changed (a shape or a demand was added).
     cdef int64_t clock, values_changed
     cdef int64_t* node_changed
     cdef Shape* shapes
@@ -272,20 +309,22 @@ cdef class Core:
         self.alloc_count = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
         self.group_free = <int32_t*> PyMem_Malloc((self.n_groups + 1) * sizeof(int32_t))
         self.dev_size = <double*> PyMem_Malloc((self.n_dev + 1) * sizeof(double))
-        self.dev_value = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
+        self.unit = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
+        self.unit_frac = <double*> PyMem_Malloc((self.n_dev + 1) * sizeof(double))
         if (self.cnt_pend == NULL or self.slot_pend == NULL or self.pend_shares == NULL
-                or self.alloc_count == NULL or self.group_free == NULL or self.dev_size == NULL or self.dev_value == NULL):
+                or self.alloc_count == NULL or self.group_free == NULL or self.dev_size == NULL
+                or self.unit == NULL or self.unit_frac == NULL):
             raise MemoryError()
         memset(self.cnt_pend, 0, (self.n_cnt + 1) * sizeof(int64_t))
         memset(self.slot_pend, 0, (self.n_slot + 1) * sizeof(int64_t))
         memset(self.pend_shares, 0, (self.n_dev + 1) * sizeof(int32_t))
         memset(self.alloc_count, 0, (self.n_dev + 1) * sizeof(int32_t))
         memset(self.group_free, 0, (self.n_groups + 1) * sizeof(int32_t))
-        memset(self.dev_value, 0, (self.n_dev + 1) * sizeof(int32_t))
         if len(shares) != self.n_dev or len(dev_group) != self.n_dev:
             raise ValueError("table lengths do not match")
         self._validate(len(node_bad), len(cnt_total), len(in_use), len(multi), len(slot_used))
         self._init_node_held()
+        self._init_units()
         # A partition's size is the share of its counter sets it takes; the binpack policy
         # keeps the largest still-placeable sibling as large as possible.
         for d in range(self.n_dev):
@@ -295,6 +334,69 @@ cdef class Core:
                 if self.cnt_total[c] > 0:
                     size += <double> self.cons_amt[k] / <double> self.cnt_total[c]
             self.dev_size[d] = size
+
+    cdef int _init_units(self) except -1:
+        """Each device's unit and the share of it the device takes: for a device that consumes
+        counters, its first counter set and the largest share it takes of a counter of that
+        set with a total above 1 (engines and memory; the one-per-slice counters would make
+        every MIG device look whole); otherwise a unit of its own, taken whole."""
+        cdef int32_t d, k, c, st, u
+        cdef double frac, part, any_part
+        self.n_units = self.n_sets
+        self.unit_dev = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
+        if self.unit_dev == NULL:
+            raise MemoryError()
+        for d in range(self.n_dev):
+            if self.cons_off[d] == self.cons_off[d + 1]:
+                self.unit[d] = self.n_units
+                self.unit_dev[self.n_units - self.n_sets] = d
+                self.n_units += 1
+                self.unit_frac[d] = 1.0
+                continue
+            st = self.cnt_set[self.cons_id[self.cons_off[d]]]
+            self.unit[d] = st
+            frac = 0.0
+            any_part = 0.0
+            for k in range(self.cons_off[d], self.cons_off[d + 1]):
+                c = self.cons_id[k]
+                if self.cnt_set[c] != st or self.cnt_total[c] <= 0:
+                    continue
+                part = <double> self.cons_amt[k] / <double> self.cnt_total[c]
+                if part > any_part:
+                    any_part = part
+                if self.cnt_total[c] > 1 and part > frac:
+                    frac = part
+            self.unit_frac[d] = min(1.0, frac if frac > 0.0 else any_part)
+        self.pressure = <double*> PyMem_Malloc((self.n_units + 1) * sizeof(double))
+        self.unit_free = <double*> PyMem_Malloc((self.n_units + 1) * sizeof(double))
+        if self.pressure == NULL or self.unit_free == NULL:
+            raise MemoryError()
+        memset(self.pressure, 0, (self.n_units + 1) * sizeof(double))
+        for u in range(self.n_units):
+            self.unit_free[u] = self._free_share(u)
+        return 0
+
+    cdef double _free_share(self, int32_t u) noexcept nogil:
+        """The share of unit `u` that is free: for a counter set, one minus the largest share
+        consumed of a counter with a total above 1 (or of any counter when none has); for a
+        device of its own, 0 when held whole, 1/2 while shared, else 1."""
+        cdef int32_t c, d
+        cdef double used = 0.0, any_used = 0.0, part
+        if u >= self.n_sets:
+            d = self.unit_dev[u - self.n_sets]
+            if self.in_use[d]:
+                return 0.0
+            return 0.5 if self.shares[d] > 0 else 1.0
+        for c in range(self.set_cnt_off[u], self.set_cnt_off[u + 1]):
+            if self.cnt_total[c] <= 0:
+                continue
+            part = <double> (self.cnt_total[c] - self.cnt_avail[c]) / <double> self.cnt_total[c]
+            if part > any_used:
+                any_used = part
+            if self.cnt_total[c] > 1 and part > used:
+                used = part
+        used = used if used > 0.0 else any_used
+        return 0.0 if used >= 1.0 else 1.0 - used
 
     cdef int _init_node_held(self) except -1:
         """The reverse of the node lists (device -> nodes) and each node's held count."""
@@ -371,7 +473,8 @@ cdef class Core:
         PyMem_Free(self.pend_shares); PyMem_Free(self.alloc_count)
         PyMem_Free(self.slot_value); PyMem_Free(self.slot_used); PyMem_Free(self.slot_pend)
         PyMem_Free(self.dev_group); PyMem_Free(self.dev_size); PyMem_Free(self.group_free)
-        PyMem_Free(self.dev_value)
+        PyMem_Free(self.unit); PyMem_Free(self.unit_frac); PyMem_Free(self.pressure)
+        PyMem_Free(self.unit_dev); PyMem_Free(self.unit_free)
         if self.shapes != NULL:
             for i in range(self.n_shapes):
                 PyMem_Free(self.shapes[i].cand)
@@ -383,6 +486,7 @@ cdef class Core:
                 PyMem_Free(self.shapes[i].key_min)
                 PyMem_Free(self.shapes[i].key_free)
                 PyMem_Free(self.shapes[i].key_at)
+                PyMem_Free(self.shapes[i].umask)
             PyMem_Free(self.shapes)
         if self.attrs != NULL:
             for i in range(self.n_attrs):
@@ -443,14 +547,59 @@ cdef class Core:
             raise MemoryError()
         for i in range(self.n_nodes + 1):
             s.key_at[i] = -1  # before every event: nothing is cached yet
+        s.umask = <uint8_t*> PyMem_Malloc(self.n_units + 1)
+        if s.umask == NULL:
+            PyMem_Free(s.cand); PyMem_Free(s.select); PyMem_Free(s.err)
+            PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
+            PyMem_Free(s.key_min); PyMem_Free(s.key_free); PyMem_Free(s.key_at)
+            raise MemoryError()
+        memset(s.umask, 0, self.n_units + 1)
+        n = 0
+        s.size = 0.0
+        s.free = 0.0
         for i in range(self.n_dev):
             if s.cand[i]:
-                self.dev_value[i] += 1
-        # Every device's value may have changed, and with it every cached key.
+                n += 1
+                s.size += self.unit_frac[i]
+                if not s.umask[self.unit[i]]:
+                    s.umask[self.unit[i]] = 1
+                    s.free += self.unit_free[self.unit[i]]
+        s.size = s.size / n if n else 0.0
+        s.bucket = _bucket(s.free)
+        s.demand = 1.0
+        self.n_shapes += 1
+        self.pressure_stale = True
+        return self.n_shapes - 1
+
+    def set_demand(self, int32_t shape, double demand):
+        """Set how many devices one request of the shape asks for: the most any request of it
+        known so far asks for (1 until one asks for more). It never falls."""
+        if shape < 0 or shape >= self.n_shapes:
+            raise ValueError("unknown shape")
+        if demand > self.shapes[shape].demand:
+            self.shapes[shape].demand = demand
+            self.pressure_stale = True
+
+    cdef void _refresh_pressure(self) noexcept nogil:
+        """Recompute every unit's `pressure` (see `_flex`) when a shape, a demand or a shape's
+        rounded free share changed since the last time, and mark every cached key stale."""
+        cdef int32_t i, u
+        cdef double share
+        cdef Shape* s
+        if not self.pressure_stale:
+            return
+        memset(self.pressure, 0, (self.n_units + 1) * sizeof(double))
+        for i in range(self.n_shapes):
+            s = &self.shapes[i]
+            if s.size <= 0.0:
+                continue
+            share = s.demand * s.size / (_rounded(s.bucket) * _rounded(s.bucket))
+            for u in range(self.n_units):
+                if s.umask[u]:
+                    self.pressure[u] += share
+        self.pressure_stale = False
         self.clock += 1
         self.values_changed = self.clock
-        self.n_shapes += 1
-        return self.n_shapes - 1
 
     def add_attribute(self, off, vals, int n_values):
         """Register a constraint attribute: per device a CSR range of interned value ids."""
@@ -523,11 +672,27 @@ cdef class Core:
         )
 
     cdef void _touched(self, int32_t d) noexcept nogil:
-        """The binpack keys cached for the nodes that see `d` are out of date."""
-        cdef int32_t k
+        """The binpack keys cached for the nodes that see `d` are out of date, and so is the free
+        share of its unit in every shape that counts that unit."""
+        cdef int32_t k, i, u
+        cdef double delta
+        cdef Shape* s
         self.clock += 1
         for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
             self.node_changed[self.dev_node[k]] = self.clock
+        u = self.unit[d]
+        delta = self._free_share(u) - self.unit_free[u]
+        if delta == 0.0:
+            return
+        self.unit_free[u] += delta
+        for i in range(self.n_shapes):
+            s = &self.shapes[i]
+            if s.umask[u]:
+                s.free += delta
+                k = _bucket(s.free)
+                if k != s.bucket:
+                    s.bucket = k
+                    self.pressure_stale = True
 
     def count_free(self, int32_t shape, *, bint admin, nodes):
         """How many candidates of `shape` visible on any of `nodes` are not held by
@@ -611,6 +776,8 @@ cdef class Core:
             for i in range(n_nodes):
                 if nv[i] < 0 or nv[i] >= self.n_nodes:
                     raise ValueError("unknown node in node list")
+        if policy == POLICY_BINPACK:
+            self._refresh_pressure()
         node_order = <int32_t*> PyMem_Malloc((n_nodes + 1) * sizeof(int32_t))
         if node_order == NULL:
             raise MemoryError()
@@ -806,25 +973,21 @@ cdef class Core:
         return best
 
     cdef int32_t _flex(self, int32_t d) noexcept nogil:
-        """How flexible a device is: the request shapes it serves (`dev_value`), plus, for every
-        other free device that consumes its first counter set, one and the shapes that device
-        serves. A full GPU thereby counts the MIG devices carved from it: a partitionable GPU is
-        valuable to MIG requests even when its full-GPU device is the candidate, so whole-GPU
-        requests take GPUs that cannot be partitioned first, whatever the nodes are called, and
-        a MIG request prefers a GPU whose other placements are already taken. Placements that
-        only counters block still count: it says what the GPU could serve, not what fits now.
-        Depends on usage only through `in_use` of the node's own devices, which a commit or a
-        release marks in `node_changed`, so the cached node keys stay valid."""
-        cdef int32_t j, sib, st
-        cdef int32_t v = self.dev_value[d]
-        if self.cons_off[d] == self.cons_off[d + 1]:
-            return v
-        st = self.cnt_set[self.cons_id[self.cons_off[d]]]
-        for j in range(self.set_off[st], self.set_off[st + 1]):
-            sib = self.set_dev[j]
-            if sib != d and not self.in_use[sib]:
-                v += 1 + self.dev_value[sib]
-        return v
+        """How much the known demand wants the device's unit (its GPU): the sum, over the request
+        shapes with a candidate on that GPU, of the GPUs' worth one request asks for over the
+        free GPUs' worth that could serve it (`pressure`). A GPU is precious when it is one of
+        few left that serve a shape: an A100 for MIG requests, an H100 for NVLink claims that
+        select H100s, and more so as they fill. A full GPU counts the shapes its MIG devices
+        serve, as it shares their unit, so a request that several kinds of GPU can serve goes
+        where the rest of the demand wants least, whatever the nodes are called. The free
+        shares enter rounded (`_bucket`), so the cached node keys stay valid until a shape, a
+        demand or a rounded share changes (`values_changed`)."""
+        cdef int32_t u = self.unit[d]
+        cdef int32_t devices = 1 if u >= self.n_sets else self.set_off[u + 1] - self.set_off[u]
+        cdef double v = log2(1.0 + self.pressure[u] * PRESSURE_SCALE) * PRESSURE_STEPS
+        if v >= (FLEX_SCALE >> 6) - 1:
+            v = (FLEX_SCALE >> 6) - 1
+        return (<int32_t> v) * 64 + (devices if devices < 63 else 63)
 
     cdef inline void _node_cache(self, Shape* sh, int32_t node) noexcept nogil:
         """Bring the shape's cached free count and least value on `node` (without admin

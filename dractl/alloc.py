@@ -139,6 +139,7 @@ class _Shape:
     selected: int = 0  # of those, passing the request's selectors
     fitting: int = 0  # of those, with the requested capacity
     candidates: int = 0  # of those, without an untolerated taint
+    demand: int = 1  # the most devices one request of the shape asked for (binpack's demand model)
     consumed: dict[int, dict[str, model.quantity.Quantity]] = dataclasses.field(default_factory=dict)  # shares
     # Devices where a class or request selector failed at run time, with the message; the
     # core ends the search with it when it tries one of them.
@@ -615,6 +616,9 @@ class Allocator:
                 admin=admin,
             )
         all_mode = spec.allocation_mode is model.AllocationMode.ALL
+        if not all_mode and spec.count > shape.demand and shape.shape_id >= 0:
+            shape.demand = spec.count
+            self._core.set_demand(shape.shape_id, float(spec.count))
         return _Alt(
             request,
             name,
