@@ -16,13 +16,21 @@ candidates are the devices its DeviceClass's and its own CEL selectors accept (e
 
 Only request shapes of the benchmark mixes are supported: `exactly` requests in ExactCount mode,
 `matchAttribute` constraints, devices of node-local slices. Anything else raises ValueError.
+
+`cached` keeps each result in `$XDG_CACHE_HOME/dractl/optimum/` (default `~/.cache/dractl/optimum/`),
+one JSON file named by a hash of the trace document and the program's version, so a rerun of the
+benchmark solves nothing it solved before. Delete the directory to solve again.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import itertools
+import json
+import os
+import pathlib
 from collections.abc import Iterator, Mapping, Sequence
 
 from dractl import cel, model
@@ -30,6 +38,8 @@ from dractl.model import nodes as model_nodes
 from dractl.simulate import trace
 
 _MAX_OPTIONS = 50_000  # placements of one claim: past this the enumeration is not meant for it
+# Part of every cache key: change it when the program changes what it computes.
+_VERSION = "optimum-1"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,6 +103,40 @@ def optimum(tr: trace.Trace, *, time_limit: float = 300.0) -> Optimum:
     bound = value if proven else len(claims)
     nodes = {name: node for name, node, y in where if (y.value() or 0) > 0.5}
     return Optimum(value=value, bound=bound, proven=proven, claims=len(claims), nodes=nodes)
+
+
+def cache_dir() -> pathlib.Path:
+    """`$XDG_CACHE_HOME/dractl/optimum`, else `~/.cache/dractl/optimum`."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(pathlib.Path.home() / ".cache")
+    return pathlib.Path(base) / "dractl" / "optimum"
+
+
+def cached(tr: trace.Trace, *, time_limit: float = 300.0) -> Optimum:
+    """`optimum(tr)`, read from the cache when this trace was solved before with at least this
+    time limit (or proven), else solved and written there (a temporary name, then a rename, so
+    concurrent runs never read half a file). A cache file that does not parse is solved again."""
+    text = json.dumps(tr.document, sort_keys=True, separators=(",", ":"), default=str)
+    key = hashlib.sha256(f"{_VERSION}\n{text}".encode()).hexdigest()[:32]
+    path = cache_dir() / f"{key}.json"
+    try:
+        found = json.loads(path.read_text())
+        result = Optimum(
+            value=int(found["value"]),
+            bound=int(found["bound"]),
+            proven=bool(found["proven"]),
+            claims=int(found["claims"]),
+            nodes={str(k): str(v) for k, v in found["nodes"].items()},
+        )
+        if result.proven or float(found["time_limit"]) >= time_limit:
+            return result
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    result = optimum(tr, time_limit=time_limit)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({**dataclasses.asdict(result), "time_limit": time_limit}, sort_keys=True))
+    temporary.replace(path)
+    return result
 
 
 def _inventory(cluster: model.Objects) -> tuple[list[_Device], dict[tuple[str, str, str, str], int]]:

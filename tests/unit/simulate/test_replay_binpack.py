@@ -24,7 +24,8 @@ def _admissions(result: replay.Result) -> list[tuple[str, str, float]]:
 
 
 def test_a_whole_gpu_claim_takes_a_gpu_that_cannot_be_partitioned_first() -> None:
-    """With A100s (MIG-capable) sorting first by name, binpack still puts plain GPU claims on the H100s."""
+    """With A100s (MIG-capable) sorting first by name, binpack still puts the first plain GPU claims on the
+    H100s (later ones go to a node already broken rather than into the last whole NVLink partition of an H100)."""
     generated = trace.generate("mix=reference,seed=1,claims=40,a100=2,h100=2,t4=0,departures=0")
     result = replay.replay(generated, policy=config.Policy.BINPACK, retry=config.Retry.NEVER)
     labels = {
@@ -37,7 +38,7 @@ def test_a_whole_gpu_claim_takes_a_gpu_that_cannot_be_partitioned_first() -> Non
         for a in result.actions
         if a.kind is replay.ActionKind.ALLOCATE and labels[a.claims[0].meta.name] == "gpu-memory-floor"
     ]
-    assert whole and all(node is not None and node.startswith("h100-") for node in whole[:8])
+    assert len(whole) >= 4 and all(node is not None and node.startswith("h100-") for node in whole[:4])
 
 
 @pytest.mark.parametrize("seed", [1, 2])
