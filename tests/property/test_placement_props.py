@@ -20,7 +20,7 @@ import hypothesis.strategies as st
 from hypothesis import given
 from support import strategies
 
-from dractl import alloc, config
+from dractl import alloc, config, model
 from dractl.simulate import trace
 
 MARGIN = 0.6
@@ -37,10 +37,10 @@ def _admitted_before_first_refusal(tr: trace.Trace, policy: config.Policy) -> in
         ),
         policy=policy,
     )
-    claims = [a.object for a in trace.arrivals(tr)]
-    allocator.consider(claims)  # type: ignore[arg-type]  # the generator writes only ResourceClaims
+    claims = [a.object for a in trace.arrivals(tr) if isinstance(a.object, model.ResourceClaim)]
+    allocator.consider(claims)
     for admitted, claim in enumerate(claims):
-        if allocator.allocate([claim]).allocations is None:  # type: ignore[list-item]
+        if allocator.allocate([claim]).allocations is None:
             return admitted
     return len(claims)
 

@@ -132,6 +132,30 @@ def test_retry_never_drops_a_rejected_claim() -> None:
     assert [c.meta.name for c in result.held] == ["also-big"]
 
 
+def test_frames_keep_the_moments_of_the_trace_and_the_first_rejection() -> None:
+    """`frames=N` keeps the state after N evenly spaced events (the last included) and right after the first
+    rejection: what was held, the claims waiting with their reasons, the claims refused since the last moment."""
+    events = [
+        {"at": 0, "arrive": _claim("big", count=2)},
+        {"at": 1, "arrive": _claim("also-big", count=2)},
+        {"at": 2, "arrive": _claim("too-big", count=2)},
+        {"at": 5, "depart": {"kind": "ResourceClaim", "name": "big"}},
+        {"at": 6, "arrive": _claim("small")},
+    ]
+    result = replay.replay(_small(events), frames=3)
+    moments = [(f.at, f.event, f.events, f.first_rejection) for f in result.frames]
+    assert moments == [(0.0, 1, 5, False), (2.0, 3, 5, True), (2.0, 3, 5, False), (6.0, 5, 5, False)]
+    rejected = result.frames[1]
+    assert [c.meta.name for c in rejected.claims] == ["big", "also-big"]
+    assert [key for key, _ in rejected.refused] == ["default/too-big"] and "2 needed" in rejected.refused[0][1][0]
+    assert [key for key, _ in rejected.waiting] == ["default/too-big"]
+    assert result.frames[2].refused == () and [key for key, _ in result.frames[2].waiting] == ["default/too-big"]
+    last = result.frames[3]
+    assert [c.meta.name for c in last.claims] == ["also-big", "too-big"]
+    assert [key for key, _ in last.refused] == [key for key, _ in last.waiting] == ["default/small"]
+    assert replay.replay(_small(events)).frames == ()
+
+
 def test_departs_after_annotation_releases_the_claim() -> None:
     """A claim annotated dractl.io/departs-after leaves that many seconds after it arrived."""
     events = [
