@@ -48,7 +48,9 @@ cdef double BUCKET_BASE = 1.1  # free shares enter rounded down to a power of th
 cdef double COARSE_BASE = 1.25  # held demand and the fill ratio: rounded more coarsely, they change less often
 cdef double FIXED = 16777216.0  # free shares are summed as integers in these steps, so sums are exact
 cdef double PRESSURE_FIXED = 1099511627776.0  # pressures are summed as integers in these steps (2^40)
-cdef double RATIO_EMPTY = 100.0  # the fill ratio of a cluster that holds nothing
+# The fill ratio (free units over used ones) counts at most this much: a cluster holding next to
+# nothing would otherwise see it swing with every claim, and every swing recomputes the pressures.
+cdef double RATIO_MOST = 100.0
 cdef int32_t MAX_ROOMS = 4  # kinds of room (device count, attribute) kept per request shape
 cdef double PRESSURE_NONE = 1048576.0  # a request without a free candidate on a node: after every other
 
@@ -840,7 +842,7 @@ cdef class Core:
     cdef int32_t _ratio_bucket(self) noexcept nogil:
         cdef double free = self.total_free / FIXED
         cdef double used = self.n_units - free
-        if used < 0.5:
+        if used < 0.5 or free > RATIO_MOST * used:
             return 1000000
         return _bucket_in(16.0 * free / used, COARSE_BASE)
 
@@ -852,7 +854,9 @@ cdef class Core:
         mix. Depends on usage only through rounded figures (`_bucket`: held devices are rounded
         with the shape's demand added, which is taken off again), so `pressure` stays valid
         between their changes."""
-        cdef double ratio = RATIO_EMPTY if self.ratio_bucket == 1000000 else _rounded_in(self.ratio_bucket, COARSE_BASE) / 16.0
+        cdef double ratio = (
+            RATIO_MOST if self.ratio_bucket == 1000000 else _rounded_in(self.ratio_bucket, COARSE_BASE) / 16.0
+        )
         cdef double held = _rounded_in(sh.held_bucket, COARSE_BASE) - sh.demand
         return supply - ratio * (held if held > 0.0 else 0.0) * sh.size
 
