@@ -399,6 +399,27 @@ _DIR = click.Path(file_okay=False, path_type=pathlib.Path)
     help=f"Directory the per-claim CDI specs are written to (default: {config.DEFAULT_CDI_ROOT}).",
 )
 @_option(
+    "--cdi-generator",
+    type=_choice(config.CdiGenerator),
+    default=config.CdiGenerator.NATIVE.value,
+    help="Where the driver's files in CDI specs come from: native (read from --driver-root) or nvidia-ctk "
+    "(nvidia-ctk cdi generate, must be on PATH) (default: native).",
+)
+@_option(
+    "--driver-root",
+    type=_DIR,
+    default=config.DEFAULT_DRIVER_ROOT,
+    help="Where the host has the NVIDIA driver's files, e.g. /run/nvidia/driver under a driver container "
+    f"(default: {config.DEFAULT_DRIVER_ROOT}).",
+)
+@_option(
+    "--container-driver-root",
+    type=_DIR,
+    default=None,
+    help="Where this agent sees --driver-root when it is mounted elsewhere in its container "
+    "(default: the --driver-root path).",
+)
+@_option(
     "--kubelet-registrar-dir",
     type=_DIR,
     default=config.DEFAULT_KUBELET_REGISTRAR_DIR,
@@ -431,6 +452,9 @@ _DIR = click.Path(file_okay=False, path_type=pathlib.Path)
 @_log_format
 def node_agent_command(
     cdi_root: pathlib.Path,
+    cdi_generator: str,
+    driver_root: pathlib.Path,
+    container_driver_root: pathlib.Path | None,
     kubelet_registrar_dir: pathlib.Path,
     kubelet_plugins_dir: pathlib.Path,
     state_dir: pathlib.Path | None,
@@ -454,6 +478,9 @@ def node_agent_command(
         mig_mode=devices.mig_mode,
         consumable_memory=devices.consumable_memory,
         cdi_root=cdi_root,
+        cdi_generator=config.CdiGenerator(cdi_generator),
+        driver_root=driver_root,
+        container_driver_root=container_driver_root,
         kubelet_registrar_dir=kubelet_registrar_dir,
         kubelet_plugins_dir=kubelet_plugins_dir,
         state_dir=state_dir,

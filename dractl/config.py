@@ -95,7 +95,15 @@ class LogFormat(enum.Enum):
     CONSOLE = "console"  # aligned key=value lines for a person at a terminal
 
 
+class CdiGenerator(enum.Enum):
+    """Where the CDI edits every claim spec shares (driver libraries, binaries) come from."""
+
+    NATIVE = "native"  # dractl reads the driver root itself
+    NVIDIA_CTK = "nvidia-ctk"  # `nvidia-ctk cdi generate`
+
+
 DEFAULT_CDI_ROOT = pathlib.Path("/var/run/cdi")
+DEFAULT_DRIVER_ROOT = pathlib.Path("/")
 DEFAULT_KUBELET_REGISTRAR_DIR = pathlib.Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_KUBELET_PLUGINS_DIR = pathlib.Path("/var/lib/kubelet/plugins")
 DEFAULT_HEALTH_PORT = 51515
@@ -107,6 +115,8 @@ class NodeAgent:
     """Settings of `dractl node-agent`. The device fields mean what they mean for `Discover`.
 
     `state_dir` None means `<kubelet_plugins_dir>/<driver_name>` (beside the DRA socket);
+    `driver_root` is where the host has the NVIDIA driver's files (what CDI specs name) and
+    `container_driver_root` where the agent reads them, None meaning the same path;
     `kubeconfig` None means the in-cluster config; a port of -1 turns that endpoint off;
     `log_format` None means console on a terminal and JSON otherwise.
     """
@@ -118,6 +128,9 @@ class NodeAgent:
     mig_mode: MigMode = MigMode.STATIC
     consumable_memory: bool = False
     cdi_root: pathlib.Path = DEFAULT_CDI_ROOT
+    cdi_generator: CdiGenerator = CdiGenerator.NATIVE
+    driver_root: pathlib.Path = DEFAULT_DRIVER_ROOT
+    container_driver_root: pathlib.Path | None = None
     kubelet_registrar_dir: pathlib.Path = DEFAULT_KUBELET_REGISTRAR_DIR
     kubelet_plugins_dir: pathlib.Path = DEFAULT_KUBELET_PLUGINS_DIR
     state_dir: pathlib.Path | None = None
@@ -129,6 +142,10 @@ class NodeAgent:
     @property
     def plugin_state_dir(self) -> pathlib.Path:
         return self.state_dir if self.state_dir is not None else self.kubelet_plugins_dir / self.driver_name
+
+    @property
+    def agent_driver_root(self) -> pathlib.Path:
+        return self.container_driver_root if self.container_driver_root is not None else self.driver_root
 
 
 class ExplainKind(enum.Enum):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import shutil
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ from dractl.node import (
     backend,
     cdi,
     discover,
+    driverfiles,
     fakegpu,
     health,
     inventory,
@@ -221,7 +223,13 @@ class Agent:
                 f"cannot read GPUs through NVML ({err}); is the NVIDIA driver installed? "
                 "Use --device-source fake to run without a GPU."
             ) from err
-        except (fakegpu.ProfileError, fakegpu.StateFileError, slices.SliceError, plugin.PluginError) as err:
+        except (
+            fakegpu.ProfileError,
+            fakegpu.StateFileError,
+            slices.SliceError,
+            plugin.PluginError,
+            driverfiles.DriverFilesError,
+        ) as err:
             self.stop()
             raise AgentError(str(err)) from err
         except OSError as err:
@@ -259,7 +267,7 @@ class Agent:
             cdi_root=s.cdi_root,
             state_dir=state_dir,
             mps=sharing.FakeMps(root=state_dir / "mps") if fake else None,
-            common_edits=cdi.NoCommonEdits() if fake else None,
+            common_edits=self._common_edits(gpus, state_dir),
             dynamic_mig=s.mig_mode is config.MigMode.DYNAMIC,
             device_nodes=not fake,
             on_warning=self._warn,
@@ -318,6 +326,33 @@ class Agent:
             health_port=self.health_port,
             metrics_port=self.metrics_port,
         )
+
+    def _common_edits(self, gpus: backend.NvmlBackend, state_dir: pathlib.Path) -> cdi.CommonEdits:
+        """Where the driver's files in every claim spec come from, checked now so that a wrong
+        driver root stops the start with one line instead of failing every prepare.
+
+        Fake GPUs get a fake driver root in the state directory (which the agent sees at its host
+        path), so their specs mount files that exist and the same discovery runs as on a GPU node.
+        """
+        s = self.settings
+        assert self._inventory is not None
+        version = self._inventory.driver.driver_version
+        if s.device_source is config.DeviceSource.FAKE:
+            root = fakegpu.write_driver_root(state_dir / "fake-driver-root", gpus)
+            native = driverfiles.NativeEdits(root=root, host_root=root, driver_version=version)
+        elif s.cdi_generator is config.CdiGenerator.NVIDIA_CTK:
+            if shutil.which("nvidia-ctk") is None:
+                raise AgentError("--cdi-generator nvidia-ctk: nvidia-ctk is not on PATH (else use native)")
+            if s.agent_driver_root != s.driver_root:
+                # nvidia-ctk writes the paths it reads, so they would not be the host's.
+                raise AgentError(
+                    "--cdi-generator nvidia-ctk cannot rewrite paths: --container-driver-root must be --driver-root"
+                )
+            return cdi.NvidiaCtk(extra_args=[f"--driver-root={s.driver_root}"])
+        else:
+            native = driverfiles.NativeEdits(root=s.agent_driver_root, host_root=s.driver_root, driver_version=version)
+        native.check()
+        return native
 
     def stop(self) -> None:
         """Stop serving and remove the sockets; slices stay. Idempotent."""

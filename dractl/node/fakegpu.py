@@ -27,6 +27,7 @@ import json
 import os
 import pathlib
 import re
+import stat
 import threading
 import uuid
 from collections.abc import Mapping
@@ -35,7 +36,7 @@ from typing import Any
 import yaml
 
 from dractl.model import quantity
-from dractl.node import backend
+from dractl.node import backend, driverfiles
 
 __all__ = [
     "PROFILES_DIR",
@@ -52,6 +53,7 @@ __all__ = [
     "parse_profile",
     "gpu_uuid",
     "FakeGpus",
+    "write_driver_root",
 ]
 
 PROFILES_DIR = pathlib.Path(__file__).resolve().parent / "profiles"
@@ -994,3 +996,101 @@ class FakeGpus:
                     )
         except (KeyError, ValueError, TypeError, StopIteration) as error:
             raise fail(f"gpus: does not match profile {self.profile.name}: {error!r}") from None
+
+
+# --- A fake driver root -------------------------------------------------------------------------
+
+# (library file prefix, the suffix of the name programs load it by; None: the versioned file name
+# itself, as for libnvidia-gpucomp), as a 580-series driver installs them.
+_FAKE_LIBRARIES = (
+    ("libcuda.so", "1"),
+    ("libcudadebugger.so", "1"),
+    ("libnvidia-ml.so", "1"),
+    ("libnvidia-cfg.so", "1"),
+    ("libnvidia-ptxjitcompiler.so", "1"),
+    ("libnvidia-nvvm.so", "4"),
+    ("libnvidia-gpucomp.so", None),
+    ("libnvidia-allocator.so", "1"),
+    ("libnvidia-opencl.so", "1"),
+    ("libnvidia-pkcs11-openssl3.so", None),
+)
+_FAKE_TOOLS = ("nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+
+
+def write_driver_root(root: pathlib.Path, gpus: backend.NvmlBackend, *, machine: str | None = None) -> pathlib.Path:
+    """Lay out a driver installation for `gpus` under `root`, as the NVIDIA driver's installer
+    does, and return `root`. Idempotent (files are rewritten).
+
+    Libraries of the driver's version (placeholders, not ELF) with their soname links in
+    `/usr/lib/<triplet>`, an `/etc/ld.so.cache` in glibc's format listing them (plus what a real
+    cache also holds: an unrelated library, a 32-bit build and an older driver's NVML, which
+    discovery must skip), the binaries (`nvidia-smi -L` lists the GPUs named by
+    `NVIDIA_VISIBLE_DEVICES`, or all; the others exit 1), GSP firmware, and the persistenced
+    socket behind the `/var/run -> /run` link distributions have. So a fake node's CDI specs mount
+    files that exist, and a container given them runs the fake `nvidia-smi`.
+    """
+    version = gpus.driver_info().driver_version
+    arch = driverfiles.ld_cache_arch(machine)
+    triplet = f"{machine or os.uname().machine}-linux-gnu"
+    libdir = f"/usr/lib/{triplet}"
+    entries: list[driverfiles.LdCacheEntry] = []
+    for prefix, suffix in _FAKE_LIBRARIES:
+        real = f"{prefix}.{version}"
+        _write(root, f"{libdir}/{real}", f"fake {real}\n")
+        name = f"{prefix}.{suffix}" if suffix is not None else real
+        if name != real:
+            _link(root, f"{libdir}/{name}", real)
+        entries.append(driverfiles.LdCacheEntry(name=name, path=f"{libdir}/{name}", flags=arch))
+    _link(root, f"{libdir}/libcuda.so", "libcuda.so.1")
+    entries.append(driverfiles.LdCacheEntry(name="libcuda.so", path=f"{libdir}/libcuda.so", flags=arch))
+    # What discovery must leave out: not a driver library, a 32-bit build, another driver's file.
+    _write(root, f"{libdir}/libz.so.1.2.13", "fake zlib\n")
+    _link(root, f"{libdir}/libz.so.1", "libz.so.1.2.13")
+    _write(root, f"/usr/lib/i386-linux-gnu/libcuda.so.{version}", "fake 32-bit libcuda\n")
+    _link(root, "/usr/lib/i386-linux-gnu/libcuda.so.1", f"libcuda.so.{version}")
+    _write(root, "/usr/lib/nvidia-470/libnvidia-ml.so.470.256.02", "fake old NVML\n")
+    _link(root, "/usr/lib/nvidia-470/libnvidia-ml.so.1", "libnvidia-ml.so.470.256.02")
+    entries += [
+        driverfiles.LdCacheEntry(name="libz.so.1", path=f"{libdir}/libz.so.1", flags=arch),
+        driverfiles.LdCacheEntry(name="libcuda.so.1", path="/usr/lib/i386-linux-gnu/libcuda.so.1", flags=0x0003),
+        driverfiles.LdCacheEntry(name="libnvidia-ml.so.1", path="/usr/lib/nvidia-470/libnvidia-ml.so.1", flags=arch),
+    ]
+    _write(root, driverfiles.LD_CACHE, driverfiles.write_ld_cache(entries))
+    listing = "".join(f"{gpu.index}|{gpu.name}|{gpu.uuid}\n" for gpu in gpus.gpus())
+    smi = (
+        "#!/bin/sh\n"
+        "# dractl's fake driver: lists the fake GPUs this container was given.\n"
+        '[ "$1" = "-L" ] || { echo "fake nvidia-smi: only -L is supported" >&2; exit 2; }\n'
+        'visible=",${NVIDIA_VISIBLE_DEVICES:-all},"\n'
+        "while IFS='|' read -r index name uuid; do\n"
+        '  case "$visible" in *",all,"*|*",$uuid,"*) echo "GPU $index: $name (UUID: $uuid)";; esac\n'
+        "done <<'EOF'\n"
+        f"{listing}EOF\n"
+    )
+    _write(root, "/usr/bin/nvidia-smi", smi, mode=0o755)
+    for tool in _FAKE_TOOLS:
+        _write(root, f"/usr/bin/{tool}", f'#!/bin/sh\necho "fake {tool}: no GPU behind it" >&2\nexit 1\n', mode=0o755)
+    for firmware in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+        _write(root, f"/lib/firmware/nvidia/{version}/{firmware}", f"fake {firmware}\n")
+    _link(root, "/var/run", "/run")
+    socket_path = root / "run/nvidia-persistenced/socket"
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    socket_path.unlink(missing_ok=True)
+    # A socket inode made without binding one: no path length limit, and nothing to close.
+    os.mknod(socket_path, stat.S_IFSOCK | 0o666)
+    return root
+
+
+def _write(root: pathlib.Path, path: str, content: str | bytes, *, mode: int = 0o644) -> None:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(content.encode() if isinstance(content, str) else content)
+    target.chmod(mode)
+
+
+def _link(root: pathlib.Path, path: str, to: str) -> None:
+    link = root / path.lstrip("/")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(to)
