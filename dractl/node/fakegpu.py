@@ -560,6 +560,7 @@ class _Gpu:
     compute_mode: backend.ComputeMode = backend.ComputeMode.DEFAULT
     time_slice: backend.TimeSlice = backend.TimeSlice.DEFAULT
     lost: bool = False
+    recovery: backend.RecoveryAction = backend.RecoveryAction.NONE
 
 
 @dataclasses.dataclass(slots=True)
@@ -587,6 +588,7 @@ OPERATIONS = frozenset(
         "compute_mode",
         "set_compute_mode",
         "set_time_slice",
+        "recovery_action",
         "wait_events",
     }
 )
@@ -678,14 +680,26 @@ class FakeGpus:
             self._events.append(backend.Event(kind=backend.EventKind.GPU_LOST, minor=minor, gpu_uuid=gpu.uuid))
             self._events_ready.notify_all()
 
-    def inject_xid(self, minor: int, xid: int, *, mig_uuid: str | None = None) -> None:
-        """Queue an XID event on a GPU (or one of its MIG devices) for `wait_events`."""
+    def inject_xid(
+        self, minor: int, xid: int, *, mig_uuid: str | None = None, recovery: backend.RecoveryAction | None = None
+    ) -> None:
+        """Queue an XID event on a GPU (or one of its MIG devices) for `wait_events`; `recovery` is the
+        recovery action the driver sets with it (the real driver does for the XIDs that need a reset)."""
         with self._lock:
             gpu = self._gpu(minor, check_lost=False)
+            if recovery is not None:
+                gpu.recovery = recovery
             self._events.append(
                 backend.Event(kind=backend.EventKind.XID, minor=minor, gpu_uuid=gpu.uuid, mig_uuid=mig_uuid, xid=xid)
             )
             self._events_ready.notify_all()
+
+    def reset_gpu(self, minor: int) -> None:
+        """An operator resets the GPU (`nvidia-smi -r`): it answers again and needs no recovery."""
+        with self._lock:
+            gpu = self._gpu(minor, check_lost=False)
+            gpu.lost = False
+            gpu.recovery = backend.RecoveryAction.NONE
 
     def time_slice(self, minor: int) -> backend.TimeSlice:
         """The time-slice last set on the GPU (NVML offers no getter; the fake does, for tests)."""
@@ -814,6 +828,11 @@ class FakeGpus:
         with self._lock:
             self._maybe_fail("compute_mode", minor)
             return self._gpu(minor).compute_mode
+
+    def recovery_action(self, minor: int) -> backend.RecoveryAction:
+        with self._lock:
+            self._maybe_fail("recovery_action", minor)
+            return self._gpu(minor).recovery
 
     def set_compute_mode(self, minor: int, mode: backend.ComputeMode) -> None:
         with self._lock:
