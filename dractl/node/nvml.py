@@ -372,16 +372,23 @@ class NvmlBackend:
     # --- Changes ---
 
     def set_mig_mode(self, minor: int, mode: backend.MigMode) -> None:
+        h = self._handle(minor)
+        current = int(_nvml(f"GPU {minor}: nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, h)[0])
         status = int(
-            _nvml(
-                f"GPU {minor}: nvmlDeviceSetMigMode({int(mode)})",
-                pynvml.nvmlDeviceSetMigMode,
-                self._handle(minor),
-                int(mode),
-            )
+            _nvml(f"GPU {minor}: nvmlDeviceSetMigMode({int(mode)})", pynvml.nvmlDeviceSetMigMode, h, int(mode))
         )
         if status != backend.Return.SUCCESS:
-            raise backend.NvmlError(status, f"GPU {minor}: MIG mode {mode.name} not activated")
+            # The change is pending until a GPU reset (Ampere), which would switch the GPU under
+            # whatever runs on it then: withdraw it, so nothing changes behind the agent's back.
+            try:
+                pynvml.nvmlDeviceSetMigMode(h, current)
+            except pynvml.NVMLError:
+                pass
+            raise backend.NvmlError(
+                status,
+                f"GPU {minor}: MIG mode {mode.name} takes effect only after a GPU reset on this GPU, "
+                "so the change was withdrawn",
+            )
 
     def create_gpu_instance(self, minor: int, *, profile_id: int, placement: backend.Placement) -> backend.GpuInstance:
         c_placement = pynvml.c_nvmlGpuInstancePlacement_t()
