@@ -196,23 +196,28 @@ class NvidiaMps:
             self._runner(["mount", "-t", "tmpfs", "-o", f"size={_shm_size()},mode=1777", "tmpfs", str(shm)], {}, "")
         env = {**self._env(settings.daemon_id), "CUDA_VISIBLE_DEVICES": ",".join(settings.uuids)}
         daemon = [self._executable, "-d", *(["-M"] if settings.multi_user else [])]
-        self._runner(
-            [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "--",
-                "sh",
-                "-c",
-                'mount --bind "$1" /dev/shm && shift && exec "$@"',
-                "mps-daemon",
-                str(shm),
-                *daemon,
-            ],
-            env,
-            "",
-        )
+        try:
+            self._runner(
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "--",
+                    "sh",
+                    "-c",
+                    'mount --bind "$1" /dev/shm && shift && exec "$@"',
+                    "mps-daemon",
+                    str(shm),
+                    *daemon,
+                ],
+                env,
+                "",
+            )
+        except OSError:
+            # No daemon uses the tmpfs: leave no mount behind for a caller that never calls stop().
+            self.stop(settings.daemon_id)
+            raise
         commands = []
         if settings.active_thread_percentage is not None:
             commands.append(f"set_default_active_thread_percentage {settings.active_thread_percentage}")
