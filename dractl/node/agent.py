@@ -267,7 +267,7 @@ class Agent:
             cdi_root=s.cdi_root,
             state_dir=state_dir,
             mps=sharing.FakeMps(root=state_dir / "mps") if fake else None,
-            common_edits=self._common_edits(gpus, state_dir),
+            common_edits=self._common_edits(state_dir),
             dynamic_mig=s.mig_mode is config.MigMode.DYNAMIC,
             device_nodes=not fake,
             on_warning=self._warn,
@@ -327,7 +327,7 @@ class Agent:
             metrics_port=self.metrics_port,
         )
 
-    def _common_edits(self, gpus: backend.NvmlBackend, state_dir: pathlib.Path) -> cdi.CommonEdits:
+    def _common_edits(self, state_dir: pathlib.Path) -> cdi.CommonEdits:
         """Where the driver's files in every claim spec come from, checked now so that a wrong
         driver root stops the start with one line instead of failing every prepare.
 
@@ -338,7 +338,8 @@ class Agent:
         assert self._inventory is not None
         version = self._inventory.driver.driver_version
         if s.device_source is config.DeviceSource.FAKE:
-            root = fakegpu.write_driver_root(state_dir / "fake-driver-root", gpus)
+            infos = [gpu.info for gpu in self._inventory.gpus]
+            root = fakegpu.write_driver_root(state_dir / "fake-driver-root", driver=self._inventory.driver, gpus=infos)
             native = driverfiles.NativeEdits(root=root, host_root=root, driver_version=version)
         elif s.cdi_generator is config.CdiGenerator.NVIDIA_CTK:
             if shutil.which("nvidia-ctk") is None:

@@ -30,7 +30,7 @@ import re
 import stat
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -1036,9 +1036,16 @@ _FAKE_LIBRARIES = (
 _FAKE_TOOLS = ("nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 
 
-def write_driver_root(root: pathlib.Path, gpus: backend.NvmlBackend, *, machine: str | None = None) -> pathlib.Path:
-    """Lay out a driver installation for `gpus` under `root`, as the NVIDIA driver's installer
-    does, and return `root`. Idempotent (files are rewritten).
+def write_driver_root(
+    root: pathlib.Path,
+    *,
+    driver: backend.DriverInfo,
+    gpus: Sequence[backend.GpuInfo],
+    machine: str | None = None,
+) -> pathlib.Path:
+    """Lay out a driver installation of `driver`'s version for `gpus` under `root`, as the NVIDIA
+    driver's installer does, and return `root`. Idempotent (files are rewritten). Pure apart from
+    the files: it asks NVML nothing (the caller passes what it read).
 
     Libraries of the driver's version (placeholders, not ELF) with their soname links in
     `/usr/lib/<triplet>`, an `/etc/ld.so.cache` in glibc's format listing them (plus what a real
@@ -1048,7 +1055,7 @@ def write_driver_root(root: pathlib.Path, gpus: backend.NvmlBackend, *, machine:
     socket behind the `/var/run -> /run` link distributions have. So a fake node's CDI specs mount
     files that exist, and a container given them runs the fake `nvidia-smi`.
     """
-    version = gpus.driver_info().driver_version
+    version = driver.driver_version
     arch = driverfiles.ld_cache_arch(machine)
     triplet = f"{machine or os.uname().machine}-linux-gnu"
     libdir = f"/usr/lib/{triplet}"
@@ -1075,7 +1082,7 @@ def write_driver_root(root: pathlib.Path, gpus: backend.NvmlBackend, *, machine:
         driverfiles.LdCacheEntry(name="libnvidia-ml.so.1", path="/usr/lib/nvidia-470/libnvidia-ml.so.1", flags=arch),
     ]
     _write(root, driverfiles.LD_CACHE, driverfiles.write_ld_cache(entries))
-    listing = "".join(f"{gpu.index}|{gpu.name}|{gpu.uuid}\n" for gpu in gpus.gpus())
+    listing = "".join(f"{gpu.index}|{gpu.name}|{gpu.uuid}\n" for gpu in gpus)
     smi = (
         "#!/bin/sh\n"
         "# dractl's fake driver: lists the fake GPUs this container was given.\n"

@@ -58,7 +58,7 @@ def test_a_claims_spec_brings_the_driver_into_an_image_that_has_none(
     exactly the claim's GPU, and the loader finds libcuda.so.1 through the spec's LD_LIBRARY_PATH and read-only
     mounts (the fake library is a placeholder, so loading it fails only once found); nothing stays mounted."""
     gpus = fakegpu.FakeGpus(fakegpu.load_profile("t4-x2"), node_name="node-a")
-    root = fakegpu.write_driver_root(tmp_path / "driver", gpus)
+    root = fakegpu.write_driver_root(tmp_path / "driver", driver=gpus.driver_info(), gpus=gpus.gpus())
     common = driverfiles.NativeEdits(root=root, host_root=root, driver_version=gpus.driver_info().driver_version)
     uuid = gpus.gpus()[1].uuid
     device = cdi.ContainerEdits(env=(f"NVIDIA_VISIBLE_DEVICES={uuid}", f"CUDA_VISIBLE_DEVICES={uuid}"))

@@ -38,7 +38,7 @@ def gpus() -> fakegpu.FakeGpus:
 
 @pytest.fixture
 def root(tmp_path: pathlib.Path, gpus: fakegpu.FakeGpus) -> pathlib.Path:
-    return fakegpu.write_driver_root(tmp_path / "driver", gpus, machine="x86_64")
+    return fakegpu.write_driver_root(tmp_path / "driver", driver=gpus.driver_info(), gpus=gpus.gpus(), machine="x86_64")
 
 
 # --- ld.so.cache ----------------------------------------------------------------------------------
