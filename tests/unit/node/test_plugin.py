@@ -593,6 +593,9 @@ class _EventBackend:
     def compute_mode(self, minor: int) -> backend.ComputeMode:
         return backend.ComputeMode.DEFAULT
 
+    def recovery_action(self, minor: int) -> backend.RecoveryAction:
+        return backend.RecoveryAction.NONE
+
 
 def test_health_stream_reports_an_xid_as_unhealthy(sockets: plugin.Sockets, preparer: FakePreparer) -> None:
     """Guards: the stream sends the full Healthy list first, then UNHEALTHY with the taint message after an XID."""
