@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pathlib
+import uuid
 from typing import Any
 
 import pytest
-from support import cdi_rules
+from support import cdi_rules, kube_objects
 from support.state_inputs import API, DRIVER, NODE, make_node
 
 from dractl.kube import claims, client
@@ -84,3 +85,35 @@ def test_a_recreated_claim_is_refused_for_the_old_uid_and_bad_config_is_named(
     with pytest.raises(state.PrepareError, match=f"the kubelet asked for {old.uid} \\(the claim was replaced\\)"):
         s.prepare(old)
     assert s.prepared() == {} and node.cdi_files() == []
+
+
+def test_the_claims_on_a_node_are_those_in_its_pool_reserved_for_its_pods(
+    kube_client: client.Client, namespace: str
+) -> None:
+    """Guards the rebuild's source: `claims_on_node` returns exactly the claims with a result of the driver in the
+    node's pool that a pod bound to the node holds; not one held by a pod elsewhere, not an unreserved one, not one in
+    another pool or of another driver."""
+    node, elsewhere = f"node-{uuid.uuid4().hex[:8]}", f"node-{uuid.uuid4().hex[:8]}"
+    here = kube_client.create(client.PODS, kube_objects.pod("here", namespace=namespace, claims=[], nodeName=node))
+    away = kube_client.create(client.PODS, kube_objects.pod("away", namespace=namespace, claims=[], nodeName=elsewhere))
+    unbound = kube_client.create(client.PODS, kube_objects.pod("unbound", namespace=namespace, claims=[]))
+
+    def make(name: str, pool: str, pods: list[dict[str, Any]], *, driver: str = DRIVER) -> None:
+        allocated = kube_objects.allocation(pool, ["gpu-0"])
+        allocated["devices"]["results"][0]["driver"] = driver
+        created = kube_client.create(
+            client.RESOURCE_CLAIMS, kube_objects.claim(name, namespace=namespace, spec=kube_objects.ONE_GPU)
+        )
+        status = {"allocation": allocated, "reservedFor": kube_objects.reserved_for(pods)} if pods else {}
+        kube_client.update_status(client.RESOURCE_CLAIMS, {**created, "status": status or {"allocation": allocated}})
+
+    make("held-here", node, [here])
+    make("held-here-and-away", node, [away, here])
+    make("held-away", node, [away])
+    make("held-by-unbound", node, [unbound])
+    make("unreserved", node, [])
+    make("other-pool", elsewhere, [here])
+    make("other-driver", node, [here], driver="net.example.com")
+    found = claims.ApiClaimSource(kube_client).claims_on_node(driver=DRIVER, node=node)
+    assert sorted(c.meta.name for c in found) == ["held-here", "held-here-and-away"]
+    assert all(c.allocation is not None and c.meta.uid for c in found)
