@@ -3,8 +3,9 @@
 What it does: `ApiClaimSource.get_claim(namespace, name)` reads the claim with a live GET (the
 kubelet asks for claims it is about to prepare, so a cache could be behind) and returns a
 `model.ResourceClaim`, or None when the claim does not exist. `claims_on_node(driver=, node=)`
-lists the claims the kubelet of a node has prepared or is about to (allocated in the node's pool,
-reserved for a pod bound to the node), which the agent reads to rebuild a lost checkpoint.
+finds the claims the kubelet of a node has prepared or is about to (allocated in the node's pool,
+reserved for a pod bound to the node) from the pods on that node, which the agent reads to rebuild
+a lost checkpoint.
 
 What it must not do: cache, write, or hide a claim it cannot decode: that raises
 `client.BadObject` whose message names the claim and the fields, so the caller can report it
@@ -34,13 +35,19 @@ class ApiClaimSource:
             return None
 
     def claims_on_node(self, *, driver: str, node: str) -> tuple[model.ResourceClaim, ...]:
-        """The claims with a result of `driver` in pool `node` and reserved for a pod bound to node `node`, by two
-        live LISTs (the pods on the node, every claim). Raises `ApiError`, or `BadObject` for such a claim that does
-        not decode: a claim skipped here would lose what the agent prepared for it."""
+        """The claims with a result of `driver` in pool `node` and reserved for a pod bound to node `node`: one LIST of
+        the pods on the node (field selector), then a live GET of each claim they name (`spec.resourceClaims`,
+        `status.resourceClaimStatuses`, `status.extendedResourceClaimStatus`), so the cost is the node's, not the
+        cluster's. Raises `ApiError`, or `BadObject` for such a claim that does not decode: a claim skipped here would
+        lose what the agent prepared for it."""
         pods = self._client.list(kube_client.PODS, field_selector=f"spec.nodeName={node}").items
-        on_node = {str(pod["metadata"]["uid"]) for pod in pods}
+        on_node = {str((pod.get("metadata") or {}).get("uid")) for pod in pods}
         found = []
-        for raw in self._client.list(kube_client.RESOURCE_CLAIMS).items:
+        for namespace, name in sorted({key for pod in pods for key in _claims_named_by(pod)}):
+            try:
+                raw = self._client.get(kube_client.RESOURCE_CLAIMS, name, namespace=namespace)
+            except kube_client.NotFound:
+                continue
             if not _reserved_for_one_of(raw, on_node):
                 continue
             claim = kube_client.decode(raw, strict=True)
@@ -50,6 +57,23 @@ class ApiClaimSource:
             ):
                 found.append(claim)
         return tuple(found)
+
+
+def _claims_named_by(pod: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """(namespace, name) of every ResourceClaim a raw pod names: by `resourceClaimName` in its spec, and the claims
+    made for it from templates or for extended resources, as its status records them. Pure."""
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+    status = pod.get("status") or {}
+    entries = [
+        *((pod.get("spec") or {}).get("resourceClaims") or ()),
+        *(status.get("resourceClaimStatuses") or ()),
+        status.get("extendedResourceClaimStatus") or {},
+    ]
+    return {
+        (namespace, str(entry["resourceClaimName"]))
+        for entry in entries
+        if isinstance(entry, Mapping) and entry.get("resourceClaimName")
+    }
 
 
 def _reserved_for_one_of(raw: Mapping[str, Any], pod_uids: set[str]) -> bool:

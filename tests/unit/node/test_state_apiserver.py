@@ -87,16 +87,33 @@ def test_a_recreated_claim_is_refused_for_the_old_uid_and_bad_config_is_named(
     assert s.prepared() == {} and node.cdi_files() == []
 
 
-def test_the_claims_on_a_node_are_those_in_its_pool_reserved_for_its_pods(
+def test_the_claims_on_a_node_are_those_its_pods_name_in_its_pool_and_reserved_for_them(
     kube_client: client.Client, namespace: str
 ) -> None:
-    """Guards the rebuild's source: `claims_on_node` returns exactly the claims with a result of the driver in the
-    node's pool that a pod bound to the node holds; not one held by a pod elsewhere, not an unreserved one, not one in
-    another pool or of another driver."""
+    """Guards the rebuild's source: `claims_on_node` returns exactly the claims a pod bound to the node names (in its
+    spec, or in its status for a claim made from a template) that have a result of the driver in the node's pool and
+    are reserved for a pod on the node; not one only pods elsewhere hold, an unreserved one, one in another pool or
+    of another driver, and a named claim that does not exist is no error."""
     node, elsewhere = f"node-{uuid.uuid4().hex[:8]}", f"node-{uuid.uuid4().hex[:8]}"
-    here = kube_client.create(client.PODS, kube_objects.pod("here", namespace=namespace, claims=[], nodeName=node))
-    away = kube_client.create(client.PODS, kube_objects.pod("away", namespace=namespace, claims=[], nodeName=elsewhere))
-    unbound = kube_client.create(client.PODS, kube_objects.pod("unbound", namespace=namespace, claims=[]))
+
+    def pod(name: str, claims: list[str], **spec: Any) -> dict[str, Any]:
+        entries = [kube_objects.of_claim(claim, pod_claim=claim) for claim in claims]
+        return kube_client.create(client.PODS, kube_objects.pod(name, namespace=namespace, claims=entries, **spec))
+
+    named_here = ["held-here", "held-here-and-away", "unreserved", "other-pool", "other-driver", "missing"]
+    here = pod("here", named_here, nodeName=node)
+    away = pod("away", ["held-away", "held-here-and-away"], nodeName=elsewhere)
+    unbound = pod("unbound", ["held-by-unbound"])
+    templated = kube_client.create(
+        client.PODS,
+        kube_objects.pod(
+            "templated", namespace=namespace, claims=[kube_objects.from_template("t", pod_claim="tmpl")], nodeName=node
+        ),
+    )
+    kube_client.update_status(
+        client.PODS,
+        {**templated, "status": {"resourceClaimStatuses": [{"name": "tmpl", "resourceClaimName": "from-template"}]}},
+    )
 
     def make(name: str, pool: str, pods: list[dict[str, Any]], *, driver: str = DRIVER) -> None:
         allocated = kube_objects.allocation(pool, ["gpu-0"])
@@ -104,8 +121,10 @@ def test_the_claims_on_a_node_are_those_in_its_pool_reserved_for_its_pods(
         created = kube_client.create(
             client.RESOURCE_CLAIMS, kube_objects.claim(name, namespace=namespace, spec=kube_objects.ONE_GPU)
         )
-        status = {"allocation": allocated, "reservedFor": kube_objects.reserved_for(pods)} if pods else {}
-        kube_client.update_status(client.RESOURCE_CLAIMS, {**created, "status": status or {"allocation": allocated}})
+        status: dict[str, Any] = {"allocation": allocated}
+        if pods:
+            status["reservedFor"] = kube_objects.reserved_for(pods)
+        kube_client.update_status(client.RESOURCE_CLAIMS, {**created, "status": status})
 
     make("held-here", node, [here])
     make("held-here-and-away", node, [away, here])
@@ -114,6 +133,7 @@ def test_the_claims_on_a_node_are_those_in_its_pool_reserved_for_its_pods(
     make("unreserved", node, [])
     make("other-pool", elsewhere, [here])
     make("other-driver", node, [here], driver="net.example.com")
+    make("from-template", node, [templated])
     found = claims.ApiClaimSource(kube_client).claims_on_node(driver=DRIVER, node=node)
-    assert sorted(c.meta.name for c in found) == ["held-here", "held-here-and-away"]
+    assert [c.meta.name for c in found] == ["from-template", "held-here", "held-here-and-away"]
     assert all(c.allocation is not None and c.meta.uid for c in found)
