@@ -450,7 +450,7 @@ class Agent:
         self._publish_wanted.set()
 
     def _warn(self, notice: state.Notice) -> None:
-        # The state has logged it; a Warning Event on the Node makes it visible to `kubectl describe node`.
+        # The state logged it (or start() prints it); a Warning Event on the Node shows it to `kubectl describe node`.
         if self._recorder is not None:
             node = kube_events.ObjectRef(api_version="v1", kind="Node", name=self.settings.node_name)
             self._recorder.event(node, type=kube_events.WARNING, reason=notice.reason, message=notice.message)
