@@ -56,6 +56,10 @@ class Claims:
     def get_claim(self, namespace: str, name: str) -> model.ResourceClaim | None:
         return self.claims.get((namespace, name))
 
+    def claims_on_node(self, *, driver: str, node: str) -> list[model.ResourceClaim]:
+        # What the state rebuilds from when it starts without a checkpoint: no pod holds these claims.
+        return []
+
     def put(self, name: str, uid: str, devices: Sequence[str]) -> state.ClaimRef:
         results = tuple(
             model.DeviceRequestAllocationResult(request="gpu", driver=DRIVER, pool=NODE, device=d) for d in devices

@@ -438,6 +438,13 @@ _DIR = click.Path(file_okay=False, path_type=pathlib.Path)
     default=None,
     help="Directory of the checkpoint and MPS state (default: <kubelet-plugins-dir>/<driver-name>).",
 )
+@_option(
+    "--pod-uid",
+    more_envvars=["POD_UID"],
+    default="",
+    help="This pod's UID (downward API): the sockets get names of their own, so a new agent can start beside this "
+    "one in a rolling update (default: none: fixed names, one agent per node).",
+)
 @_kubeconfig
 @_port(
     "--health-port",
@@ -458,6 +465,7 @@ def node_agent_command(
     kubelet_registrar_dir: pathlib.Path,
     kubelet_plugins_dir: pathlib.Path,
     state_dir: pathlib.Path | None,
+    pod_uid: str,
     kubeconfig: pathlib.Path | None,
     health_port: int,
     metrics_port: int,
@@ -488,6 +496,7 @@ def node_agent_command(
         health_port=health_port,
         metrics_port=metrics_port,
         log_format=config.LogFormat(log_format) if log_format is not None else None,
+        pod_uid=pod_uid,
     )
     from dractl.node import agent  # imported here: it brings gRPC and the Kubernetes client
 

@@ -118,7 +118,8 @@ class NodeAgent:
     `driver_root` is where the host has the NVIDIA driver's files (what CDI specs name) and
     `container_driver_root` where the agent reads them, None meaning the same path;
     `kubeconfig` None means the in-cluster config; a port of -1 turns that endpoint off;
-    `log_format` None means console on a terminal and JSON otherwise.
+    `log_format` None means console on a terminal and JSON otherwise; `pod_uid` "" means the
+    sockets have fixed names (one agent per node), otherwise names of their own (rolling updates).
     """
 
     node_name: str
@@ -138,6 +139,7 @@ class NodeAgent:
     health_port: int = DEFAULT_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
     log_format: LogFormat | None = None
+    pod_uid: str = ""
 
     @property
     def plugin_state_dir(self) -> pathlib.Path:

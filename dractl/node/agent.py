@@ -8,6 +8,11 @@ call over each socket, then waits for SIGTERM/SIGINT and shuts down: sockets rem
 left in place (the kubelet wipes them 30 s after the driver is gone, and a restart within
 that window keeps them).
 
+It refuses to start, with one line on stderr, when a running agent serves its sockets (two
+agents on one node need `--pod-uid`, which gives each its own sockets: a rolling update) or a
+newer agent wrote the checkpoint (then also with a Warning Event on the Node); two agents with
+their own sockets share the state directory, its checkpoint and its locks.
+
 What it must not do: prepare anything itself, import grpc (the plugin does) or the Kubernetes
 client (dractl.kube does), or let a missing GPU driver end in a traceback: that is one line
 on stderr and exit code 1.
@@ -34,6 +39,7 @@ from dractl.kube import events as kube_events
 from dractl.node import (
     backend,
     cdi,
+    checkpoint,
     discover,
     driverfiles,
     fakegpu,
@@ -54,6 +60,8 @@ EXIT_FAILED = 1
 # A sweep at start-up catches what a crash left behind; the periodic one catches claims deleted
 # while their pods were gone from the kubelet's view (the NVIDIA driver sweeps every 10 min).
 SWEEP_INTERVAL_S = 600.0
+# The claim locks the plugins of every agent on the node share (two during a rolling update).
+CLAIM_LOCK_FILE = "claims.lock"
 # How long stop() waits for the publisher thread: a publish hanging on the API server must not
 # hold up the shutdown (the thread is a daemon, and ends when that publish returns).
 PUBLISHER_JOIN_S = 5.0
@@ -207,6 +215,7 @@ class Agent:
             driver_name=self.settings.driver_name,
             registrar_dir=self.settings.kubelet_registrar_dir,
             plugins_dir=self.settings.kubelet_plugins_dir,
+            pod_uid=self.settings.pod_uid,
         )
 
     def start(self) -> None:
@@ -238,6 +247,9 @@ class Agent:
 
     def _start(self) -> None:
         s = self.settings
+        # Before anything is touched: a running agent serving these sockets (a second agent without
+        # --pod-uid) makes this one refuse to start.
+        plugin.check_sockets(self.sockets)
         state_dir = s.plugin_state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
         fake = s.device_source is config.DeviceSource.FAKE
@@ -259,19 +271,28 @@ class Agent:
         untainted = self._build({})
         self.metrics.published_devices.set(sum(len(sl.devices) for sl in untainted))
         self._publish({})
-        self.state = state.State(
-            driver_name=s.driver_name,
-            node_name=s.node_name,
-            backend=gpus,
-            claims=self._claims,
-            cdi_root=s.cdi_root,
-            state_dir=state_dir,
-            mps=sharing.FakeMps(root=state_dir / "mps") if fake else None,
-            common_edits=self._common_edits(state_dir),
-            dynamic_mig=s.mig_mode is config.MigMode.DYNAMIC,
-            device_nodes=not fake,
-            on_warning=self._warn,
-        )
+        try:
+            self.state = state.State(
+                driver_name=s.driver_name,
+                node_name=s.node_name,
+                backend=gpus,
+                claims=self._claims,
+                cdi_root=s.cdi_root,
+                state_dir=state_dir,
+                mps=sharing.FakeMps(root=state_dir / "mps") if fake else None,
+                common_edits=self._common_edits(state_dir),
+                dynamic_mig=s.mig_mode is config.MigMode.DYNAMIC,
+                device_nodes=not fake,
+                on_warning=self._warn,
+            )
+        except checkpoint.NewerVersion as err:
+            message = (
+                f"{err}, so it does not start: run the newer agent again, or move the file away to have this one "
+                "rebuild the node's state from the API and the devices (the file is left as it is)"
+            )
+            self._warn(state.Notice(reason="CheckpointTooNew", message=message))
+            raise AgentError(message) from err
+        # The first sweep also rebuilds the state when the checkpoint was missing or corrupt.
         self.sweep()
         self.monitor = health.Monitor(
             backend=gpus,
@@ -301,6 +322,7 @@ class Agent:
             preparer=self.state,
             health_source=self.monitor,
             on_call=self.metrics.observe,
+            claim_lock_file=state_dir / CLAIM_LOCK_FILE,
         )
         self.metrics.registered.set_function(lambda: 1.0 if self._registered() else 0.0)
         self.plugin.start()
@@ -463,11 +485,11 @@ class Agent:
         # reads the newest taints itself, so a slow API server cannot delay the next event.
         self._publish_wanted.set()
 
-    def _warn(self, message: str) -> None:
-        # The state has logged it; a Warning Event on the Node makes it visible to `kubectl describe node`.
+    def _warn(self, notice: state.Notice) -> None:
+        # The state logged it (or start() prints it); a Warning Event on the Node shows it to `kubectl describe node`.
         if self._recorder is not None:
             node = kube_events.ObjectRef(api_version="v1", kind="Node", name=self.settings.node_name)
-            self._recorder.event(node, type=kube_events.WARNING, reason="NodeStateReset", message=message)
+            self._recorder.event(node, type=kube_events.WARNING, reason=notice.reason, message=notice.message)
 
     def _registered(self) -> bool:
         return self.plugin is not None and self.plugin.registration_status.registered is True

@@ -160,6 +160,7 @@ class Monitor:
                 state.recovery = action
         self._uuid_to_minor = {d.uuid: d.minor for d in self._devices if d.uuid is not None}
         self._events_readable = True  # False while reading events fails: the report says Unknown
+        self._read_failure: str | None = None  # the failure last logged, while reading events keeps failing
         self._cond = threading.Condition()
         self._version = 0
         self._taints = self._compute_taints()
@@ -220,7 +221,8 @@ class Monitor:
         """Wait for events once (up to the poll interval), apply them, then check for recoveries.
 
         Never raises: a failed event read marks the report Unknown until a read succeeds
-        again (GPU_IS_LOST marks every GPU lost instead).
+        again (GPU_IS_LOST marks every GPU lost instead). A failure is logged when it starts (or
+        changes), not at every poll, and the first read that works again is logged too.
         """
         try:
             events = self._backend.wait_events(timeout_s=self._poll_s)
@@ -228,11 +230,16 @@ class Monitor:
             if err.code == backend.Return.GPU_IS_LOST:
                 self.handle((backend.Event(kind=backend.EventKind.GPU_LOST),))
             else:
-                _log.warning("health: reading GPU events failed", error=str(err))
+                if str(err) != self._read_failure:
+                    _log.warning("health: reading GPU events failed; devices report Unknown", error=str(err))
+                    self._read_failure = str(err)
                 self._set_readable(False)
                 # Waiting here keeps a persistently failing backend from spinning the CPU.
                 self._stop.wait(self._poll_s)
             return
+        if self._read_failure is not None:
+            _log.info("health: reading GPU events works again", failed_with=self._read_failure)
+            self._read_failure = None
         self._set_readable(True)
         if events:
             self.handle(events)

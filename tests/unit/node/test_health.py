@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import structlog
 from support import devices
 
 from dractl import model
@@ -251,6 +252,30 @@ def test_unreadable_events_report_unknown(monitor: health.Monitor, fake: EventBa
     fake.wait_error = None
     monitor.poll_once()
     assert {h.status for h in monitor.report()} == {health.Status.HEALTHY}
+
+
+def test_a_failure_to_read_events_is_logged_once_not_at_every_poll(monitor: health.Monitor, fake: EventBackend) -> None:
+    """Guards issue 15 (NVML read failures were logged every second): a failure is logged when it starts and when it
+    changes, not at each of the polls it repeats in, and the first read that works again is logged once."""
+    with structlog.testing.capture_logs() as logs:
+        fake.wait_error = backend.NvmlError(backend.Return.UNKNOWN, "event set")
+        for _ in range(5):
+            monitor.poll_once()
+        fake.wait_error = backend.NvmlError(backend.Return.DRIVER_NOT_LOADED, "driver")
+        for _ in range(3):
+            monitor.poll_once()
+        fake.wait_error = None
+        for _ in range(3):
+            monitor.poll_once()
+    assert [(entry["log_level"], entry["event"]) for entry in logs] == [
+        ("warning", "health: reading GPU events failed; devices report Unknown"),
+        ("warning", "health: reading GPU events failed; devices report Unknown"),
+        ("info", "health: reading GPU events works again"),
+    ]
+    assert [entry.get("error") for entry in logs[:2]] == [
+        str(backend.NvmlError(backend.Return.UNKNOWN, "event set")),
+        str(backend.NvmlError(backend.Return.DRIVER_NOT_LOADED, "driver")),
+    ]
 
 
 def test_wait_report_returns_on_change_and_the_thread_stops_promptly(
