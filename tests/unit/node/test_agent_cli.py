@@ -26,6 +26,8 @@ FLAGS = {
     "--kubelet-plugins-dir": "DRACTL_KUBELET_PLUGINS_DIR",
     "--state-dir": "DRACTL_STATE_DIR",
     "--kubeconfig": "DRACTL_KUBECONFIG",
+    "--kube-api-qps": "DRACTL_KUBE_API_QPS",
+    "--kube-api-burst": "DRACTL_KUBE_API_BURST",
     "--health-port": "DRACTL_HEALTH_PORT",
     "--metrics-port": "DRACTL_METRICS_PORT",
     "--log-format": "DRACTL_LOG_FORMAT",
