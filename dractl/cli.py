@@ -87,13 +87,30 @@ def _together(*decorators: Callable[[_F], _F]) -> Callable[[_F], _F]:
     return apply
 
 
-def _kubeconfig(command: _F) -> _F:
-    """`--kubeconfig`, how the modes that talk to the API server find it."""
-    return _option(
-        "--kubeconfig",
-        type=click.Path(dir_okay=False, path_type=pathlib.Path),
-        default=None,
-        help="Kubeconfig file (default: the in-cluster config, else $KUBECONFIG or ~/.kube/config).",
+def _kube_client(command: _F) -> _F:
+    """The flags of every mode that talks to the API server: `--kubeconfig` (how it finds the server),
+    `--kube-api-qps` and `--kube-api-burst` (its client-side rate limit, as kube's components have)."""
+    return _together(
+        _option(
+            "--kubeconfig",
+            type=click.Path(dir_okay=False, path_type=pathlib.Path),
+            default=None,
+            help="Kubeconfig file (default: the in-cluster config, else $KUBECONFIG or ~/.kube/config).",
+        ),
+        _option(
+            "--kube-api-qps",
+            type=click.FloatRange(min=0, min_open=True),
+            default=config.DEFAULT_KUBE_API_QPS,
+            help=f"Client-side limit: requests per second to the API server on average (default: "
+            f"{config.DEFAULT_KUBE_API_QPS:g}).",
+        ),
+        _option(
+            "--kube-api-burst",
+            type=click.IntRange(min=1),
+            default=config.DEFAULT_KUBE_API_BURST,
+            help=f"Client-side limit: requests sent at once after a quiet spell, above the average (default: "
+            f"{config.DEFAULT_KUBE_API_BURST}).",
+        ),
     )(command)
 
 
@@ -445,7 +462,7 @@ _DIR = click.Path(file_okay=False, path_type=pathlib.Path)
     help="This pod's UID (downward API): the sockets get names of their own, so a new agent can start beside this "
     "one in a rolling update (default: none: fixed names, one agent per node).",
 )
-@_kubeconfig
+@_kube_client
 @_port(
     "--health-port",
     default=config.DEFAULT_HEALTH_PORT,
@@ -467,6 +484,8 @@ def node_agent_command(
     state_dir: pathlib.Path | None,
     pod_uid: str,
     kubeconfig: pathlib.Path | None,
+    kube_api_qps: float,
+    kube_api_burst: int,
     health_port: int,
     metrics_port: int,
     log_format: str | None,
@@ -493,6 +512,8 @@ def node_agent_command(
         kubelet_plugins_dir=kubelet_plugins_dir,
         state_dir=state_dir,
         kubeconfig=kubeconfig,
+        kube_api_qps=kube_api_qps,
+        kube_api_burst=kube_api_burst,
         health_port=health_port,
         metrics_port=metrics_port,
         log_format=config.LogFormat(log_format) if log_format is not None else None,
@@ -529,7 +550,7 @@ class _OneLineErrorsCommand(click.Command):
     cls=_OneLineErrorsCommand,
     short_help="Run the claim lifecycle controller and the GPU-aware allocator (leader-elected).",
 )
-@_kubeconfig
+@_kube_client
 @_option(
     "--controllers",
     default=",".join(config.DEFAULT_CONTROLLERS),
@@ -585,6 +606,8 @@ class _OneLineErrorsCommand(click.Command):
 @_log_format
 def controller_command(
     kubeconfig: pathlib.Path | None,
+    kube_api_qps: float,
+    kube_api_burst: int,
     controllers: str,
     scheduler_name: str,
     policy: str,
@@ -610,6 +633,8 @@ def controller_command(
 
     settings = config.ControllerConfig(
         kubeconfig=kubeconfig,
+        kube_api_qps=kube_api_qps,
+        kube_api_burst=kube_api_burst,
         controllers=run.parse_names(controllers),
         scheduler_name=scheduler_name,
         policy=config.Policy(policy),
@@ -642,7 +667,7 @@ def _explain_options(command: _F) -> _F:
     """The flags shared by `explain claim` and `explain pod`: the target and how to read and print it."""
     return _together(
         click.argument("target", metavar="NS/NAME"),
-        _kubeconfig,
+        _kube_client,
         _policy("Allocation policy for pending claims: first-fit as upstream, or binpack"),
         _output(
             config.ExplainOutput,
@@ -652,9 +677,7 @@ def _explain_options(command: _F) -> _F:
     )(command)
 
 
-def _explain(
-    kind: config.ExplainKind, *, target: str, kubeconfig: pathlib.Path | None, policy: str, output: str
-) -> None:
+def _explain(kind: config.ExplainKind, *, target: str, policy: str, output: str, **kube: Any) -> None:
     from dractl import explain  # imported here: it brings the Kubernetes client
 
     try:
@@ -665,25 +688,25 @@ def _explain(
         kind=kind,
         namespace=namespace,
         name=name,
-        kubeconfig=kubeconfig,
         policy=config.Policy(policy),
         output=config.ExplainOutput(output),
+        **kube,
     )
     _exit_writing(lambda: explain.run(settings, out=sys.stdout, err=sys.stderr))
 
 
 @explain_group.command("claim", short_help="Explain one ResourceClaim: where it is allocated, or why not.")
 @_explain_options
-def explain_claim_command(target: str, kubeconfig: pathlib.Path | None, policy: str, output: str) -> None:
+def explain_claim_command(target: str, policy: str, output: str, **kube: Any) -> None:
     """Explain ResourceClaim NS/NAME: its node, devices per request and consumers when allocated;
     otherwise whether it fits now, and if not, per request what stopped it."""
-    _explain(config.ExplainKind.CLAIM, target=target, kubeconfig=kubeconfig, policy=policy, output=output)
+    _explain(config.ExplainKind.CLAIM, target=target, policy=policy, output=output, **kube)
 
 
 @explain_group.command("pod", short_help="Explain a pod's claims together on one node, as a scheduler would.")
 @_explain_options
-def explain_pod_command(target: str, kubeconfig: pathlib.Path | None, policy: str, output: str) -> None:
+def explain_pod_command(target: str, policy: str, output: str, **kube: Any) -> None:
     """Explain the claims of Pod NS/NAME together: all on one node the pod may use (its
     spec.nodeName and spec.nodeSelector, the nodes its allocated claims pin); a claim still to
     be made from a template is explained from the template."""
-    _explain(config.ExplainKind.POD, target=target, kubeconfig=kubeconfig, policy=policy, output=output)
+    _explain(config.ExplainKind.POD, target=target, policy=policy, output=output, **kube)

@@ -90,6 +90,12 @@ class Discover:
     output: OutputFormat = OutputFormat.YAML
 
 
+DEFAULT_KUBE_API_QPS = 50.0
+"""Requests per second each mode's API client sends at most on average: kube-scheduler's and the kubelet's default."""
+DEFAULT_KUBE_API_BURST = 100
+"""Requests a mode's API client may send at once above the QPS: kube-scheduler's and the kubelet's default."""
+
+
 class LogFormat(enum.Enum):
     JSON = "json"  # one JSON object per line, for the cluster's log collection
     CONSOLE = "console"  # aligned key=value lines for a person at a terminal
@@ -117,9 +123,10 @@ class NodeAgent:
     `state_dir` None means `<kubelet_plugins_dir>/<driver_name>` (beside the DRA socket);
     `driver_root` is where the host has the NVIDIA driver's files (what CDI specs name) and
     `container_driver_root` where the agent reads them, None meaning the same path;
-    `kubeconfig` None means the in-cluster config; a port of -1 turns that endpoint off;
-    `log_format` None means console on a terminal and JSON otherwise; `pod_uid` "" means the
-    sockets have fixed names (one agent per node), otherwise names of their own (rolling updates).
+    `kubeconfig` None means the in-cluster config; `kube_api_qps` and `kube_api_burst` limit its
+    client's requests; a port of -1 turns that endpoint off; `log_format` None means console on
+    a terminal and JSON otherwise; `pod_uid` "" means the sockets have fixed names (one agent per
+    node), otherwise names of their own (rolling updates).
     """
 
     node_name: str
@@ -136,6 +143,8 @@ class NodeAgent:
     kubelet_plugins_dir: pathlib.Path = DEFAULT_KUBELET_PLUGINS_DIR
     state_dir: pathlib.Path | None = None
     kubeconfig: pathlib.Path | None = None
+    kube_api_qps: float = DEFAULT_KUBE_API_QPS
+    kube_api_burst: int = DEFAULT_KUBE_API_BURST
     health_port: int = DEFAULT_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
     log_format: LogFormat | None = None
@@ -168,12 +177,15 @@ class ExplainOutput(enum.Enum):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Explain:
     """Settings of `dractl explain claim|pod NS/NAME`; `kubeconfig` None means the in-cluster
-    config, else $KUBECONFIG or ~/.kube/config."""
+    config, else $KUBECONFIG or ~/.kube/config; `kube_api_qps` and `kube_api_burst` limit its
+    client's requests."""
 
     kind: ExplainKind
     namespace: str
     name: str
     kubeconfig: pathlib.Path | None = None
+    kube_api_qps: float = DEFAULT_KUBE_API_QPS
+    kube_api_burst: int = DEFAULT_KUBE_API_BURST
     policy: Policy = Policy.BINPACK
     output: ExplainOutput = ExplainOutput.TEXT
     search_limit: int = DEFAULT_SEARCH_LIMIT
@@ -200,11 +212,15 @@ class ControllerConfig:
     in a cluster, else `default`; durations are seconds; a port of -1 turns that endpoint off, 0
     picks a free one, and equal metrics and health ports serve every path on one listener;
     `kubeconfig` None means the in-cluster config, else $KUBECONFIG or ~/.kube/config;
-    `log_format` None means console on a terminal and JSON otherwise. Values are checked by
+    `kube_api_qps` and `kube_api_burst` limit the controllers' requests (the leader election has
+    a limiter of its own, so a busy controller never delays a renewal); `log_format` None means
+    console on a terminal and JSON otherwise. Values are checked by
     `dractl.controller.run.check`, not here.
     """
 
     kubeconfig: pathlib.Path | None = None
+    kube_api_qps: float = DEFAULT_KUBE_API_QPS
+    kube_api_burst: int = DEFAULT_KUBE_API_BURST
     controllers: tuple[str, ...] = DEFAULT_CONTROLLERS
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
     policy: Policy = Policy.BINPACK

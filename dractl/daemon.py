@@ -68,8 +68,24 @@ def configure_logging(log_format: config.LogFormat | None, *, stream: TextIO | N
     )
 
 
-class _StdlibHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The handler `capture_stdlib_logging` installs (its own class, so it is found and removed exactly)."""
+class _StdlibHandler(logging.Handler):
+    """The handler `capture_stdlib_logging` installs (its own class, so it is found and removed exactly).
+
+    It writes each formatted record through structlog's logger for the stream, which holds
+    structlog's lock for that stream while it writes the line and its newline: a record from
+    another thread can never land between a structlog line and its newline (two JSON objects on
+    one line, which no log collector reads).
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._out = structlog.PrintLogger(stream)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._out.msg(self.format(record))
+        except Exception:  # noqa: BLE001 (logging's rule: a record that cannot be written never raises)
+            self.handleError(record)
 
 
 def capture_stdlib_logging(log_format: config.LogFormat | None, *, stream: TextIO | None = None) -> Callable[[], None]:

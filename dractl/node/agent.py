@@ -36,6 +36,7 @@ from dractl import config, daemon, model
 from dractl.kube import claims as kube_claims
 from dractl.kube import client as kube_client
 from dractl.kube import events as kube_events
+from dractl.kube import ratelimit
 from dractl.node import (
     backend,
     cdi,
@@ -262,7 +263,7 @@ class Agent:
         gpus = self._gpus
         self._inventory = inventory.read(gpus)
         if self._claims is None or self._publisher is None:
-            client = _connect(s.kubeconfig)
+            client = _connect(s)
             if self._claims is None:
                 self._claims = kube_claims.ApiClaimSource(client)
             if self._publisher is None:
@@ -506,9 +507,12 @@ def _discover_settings(settings: config.NodeAgent) -> config.Discover:
     )
 
 
-def _connect(kubeconfig: pathlib.Path | None) -> kube_client.Client:
+def _connect(settings: config.NodeAgent) -> kube_client.Client:
+    kubeconfig = settings.kubeconfig
     try:
-        return kube_client.connect(kubeconfig)
+        return kube_client.connect(
+            kubeconfig, limiter=ratelimit.TokenBucket(settings.kube_api_qps, settings.kube_api_burst)
+        )
     except Exception as err:
         where = f"kubeconfig {kubeconfig}" if kubeconfig is not None else "the in-cluster config or $KUBECONFIG"
         raise AgentError(f"cannot build a Kubernetes client from {where}: {err}") from err

@@ -27,6 +27,8 @@ FLAGS = {
     "--state-dir": "DRACTL_STATE_DIR",
     "--pod-uid": "DRACTL_POD_UID",
     "--kubeconfig": "DRACTL_KUBECONFIG",
+    "--kube-api-qps": "DRACTL_KUBE_API_QPS",
+    "--kube-api-burst": "DRACTL_KUBE_API_BURST",
     "--health-port": "DRACTL_HEALTH_PORT",
     "--metrics-port": "DRACTL_METRICS_PORT",
     "--log-format": "DRACTL_LOG_FORMAT",
