@@ -99,7 +99,10 @@ DEFAULT_CDI_ROOT = pathlib.Path("/var/run/cdi")
 DEFAULT_KUBELET_REGISTRAR_DIR = pathlib.Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_KUBELET_PLUGINS_DIR = pathlib.Path("/var/lib/kubelet/plugins")
 DEFAULT_HEALTH_PORT = 51515
-DEFAULT_METRICS_PORT = 8080
+# Not 8080: the agent runs on the host's network, where 8080 is the first port anything else takes.
+DEFAULT_METRICS_PORT = 51516
+# The kubelet runs probes from the host's network namespace, where the agent's pod lives too: loopback is enough.
+DEFAULT_HEALTH_ADDRESS = "127.0.0.1"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,6 +111,7 @@ class NodeAgent:
 
     `state_dir` None means `<kubelet_plugins_dir>/<driver_name>` (beside the DRA socket);
     `kubeconfig` None means the in-cluster config; a port of -1 turns that endpoint off;
+    `metrics_address` None means the Node's InternalIP (loopback when it has none);
     `log_format` None means console on a terminal and JSON otherwise.
     """
 
@@ -124,6 +128,8 @@ class NodeAgent:
     kubeconfig: pathlib.Path | None = None
     health_port: int = DEFAULT_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
+    health_address: str = DEFAULT_HEALTH_ADDRESS
+    metrics_address: str | None = None
     log_format: LogFormat | None = None
 
     @property
