@@ -74,13 +74,16 @@ def start_agent(
             kubeconfig: pathlib.Path | None = None,
             profile: str = "a100-80gb-x8",
             mig_mode: config.MigMode = config.MigMode.DYNAMIC,
+            consumable_memory: bool = False,
             differ_grace_s: float = agent.SLICES_DIFFER_GRACE_S,
+            gpus: fakegpu.FakeGpus | None = None,
         ) -> agent.Agent:
             settings = config.NodeAgent(
                 node_name=node,
                 device_source=config.DeviceSource.FAKE,
                 fake_profile=profile,
                 mig_mode=mig_mode,
+                consumable_memory=consumable_memory,
                 cdi_root=tmp_path / node / "cdi",
                 kubelet_registrar_dir=sock_dir / node / "reg",
                 kubelet_plugins_dir=sock_dir / node / "plugins",
@@ -89,7 +92,7 @@ def start_agent(
                 health_port=0,
                 metrics_port=0,
             )
-            gpus = fakegpu.FakeGpus(fakegpu.load_profile(profile), node_name=node)
+            gpus = gpus or fakegpu.FakeGpus(fakegpu.load_profile(profile), node_name=node)
             started = agent.Agent(settings, gpus=gpus, health_poll_s=0.05, differ_grace_s=differ_grace_s)
             started.start()
             stack.callback(started.stop)
@@ -296,3 +299,111 @@ def test_a_change_that_leaves_the_slices_as_published_writes_nothing(
     controlplane.wait_until(node_agent.synced.in_sync, what="the slices in sync", timeout=REPAIR_TIMEOUT_S)
     assert fault_proxy.writes() == []
     assert _metric(node_agent, "dractl_node_slice_repairs_total") == 0
+
+
+def test_metrics_listen_on_the_nodes_internal_ip(
+    kube_client: client.Client, start_agent: collections.abc.Callable[..., agent.Agent]
+) -> None:
+    """Guards the default --metrics-address: the Node's InternalIP (here 127.0.0.2, a loopback address), not every
+    address of a host-network pod; /healthz stays on 127.0.0.1."""
+    name = f"node-{uuid.uuid4().hex[:8]}"
+    _create_node(kube_client, name)
+    node = kube_client.get(client.NODES, name)
+    node["status"] = {
+        "addresses": [{"type": "Hostname", "address": name}, {"type": "InternalIP", "address": "127.0.0.2"}]
+    }
+    kube_client.update_status(client.NODES, node)
+    node_agent = start_agent(name, profile="t4-x2", mig_mode=config.MigMode.STATIC)
+    with urllib.request.urlopen(f"http://127.0.0.2:{node_agent.metrics_port}/metrics", timeout=10) as response:
+        assert "dractl_node_published_devices 2.0" in response.read().decode()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{node_agent.metrics_port}/metrics", timeout=10)
+    assert _get(node_agent.health_port, "/healthz") == (200, "ok\n")
+
+
+# An API server that serves Kubernetes 1.35 (the 1.36 binary emulating it) with the DRA gates that were alpha
+# then left off, as a 1.35 cluster has them by default.
+GATES_OFF = "DRAPartitionableDevices=false,DRAConsumableCapacity=false,DRADeviceTaints=false,DRADeviceTaintRules=false"
+
+
+@pytest.fixture(scope="module")
+def plane_135() -> collections.abc.Iterator[controlplane.ControlPlane]:
+    try:
+        with controlplane.running(apiserver_args=["--emulated-version=1.35", f"--feature-gates={GATES_OFF}"]) as plane:
+            yield plane
+    except controlplane.Unavailable as missing:
+        pytest.skip(str(missing))
+
+
+@pytest.fixture
+def client_135(plane_135: controlplane.ControlPlane) -> collections.abc.Iterator[client.Client]:
+    connected = client.connect(plane_135.kubeconfig)
+    try:
+        yield connected
+    finally:
+        connected.close()
+
+
+def test_the_server_version_is_the_emulated_one(client_135: client.Client, kube_client: client.Client) -> None:
+    """Guards /version: the version a server serves is its emulated one (1.35 here), the binary's kept for
+    messages; the session's server serves 1.36."""
+    version = client_135.server_version()
+    assert (version.major, version.minor) == (1, 35) and version.git_version.startswith("v1.36.")
+    assert (kube_client.server_version().major, kube_client.server_version().minor) == (1, 36)
+
+
+@pytest.mark.parametrize(
+    ("flag", "flags", "gate"),
+    [
+        ("--mig-mode dynamic", {"mig_mode": config.MigMode.DYNAMIC}, "DRAPartitionableDevices"),
+        (
+            "--consumable-memory",
+            {"profile": "t4-x2", "mig_mode": config.MigMode.STATIC, "consumable_memory": True},
+            "DRAConsumableCapacity",
+        ),
+    ],
+    ids=["dynamic-mig", "consumable-memory"],
+)
+def test_a_flag_whose_feature_gate_is_off_is_one_line_and_nothing_is_published(
+    flag: str,
+    flags: dict[str, Any],
+    gate: str,
+    client_135: client.Client,
+    plane_135: controlplane.ControlPlane,
+    start_agent: collections.abc.Callable[..., agent.Agent],
+) -> None:
+    """Guards the feature check: a flag that needs a gate the server has off ends the start with one line naming
+    the flag, the gate and the server's version, and no slice is written (the server would have dropped the
+    counters, and MIG placements would overlap)."""
+    name = f"node-{uuid.uuid4().hex[:8]}"
+    _create_node(client_135, name)
+    with pytest.raises(agent.AgentError) as caught:
+        start_agent(name, kubeconfig=pathlib.Path(plane_135.kubeconfig), **flags)
+    message = str(caught.value)
+    assert message.startswith(f"{flag} needs the {gate} feature gate, which is off on this API server (Kubernetes 1.35")
+    assert f"--feature-gates={gate}=true; on by default from Kubernetes 1.36" in message
+    assert _stored(client_135, name) == []
+
+
+def test_without_device_taints_health_is_not_written_into_the_slices(
+    client_135: client.Client,
+    plane_135: controlplane.ControlPlane,
+    start_agent: collections.abc.Callable[..., agent.Agent],
+) -> None:
+    """Guards dropped device taints: the agent starts, an XID leaves the published slices as they were (no taint the
+    server would drop, so no rewrite loop), and the API holds exactly the agent's slices."""
+    name = f"node-{uuid.uuid4().hex[:8]}"
+    _create_node(client_135, name)
+    gpus = fakegpu.FakeGpus(fakegpu.load_profile("t4-x2"), node_name=name)
+    node_agent = start_agent(
+        name, kubeconfig=pathlib.Path(plane_135.kubeconfig), mig_mode=config.MigMode.STATIC, gpus=gpus
+    )
+    before = node_agent.slices
+    monitor = node_agent.monitor
+    assert monitor is not None
+    gpus.inject_xid(0, 79)
+    controlplane.wait_until(lambda: monitor.taints()["gpu-0"], what="the XID seen by the monitor", timeout=30)
+    controlplane.wait_until(node_agent.synced.in_sync, what="the slices in sync", timeout=REPAIR_TIMEOUT_S)
+    assert node_agent.slices == before
+    assert _matches(client_135, node_agent)
+    assert all("taints" not in device for raw in _stored(client_135, name) for device in raw["spec"]["devices"])

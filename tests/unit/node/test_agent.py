@@ -6,8 +6,10 @@ import collections.abc
 import io
 import os
 import pathlib
+import re
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -15,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
+import controlplane
 import grpc
 import pytest
 import structlog
@@ -468,3 +471,77 @@ def _driver_present() -> bool:
     except backend.NvmlError:
         return False
     return True
+
+
+@pytest.mark.parametrize("endpoint", ["health", "metrics"])
+def test_a_taken_port_is_one_line_naming_the_flags_before_anything_is_served(
+    endpoint: str, settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards: a port another process holds ends the start with one line naming the address, the port and both
+    flags, before any slice is published or any socket made."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        taken = config.NodeAgent(**{**_fields(settings), f"{endpoint}_port": port, f"{endpoint}_address": "127.0.0.1"})
+        err = io.StringIO()
+        a = agent.Agent(taken, gpus=gpus, claims=claims, publisher=publisher)
+        assert agent.run(taken, err=err, agent=a) == 1
+    path = "/healthz" if endpoint == "health" else "/metrics"
+    assert err.getvalue().splitlines() == [
+        f"dractl node-agent: error: cannot serve {path} on 127.0.0.1:{port} (--{endpoint}-address 127.0.0.1, "
+        f"--{endpoint}-port {port}): Address already in use; choose another with --{endpoint}-port or "
+        f"--{endpoint}-address, or -1 to turn it off"
+    ]
+    assert publisher.published == []
+    assert not a.sockets.registration.exists() and not a.sockets.dra.exists()
+
+
+def test_an_address_that_is_not_an_ip_is_one_line(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards --metrics-address: a host name instead of an IP address is one line naming the flag."""
+    bad = config.NodeAgent(**{**_fields(settings), "metrics_address": "node-a.local"})
+    err = io.StringIO()
+    assert agent.run(bad, err=err, agent=agent.Agent(bad, gpus=gpus, claims=claims, publisher=publisher)) == 1
+    assert err.getvalue() == "dractl node-agent: error: --metrics-address 'node-a.local' is not an IP address\n"
+
+
+def test_a_prepare_stuck_in_nvml_fails_healthz_naming_the_claim_and_the_call(
+    settings: config.NodeAgent, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards: a prepare that hangs in an NVML call (dynamic MIG, create_compute_instance) makes /healthz 503 with
+    the claim and the call once it has run longer than the bound; the probe itself answers at once."""
+    gpus = fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=NODE)
+    gpus.fail("create_compute_instance", action=fakegpu.FaultAction.HANG)
+    dynamic = config.NodeAgent(**{**_fields(settings), "mig_mode": config.MigMode.DYNAMIC})
+    a = agent.Agent(dynamic, gpus=gpus, claims=claims, publisher=publisher, health_poll_s=0.05, stuck_after_s=0.2)
+    a.start()
+    ref = claims.put(claim("infer", UID, [result("gpu-1-mig-1g10gb-19-0")]))
+    answers: list[object] = []
+    try:
+        assert _get(a.health_port, "/healthz") == (200, "ok\n")
+        with grpc.insecure_channel(f"unix:{a.sockets.dra}") as channel:
+            call = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources.future(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=UID)]
+                ),
+                timeout=60,
+            )
+            call.add_done_callback(lambda done: answers.append(done.result()))
+            controlplane.wait_until(gpus.hung, what="the prepare hanging in NVML", timeout=20)
+            status, text = controlplane.wait_until(
+                lambda: (answer := _get(a.health_port, "/healthz"))[0] == 503 and answer,
+                what="/healthz failing on the stuck prepare",
+                timeout=20,
+            )
+            assert re.fullmatch(
+                f"NodePrepareResources of claim {ref.namespace}/{ref.name} \\(uid {UID}\\) has run for [0-9]+ s, "
+                "waiting in NVML create_compute_instance\n",
+                text,
+            ), text
+            gpus.close()  # Ends the hang: the prepare fails and rolls back.
+            call.result(timeout=30)
+    finally:
+        a.stop()
+    assert answers and "injected hang" in str(answers[0])
