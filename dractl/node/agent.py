@@ -20,6 +20,7 @@ on stderr and exit code 1.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import ipaddress
 import pathlib
 import sys
@@ -64,6 +65,9 @@ PUBLISHER_JOIN_S = 5.0
 # /healthz fails when the API has not held this node's slices for this long: a repair takes seconds,
 # so this long means publishing keeps failing.
 SLICES_DIFFER_GRACE_S = 60.0
+# Repairs in a row back off from 0.5 s, doubling, to this: a server that keeps changing what the agent writes
+# must not turn every write into the next one.
+REPAIR_BACKOFF_MAX_S = 300.0
 # /healthz fails when a prepare or unprepare has run this long (the kubelet gave up on it long before).
 STUCK_CALL_S = 120.0
 # The oldest Kubernetes whose API server serves resource.k8s.io/v1, the only version dractl writes.
@@ -176,6 +180,14 @@ def health_answer(problems: Sequence[str]) -> daemon.Answer:
 
 
 # --- the agent ---------------------------------------------------------------------------------------
+
+
+class _Outcome(enum.Enum):
+    """What one publish did: failed, published (nothing to repair), or repaired slices someone else changed."""
+
+    FAILED = "failed"
+    PUBLISHED = "published"
+    REPAIRED = "repaired"
 
 
 class AgentError(Exception):
@@ -498,17 +510,23 @@ class Agent:
         is checked after each publish too, so a thread that outlived `stop()` ends as soon as its
         publish returns. Nothing else ends the thread: a failure is logged and retried at the next
         tick, with its traceback the first time it is seen and one line while it recurs, until a
-        publish succeeds.
+        publish succeeds. Repairs in a row (a server that keeps changing what we write would
+        otherwise make every write wake the next) wait longer and longer before the next publish.
         """
         seen: set[str] = set()
+        repairs = 0
         while not stopping.is_set():
             wanted.wait()
             if stopping.is_set():
                 return
+            if repairs >= 2 and stopping.wait(min(REPAIR_BACKOFF_MAX_S, 0.5 * 2 ** (repairs - 2))):
+                return
             wanted.clear()
             try:
-                if self._publish(monitor.taints()):
+                outcome = self._publish(monitor.taints())
+                if outcome is not _Outcome.FAILED:
                     seen.clear()
+                repairs = repairs + 1 if outcome is _Outcome.REPAIRED else 0
             except Exception as err:  # noqa: BLE001 - a bug in building the slices must not stop every later publish
                 self._publish_pending = True
                 failure = f"{type(err).__qualname__}: {err}"
@@ -518,9 +536,9 @@ class Agent:
                     seen.add(failure)
                     _log.exception("publishing ResourceSlices failed; retrying at the next tick", error=failure)
 
-    def _publish(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> bool:
-        """Build the slices with these taints and publish them; return whether the API took them.
-        When it did not, a later `tick()` retries.
+    def _publish(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> _Outcome:
+        """Build the slices with these taints and publish them; return whether the API took them, and whether
+        it had to repair what someone else changed. When it did not take them, a later `tick()` retries.
 
         Called by `_start` before the publisher thread exists, then only by that thread.
         """
@@ -534,10 +552,12 @@ class Agent:
             self.metrics.slices_in_sync.set(0)
             self.synced.failed(f"publishing failed: {err}", node_missing=isinstance(err, publish.NodeMissing))
             _log.warning("publishing ResourceSlices failed; retrying", error=str(err))
-            return False
+            return _Outcome.FAILED
         self._publish_pending = False
+        outcome = _Outcome.PUBLISHED
         if isinstance(result, publish.Result) and result.writes and self.slices == self._published:
             # The same slices as last time needed writes: someone deleted or changed ours in the API.
+            outcome = _Outcome.REPAIRED
             self.metrics.slice_repairs.inc()
             _log.warning(
                 "ResourceSlices in the API differed from this node's; repaired",
@@ -556,7 +576,7 @@ class Agent:
             if any(t.effect != model.TaintEffect.NONE.value for t in d.taints)
         )
         self.metrics.unhealthy_devices.set(unhealthy)
-        return True
+        return outcome
 
     def _build(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> tuple[model.ResourceSlice, ...]:
         assert self._inventory is not None

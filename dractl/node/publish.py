@@ -190,7 +190,7 @@ class Publisher:
         not decode keeps its raw form, compares unequal and is rewritten.
         """
         result = self._client.list(kube_client.RESOURCE_SLICES, field_selector=self._field_selector)
-        return sorted((_normalized(raw) for raw in result.items), key=lambda raw: str(raw["metadata"].get("name")))
+        return sorted((normalized(raw) for raw in result.items), key=lambda raw: str(raw["metadata"].get("name")))
 
     def _bodies(self, desired: Sequence[model.ResourceSlice]) -> list[dict[str, Any]]:
         owner = self._owner()
@@ -310,7 +310,7 @@ class Publisher:
         return Result(generation=generation, created=created, updated=updated, deleted=deleted)
 
 
-def _normalized(raw: Mapping[str, Any]) -> dict[str, Any]:
+def normalized(raw: Mapping[str, Any]) -> dict[str, Any]:
     """A stored slice in the shape `encode` gives the desired ones, its metadata as stored.
 
     Decoded and encoded again through the model, so equal content compares equal whatever

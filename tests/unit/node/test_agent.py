@@ -32,7 +32,7 @@ from dractl._proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from dractl.node import agent, fakegpu
+from dractl.node import agent, backend, fakegpu
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
@@ -545,3 +545,36 @@ def test_a_prepare_stuck_in_nvml_fails_healthz_naming_the_claim_and_the_call(
     finally:
         a.stop()
     assert answers and "injected hang" in str(answers[0])
+
+
+def test_an_agent_restarted_after_mig_prepares_publishes_what_the_first_one_did(
+    settings: config.NodeAgent, claims: Claims, publisher: FakePublisher, tmp_path: pathlib.Path
+) -> None:
+    """Guards the rule for whole and MIG across restarts: in dynamic mode an A100 whose MIG instance was prepared
+    (MIG mode turned on) and released (left on) is published whole again by the next agent, with the same devices
+    as the first agent published."""
+    dynamic = config.NodeAgent(**{**_fields(settings), "mig_mode": config.MigMode.DYNAMIC})
+
+    def fresh() -> fakegpu.FakeGpus:
+        return fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=NODE, state_file=tmp_path / "gpus.json")
+
+    first = agent.Agent(dynamic, gpus=fresh(), claims=claims, publisher=publisher, health_poll_s=0.05)
+    first.start()
+    try:
+        ref = claims.put(claim("infer", UID, [result("gpu-0-mig-1g10gb-19-0")]))
+        wire = dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=UID)
+        with grpc.insecure_channel(f"unix:{first.sockets.dra}") as channel:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+            prepared = stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=[wire]), timeout=30)
+            assert prepared.claims[UID].error == ""
+            released = stub.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[wire]), timeout=30)
+            assert released.claims[UID].error == ""
+    finally:
+        first.stop()
+    published_first = publisher.published[0]
+    assert {"gpu-0", "gpu-0-mig-1g10gb-19-0"} <= {d.name for s in published_first for d in s.devices}
+    assert fresh().gpus()[0].mig_mode is backend.MigMode.ENABLED and fresh().gpu_instances(0) == ()
+    second = agent.Agent(dynamic, gpus=fresh(), claims=claims, publisher=publisher, health_poll_s=0.05)
+    second.start()
+    second.stop()
+    assert publisher.published[-1] == published_first

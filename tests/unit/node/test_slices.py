@@ -9,7 +9,7 @@ import pytest
 
 from dractl import config
 from dractl.model import decode, encode, types
-from dractl.node import backend, fakegpu, inventory, mig, slices
+from dractl.node import backend, fakegpu, inventory, mig, publish, slices
 
 MODES = [config.MigMode.STATIC, config.MigMode.DYNAMIC]
 
@@ -291,3 +291,12 @@ def test_mig_device_names_follow_the_nvidia_driver() -> None:
     """Guards MIG device naming: dots dropped, other characters outside RFC 1123 turned into '-'."""
     assert slices.mig_device_name(1, "2g.20gb", 14, 4) == "gpu-1-mig-2g20gb-14-4"
     assert slices.mig_device_name(0, "1g.10gb+me", 20, 0) == "gpu-0-mig-1g10gb-me-20-0"
+
+
+@pytest.mark.parametrize("layout", list(slices.Layout), ids=lambda layout: layout.value)
+def test_the_publisher_reads_back_either_layout_as_it_wrote_it(layout: slices.Layout) -> None:
+    """Guards the publisher's comparison on a 1.34 server too: a stored slice that holds counters and devices
+    together normalizes to exactly what was encoded, so an unchanged pool is never rewritten."""
+    for built in _build("a100-80gb-x8", mig_mode=config.MigMode.DYNAMIC, layout=layout):
+        body = encode.resource_slice(built)
+        assert publish.normalized(body) == body
