@@ -578,3 +578,22 @@ def test_an_agent_restarted_after_mig_prepares_publishes_what_the_first_one_did(
     second.start()
     second.stop()
     assert publisher.published[-1] == published_first
+
+
+def test_healthz_listens_on_an_ipv6_address(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards --health-address on an IPv6 node: /healthz is served on [::1]."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback address")
+    v6 = config.NodeAgent(**{**_fields(settings), "health_address": "::1"})
+    a = agent.Agent(v6, gpus=gpus, claims=claims, publisher=publisher)
+    a.start()
+    try:
+        with urllib.request.urlopen(f"http://[::1]:{a.health_port}/healthz", timeout=10) as response:
+            assert (response.status, response.read().decode()) == (200, "ok\n")
+    finally:
+        a.stop()
