@@ -9,7 +9,8 @@ highest existing one) in every slice, existing slices are updated in place (PUT 
 resourceVersion as precondition), missing ones are created, and extra ones deleted, in that
 order, so a reader never sees the new generation incomplete for longer than the writes take.
 Each slice gets an owner reference to the Node (its uid read on each publish), so the slices go
-when the Node goes. A write conflict leads to a fresh list and a new attempt (bounded).
+when the Node goes. A write conflict, or a slice gone before its update, leads to a fresh list and
+a new attempt (bounded).
 
 `Publisher.watch(on_change)` keeps an informer on this node's slices of the driver and one on
 its Node, and calls `on_change` on every event, so a slice someone deleted or edited (the
@@ -216,14 +217,16 @@ class Publisher:
     def publish(self, desired: Sequence[model.ResourceSlice]) -> Result:
         """Make this node's slices for the driver equal `desired`. Idempotent: unchanged input writes nothing.
 
-        Raises `PublishError`, or `client.ApiError` when the API server keeps failing.
+        A slice deleted or changed by someone else between the list and the write (a 404 or 409 on it) makes it
+        list again and redo the difference (bounded). Raises `PublishError` (`NodeMissing` when there is no Node),
+        or `client.ApiError` when the API server keeps failing.
         """
         bodies = self._bodies(desired)
         for attempt in range(_ATTEMPTS):
             try:
                 return self._publish(bodies)
-            except (kube_client.Conflict, kube_client.AlreadyExists) as conflict:
-                # Someone (or an earlier attempt of ours) wrote meanwhile: look again and redo the difference.
+            except (kube_client.Conflict, kube_client.AlreadyExists, kube_client.NotFound) as conflict:
+                # Someone (or an earlier attempt of ours) wrote or deleted meanwhile: list again, redo the difference.
                 log.info("node %s: slices changed while publishing (%s); listing again", self.node_name, conflict)
                 if attempt == _ATTEMPTS - 1:
                     raise PublishError(
