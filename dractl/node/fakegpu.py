@@ -4,7 +4,7 @@ What it does: `FakeGpus` implements `backend.NvmlBackend` over a `Profile` (buil
 `profiles/*.yaml`, or a custom YAML file in the same format) with NVML's rules for MIG:
 GPU-instance profiles with NVML's valid placements, creation only at an allowed placement
 that overlaps no existing GPU instance, NVML's return codes for every refusal, MIG devices
-with UUIDs, XID and GPU-lost events, and fault injection (`fail`, `mark_lost`) for tests.
+with UUIDs, XID and GPU-lost events, and fault injection (`fail`, `mark_lost`, `hold`) for tests.
 A MIG mode change follows NVML's activation rules: Ampere (A100, A30) needs a GPU reset for it,
 which NVML refuses with IN_USE while another client holds the GPU (`hold`: DCGM, nvsm, a CUDA
 process) or GPU instances exist; Hopper and later change the mode without a reset, and any
