@@ -597,3 +597,28 @@ def test_healthz_listens_on_an_ipv6_address(
             assert (response.status, response.read().decode()) == (200, "ok\n")
     finally:
         a.stop()
+
+
+def test_a_mig_prepare_on_an_a100_another_client_holds_is_a_per_claim_error(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards the Ampere reset rule at prepare: turning MIG on for a MIG device on an A100 that DCGM holds fails
+    that claim with NVML's answer naming the GPU and the holder, leaves no instance, and the GPU stays whole."""
+    gpus.hold(1, "dcgm-exporter")
+    dynamic = config.NodeAgent(**{**_fields(settings), "mig_mode": config.MigMode.DYNAMIC})
+    a = agent.Agent(dynamic, gpus=gpus, claims=claims, publisher=publisher, health_poll_s=0.05)
+    a.start()
+    try:
+        ref = claims.put(claim("infer", UID, [result("gpu-1-mig-1g10gb-19-0")]))
+        with grpc.insecure_channel(f"unix:{a.sockets.dra}") as channel:
+            response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=UID)]
+                ),
+                timeout=30,
+            )
+    finally:
+        a.stop()
+    error = response.claims[UID].error
+    assert f"{ref.namespace}/{ref.name}" in error and "GPU 1" in error and "dcgm-exporter" in error, error
+    assert gpus.gpus()[1].mig_mode is backend.MigMode.DISABLED and gpus.gpu_instances(1) == ()
