@@ -473,6 +473,16 @@ _DIR = click.Path(file_okay=False, path_type=pathlib.Path)
     default=config.DEFAULT_METRICS_PORT,
     what="TCP port of the Prometheus endpoint GET /metrics; -1 turns it off",
 )
+@_option(
+    "--health-address",
+    default=config.DEFAULT_HEALTH_ADDRESS,
+    help=f"IP address /healthz listens on; 0.0.0.0 for all (default: {config.DEFAULT_HEALTH_ADDRESS}).",
+)
+@_option(
+    "--metrics-address",
+    default=None,
+    help="IP address /metrics listens on; 0.0.0.0 for all (default: the Node's InternalIP, else 127.0.0.1).",
+)
 @_log_format
 def node_agent_command(
     cdi_root: pathlib.Path,
@@ -488,6 +498,8 @@ def node_agent_command(
     kube_api_burst: int,
     health_port: int,
     metrics_port: int,
+    health_address: str,
+    metrics_address: str | None,
     log_format: str | None,
     **device: Any,
 ) -> None:
@@ -516,6 +528,8 @@ def node_agent_command(
         kube_api_burst=kube_api_burst,
         health_port=health_port,
         metrics_port=metrics_port,
+        health_address=health_address,
+        metrics_address=metrics_address,
         log_format=config.LogFormat(log_format) if log_format is not None else None,
         pod_uid=pod_uid,
     )

@@ -113,7 +113,10 @@ DEFAULT_DRIVER_ROOT = pathlib.Path("/")
 DEFAULT_KUBELET_REGISTRAR_DIR = pathlib.Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_KUBELET_PLUGINS_DIR = pathlib.Path("/var/lib/kubelet/plugins")
 DEFAULT_HEALTH_PORT = 51515
-DEFAULT_METRICS_PORT = 8080
+# Not 8080: the agent runs on the host's network, where 8080 is the first port anything else takes.
+DEFAULT_METRICS_PORT = 51516
+# The kubelet runs probes from the host's network namespace, where the agent's pod lives too: loopback is enough.
+DEFAULT_HEALTH_ADDRESS = "127.0.0.1"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,9 +127,10 @@ class NodeAgent:
     `driver_root` is where the host has the NVIDIA driver's files (what CDI specs name) and
     `container_driver_root` where the agent reads them, None meaning the same path;
     `kubeconfig` None means the in-cluster config; `kube_api_qps` and `kube_api_burst` limit its
-    client's requests; a port of -1 turns that endpoint off; `log_format` None means console on
-    a terminal and JSON otherwise; `pod_uid` "" means the sockets have fixed names (one agent per
-    node), otherwise names of their own (rolling updates).
+    client's requests; a port of -1 turns that endpoint off; `metrics_address` None means the
+    Node's InternalIP (loopback when it has none); `log_format` None means console on a terminal
+    and JSON otherwise; `pod_uid` "" means the sockets have fixed names (one agent per node),
+    otherwise names of their own (rolling updates).
     """
 
     node_name: str
@@ -147,6 +151,8 @@ class NodeAgent:
     kube_api_burst: int = DEFAULT_KUBE_API_BURST
     health_port: int = DEFAULT_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
+    health_address: str = DEFAULT_HEALTH_ADDRESS
+    metrics_address: str | None = None
     log_format: LogFormat | None = None
     pod_uid: str = ""
 

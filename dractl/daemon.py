@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.server
 import logging
 import signal
+import socket
 import sys
 import threading
 import weakref
@@ -133,7 +134,8 @@ class HttpEndpoint:
 
     def __init__(self, *, port: int, routes: Mapping[str, Route], name: str, host: str = "0.0.0.0") -> None:
         handler = _handler_for(routes)
-        self._server = http.server.ThreadingHTTPServer((host, port), handler)
+        server_class = _ThreadingHTTPServer6 if ":" in host else http.server.ThreadingHTTPServer
+        self._server = server_class((host, port), handler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"dractl-{name}", daemon=True)
@@ -144,6 +146,12 @@ class HttpEndpoint:
             self._server.shutdown()
             self._thread.join(timeout=5)
         self._server.server_close()
+
+
+class _ThreadingHTTPServer6(http.server.ThreadingHTTPServer):
+    """The same server on an IPv6 address (the standard one binds IPv4 only)."""
+
+    address_family = socket.AF_INET6
 
 
 def _handler_for(routes: Mapping[str, Route]) -> type[http.server.BaseHTTPRequestHandler]:
@@ -166,6 +174,13 @@ def _handler_for(routes: Mapping[str, Route]) -> type[http.server.BaseHTTPReques
             return
 
     return Handler
+
+
+def standard_collectors(registry: prometheus_client.CollectorRegistry) -> None:
+    """Add the `process_*`, `python_gc_*` and `python_info` metrics to `registry`; once per registry."""
+    prometheus_client.ProcessCollector(registry=registry)
+    prometheus_client.PlatformCollector(registry=registry)
+    prometheus_client.GCCollector(registry=registry)
 
 
 def metrics_page(registry: prometheus_client.CollectorRegistry) -> Answer:

@@ -257,9 +257,7 @@ class ProcessMetrics:
         the queue depth; `standard` adds the `process_*`, `python_gc_*` and `python_info` collectors."""
         registry = prometheus_client.CollectorRegistry() if registry is None else registry
         if standard:
-            prometheus_client.ProcessCollector(registry=registry)
-            prometheus_client.PlatformCollector(registry=registry)
-            prometheus_client.GCCollector(registry=registry)
+            daemon.standard_collectors(registry)
         registry.register(_QueueDepth(running))
         return cls(
             registry=registry,

@@ -4,7 +4,11 @@ What it does: `FakeGpus` implements `backend.NvmlBackend` over a `Profile` (buil
 `profiles/*.yaml`, or a custom YAML file in the same format) with NVML's rules for MIG:
 GPU-instance profiles with NVML's valid placements, creation only at an allowed placement
 that overlaps no existing GPU instance, NVML's return codes for every refusal, MIG devices
-with UUIDs, XID and GPU-lost events, and fault injection (`fail`, `mark_lost`) for tests.
+with UUIDs, XID and GPU-lost events, and fault injection (`fail`, `mark_lost`, `hold`) for tests.
+A MIG mode change follows NVML's activation rules: Ampere (A100, A30) needs a GPU reset for it,
+which NVML refuses with IN_USE while another client holds the GPU (`hold`: DCGM, nvsm, a CUDA
+process) or GPU instances exist; Hopper and later change the mode without a reset, and any
+GPU refuses to turn MIG off while GPU instances exist.
 A profile file may list `faults:` that are injected from the start through the same `fail`,
 so a separate process (a node agent under test) can be made to fail or hang at one exact
 NVML call: `{operation: create_compute_instance, action: hang}` blocks that call (with the
@@ -561,6 +565,7 @@ class _Gpu:
     time_slice: backend.TimeSlice = backend.TimeSlice.DEFAULT
     lost: bool = False
     recovery: backend.RecoveryAction = backend.RecoveryAction.NONE
+    holders: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(slots=True)
@@ -594,6 +599,9 @@ OPERATIONS = frozenset(
 )
 # The operations not called on one GPU: a fault on them cannot be limited to a minor.
 _NO_MINOR_OPERATIONS = frozenset({"driver_info", "gpus", "wait_events"})
+# Architectures whose MIG mode only changes through a GPU reset (NVIDIA's MIG user guide: "Setting
+# MIG mode on the A100/A30 requires a GPU reset"); Hopper and later toggle it in place.
+_MIG_MODE_NEEDS_RESET = frozenset({"Ampere"})
 
 
 class FakeGpus:
@@ -671,6 +679,17 @@ class FakeGpus:
         """The operations blocked in a hang fault right now, oldest first (for tests to wait on)."""
         with self._lock:
             return tuple(self._hung)
+
+    def hold(self, minor: int, holder: str) -> None:
+        """Another client (DCGM, nvsm, a CUDA process) opens the GPU until `release`: on Ampere, where a
+        MIG mode change needs a GPU reset, `set_mig_mode` then fails with IN_USE as NVML's activation does."""
+        with self._lock:
+            self._gpu(minor, check_lost=False).holders.append(holder)
+
+    def release(self, minor: int, holder: str) -> None:
+        """`holder` closes the GPU again. Raises ValueError when it did not hold it."""
+        with self._lock:
+            self._gpu(minor, check_lost=False).holders.remove(holder)
 
     def mark_lost(self, minor: int) -> None:
         """The GPU falls off the bus: every later call on it raises GPU_IS_LOST; one GPU_LOST event."""
@@ -754,8 +773,16 @@ class FakeGpus:
         with self._lock:
             self._maybe_fail("set_mig_mode", minor)
             gpu = self._mig_gpu(minor)
+            if mode is gpu.mig_mode:
+                return  # Already in that mode: nothing to activate.
             if mode is backend.MigMode.DISABLED and gpu.gis:
                 raise backend.NvmlError(backend.Return.IN_USE, f"GPU {minor} still has {len(gpu.gis)} GPU instance(s)")
+            if gpu.spec.model.architecture in _MIG_MODE_NEEDS_RESET and gpu.holders:
+                raise backend.NvmlError(
+                    backend.Return.IN_USE,
+                    f"GPU {minor} ({gpu.spec.model.architecture}) needs a reset to change its MIG mode, "
+                    f"and {', '.join(gpu.holders)} still hold(s) it",
+                )
             gpu.mig_mode = backend.MigMode(mode)
             self._save()
 

@@ -3,6 +3,10 @@ which failed requests it sends again (faults from the fault proxy)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+
+import controlplane
 import faultproxy
 import pytest
 
@@ -347,3 +351,31 @@ def test_a_patch_is_sent_again_after_a_retry_after_but_not_after_a_cut_answer(
     assert [(r.method, r.fault) for r in fault_proxy.requests] == [("PATCH", "cut answer")]
     labels = kube_client.get(client.RESOURCE_CLAIMS, "p", namespace=namespace)["metadata"]["labels"]
     assert labels == {"a": "1", "b": "2"}
+
+
+def test_a_burst_of_concurrent_requests_reuses_its_connections(
+    control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
+    """Guards connection reuse: two bursts of 24 GETs at once (more than the official client's 5 per CPU) open
+    at most 24 connections in all (a connection thrown away after one use costs a TLS handshake each time)."""
+    api = client.connect(control_plane.kubeconfig)
+    try:
+        api.create(client.RESOURCE_CLAIMS, _claim("c", namespace))
+        pool = api.api_client.rest_client.pool_manager.connection_from_url(api.host)
+        start = threading.Barrier(24)
+
+        def get() -> None:
+            start.wait(timeout=30)
+            api.get_resource_claim(namespace, "c")
+
+        def burst() -> None:
+            with concurrent.futures.ThreadPoolExecutor(24) as threads:
+                for done in [threads.submit(get) for _ in range(24)]:
+                    done.result(timeout=60)
+
+        burst()
+        burst()
+        # Never more connections than requests at once: the second burst found the first one's waiting in the pool.
+        assert pool.num_connections <= 24
+    finally:
+        api.close()
