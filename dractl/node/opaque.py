@@ -192,7 +192,7 @@ def _sharing(raw: object, kind: DeviceKind) -> Sharing:
             return Sharing(strategy=strategy)
         ts = _object(m.get("timeSlicingConfig") or {}, "sharing.timeSlicingConfig", _TIME_SLICING_KEYS)
         interval_raw = ts.get("interval", "Default")
-        if interval_raw not in _INTERVALS:
+        if not isinstance(interval_raw, str) or interval_raw not in _INTERVALS:
             raise ConfigError(
                 "sharing.timeSlicingConfig.interval", f"must be Default, Short, Medium or Long, got {interval_raw!r}"
             )

@@ -213,7 +213,7 @@ def test_the_node_agents_rbac_is_the_tables_and_it_has_its_own_account() -> None
     [
         ("node-agent-only", {"Deployment", "PodDisruptionBudget", "Role", "DeviceClass"}),
         ("controller-only", {"DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}),
-        ("claims-only-no-leader-election", {"PodDisruptionBudget", "Service"}),
+        ("claims-only-no-leader-election", {"PodDisruptionBudget", "Service", "Role", "RoleBinding"}),
     ],
 )
 def test_disabled_parts_leave_no_objects(values: str, absent: set[str]) -> None:
