@@ -95,8 +95,8 @@ def test_the_default_controller_runs_only_the_scheduler_with_two_leader_elected_
 
 
 def test_the_node_agent_daemonset_mounts_the_kubelets_directories_and_names_its_node() -> None:
-    """Guards: the DaemonSet: kubelet plugin and registry dirs, CDI dir, /dev and the driver root at fixed paths;
-    NODE_NAME from the downward API; GPU nodes only; maxSurge 0; no hostIPC without MPS."""
+    """Guards: the DaemonSet: kubelet plugin and registry dirs, CDI dir, /dev and the driver root at fixed paths (the
+    agent told both of the driver root's paths); NODE_NAME from the downward API; GPU nodes only; maxSurge 0."""
     objects = RENDERED["defaults"]
     (daemonset,) = chart.find(objects, "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
@@ -117,24 +117,26 @@ def test_the_node_agent_daemonset_mounts_the_kubelets_directories_and_names_its_
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
-    assert "hostIPC" not in pod
+    assert (str(params["driver_root"]), str(params["container_driver_root"])) == ("/", "/driver-root")
     assert container["securityContext"]["privileged"] is True
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": params["health_port"]}
 
 
-@pytest.mark.parametrize(
-    ("values", "host_ipc"),
-    [("defaults", False), ("fake-dynamic-mig-mps", True), ("consumable-memory", True)],
-)
-def test_host_ipc_only_with_mps(values: str, host_ipc: bool) -> None:
-    """Guards: hostIPC (MPS daemons' shared memory) is on exactly when MPS or consumable memory is."""
-    (daemonset,) = chart.find(RENDERED[values], "DaemonSet")
-    assert daemonset["spec"]["template"]["spec"].get("hostIPC", False) is host_ipc
+@pytest.mark.parametrize("values", sorted(RENDERED), ids=str)
+def test_no_host_ipc_and_the_plugin_directory_propagates_mounts(values: str) -> None:
+    """Guards: the agent never shares the host's IPC namespace (each MPS daemon has a tmpfs of its own), and that
+    tmpfs, under the state directory in the kubelet's plugin directory, reaches the host (Bidirectional)."""
+    for daemonset in chart.find(RENDERED[values], "DaemonSet"):
+        pod = daemonset["spec"]["template"]["spec"]
+        assert "hostIPC" not in pod
+        (container,) = pod["containers"]
+        (plugins,) = [m for m in container["volumeMounts"] if m["name"] == "kubelet-plugins"]
+        assert plugins["mountPropagation"] == "Bidirectional"
 
 
 def test_fake_devices_take_the_profile_and_no_driver_root() -> None:
     """Guards: fake devices: the profile and MIG mode reach the agent; the host's driver root is not mounted."""
-    container = _container(RENDERED["fake-dynamic-mig-mps"], "DaemonSet")
+    container = _container(RENDERED["fake-dynamic-mig"], "DaemonSet")
     params = _parse("node-agent", container["args"])
     assert (params["device_source"], params["fake_profile"], params["mig_mode"]) == ("fake", "a100-80gb-x8", "dynamic")
     assert "/driver-root" not in {m["mountPath"] for m in container["volumeMounts"]}
