@@ -96,7 +96,9 @@ def test_the_default_controller_runs_only_the_scheduler_with_two_leader_elected_
 
 def test_the_node_agent_daemonset_mounts_the_kubelets_directories_and_names_its_node() -> None:
     """Guards: the DaemonSet: kubelet plugin and registry dirs, CDI dir, /dev and the driver root at fixed paths (the
-    agent told both of the driver root's paths); NODE_NAME from the downward API; GPU nodes only; maxSurge 0."""
+    agent told both of the driver root's paths); NODE_NAME and the pod's UID from the downward API (sockets of its
+    own, so an update starts the new agent beside the old one: maxSurge 1, maxUnavailable 0); GPU nodes only; the
+    endpoints on every address of the pod's network namespace, where the probe and the Service reach them."""
     objects = RENDERED["defaults"]
     (daemonset,) = chart.find(objects, "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
@@ -116,7 +118,9 @@ def test_the_node_agent_daemonset_mounts_the_kubelets_directories_and_names_its_
     assert params["device_source"] == "nvml"
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+    assert {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}} in container["env"]
+    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert (params["health_address"], params["metrics_address"]) == ("0.0.0.0", "0.0.0.0")
     assert (str(params["driver_root"]), str(params["container_driver_root"])) == ("/", "/driver-root")
     assert container["securityContext"]["privileged"] is True
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": params["health_port"]}
@@ -248,8 +252,18 @@ def test_metrics_services_select_each_components_pods() -> None:
         ({"nodeAgent": {"metricsPort": 0}}, "/nodeAgent/metricsPort"),
         ({"nodeAgent": {"kubeletPluginsDir": "var/lib/kubelet/plugins"}}, "/nodeAgent/kubeletPluginsDir"),
         ({"logFormat": "text"}, "/logFormat"),
+        ({"kubeApi": {"qps": 0, "burst": 100}}, "/kubeApi/qps"),
     ],
-    ids=["device-source", "controller-name", "no-controllers", "typo", "port-zero", "relative-dir", "log-format"],
+    ids=[
+        "device-source",
+        "controller-name",
+        "no-controllers",
+        "typo",
+        "port-zero",
+        "relative-dir",
+        "log-format",
+        "zero-qps",
+    ],
 )
 def test_bad_values_are_refused_naming_the_key(values: dict[str, Any], problem: str) -> None:
     """Guards: values.schema.json refuses a bad value at install time with a message naming the key."""
