@@ -21,8 +21,9 @@ something else allocated without it is never deallocated here.
 
 How it writes: desired states come from pure functions (`plan_pod`, `status_entries`,
 `reservations_to_add`, `plan_claim`); the sync methods only gather inputs and write the
-difference. Every write of an existing object is a merge patch carrying the resourceVersion it
-was computed from, so a concurrent change fails with 409, the key is requeued with backoff, and
+difference. Every write of an existing object carries the resourceVersion it was computed from
+(a merge patch of the status subresource, or for the finalizer `kube.finalizers`, which leaves the
+claim's spec byte for byte as stored), so a concurrent change fails with 409, the key is requeued with backoff, and
 the next sync decides again from fresh state. Creates are preceded by a search for an existing
 claim (the informer's cache, plus the claims this process made that the cache has not shown
 yet), so a restart between "claim created" and "status written" (the first list has the claim)
@@ -51,7 +52,7 @@ import prometheus_client
 from dractl import daemon, model
 from dractl.controller import loop
 from dractl.kube import client as kube_client
-from dractl.kube import events, informer, workqueue
+from dractl.kube import events, finalizers, informer, workqueue
 from dractl.model import limits, podclaims
 
 log = logging.getLogger(__name__)
@@ -864,14 +865,16 @@ class ClaimController:
         if plan.remove_finalizer:
             with self._lock:
                 self._finalizer_pending.add(claim.meta.uid)
-            finalizers = [item for item in claim.meta.finalizers if item != DELETE_PROTECTION_FINALIZER]
-            stored = self.client.patch(
+            unprotected = finalizers.change(
+                self.client,
                 kube_client.RESOURCE_CLAIMS,
                 name,
                 namespace=namespace,
-                patch={"metadata": {"resourceVersion": version, "finalizers": finalizers or None}},
+                resource_version=version,
+                remove=DELETE_PROTECTION_FINALIZER,
             )
-            version = str(stored["metadata"]["resourceVersion"])
+            if unprotected is not None:
+                version = str(unprotected["metadata"]["resourceVersion"])
             with self._lock:
                 self._finalizer_pending.discard(claim.meta.uid)
         if plan.delete:

@@ -396,7 +396,7 @@ def test_conflicts_on_every_write_lose_and_duplicate_nothing(
         faultproxy.respond(409, method="POST", path=r"/resourceclaims\?", count=1),
         faultproxy.respond(409, method="PATCH", path=r"/pods/[^/]+/status", count=2),
         faultproxy.respond(409, method="PATCH", path=r"/resourceclaims/shared/status", count=2),
-        faultproxy.respond(409, method="PATCH", path=r"/resourceclaims/shared\?", count=1),
+        faultproxy.respond(409, method="PUT", path=r"/resourceclaims/shared\?", count=1),
     ]
     fault_proxy.add(*rules)
     for name in ("a", "b"):
