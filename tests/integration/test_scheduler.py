@@ -28,7 +28,7 @@ from support import kube_objects
 import dractl
 from dractl.controller import claims as claims_ctl
 from dractl.controller import scheduler as sched
-from dractl.kube import client, workqueue
+from dractl.kube import client, finalizers, workqueue
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -87,11 +87,15 @@ class Group:
             if document:
                 self.api.create(client.RESOURCE_SLICES, document)
 
-    def pod(self, name: str, *, claims: list[dict[str, str]], scheduler: str = "", cpu: str = "100m") -> dict[str, Any]:
-        """Create a pod for `scheduler` (default: the test's) that only this group's nodes take."""
+    def pod(
+        self, name: str, *, claims: list[dict[str, str]], scheduler: str = "", cpu: str = "100m", node: str = ""
+    ) -> dict[str, Any]:
+        """Create a pod for `scheduler` (default: the test's) that only this group's nodes take (only `node`, when
+        given)."""
+        selector = {GROUP_LABEL: self.id, **({"kubernetes.io/hostname": node} if node else {})}
         placement = {
             "schedulerName": scheduler or self.scheduler_name,
-            "nodeSelector": {GROUP_LABEL: self.id},
+            "nodeSelector": selector,
             "tolerations": [self.toleration],
         }
         body = kube_objects.pod(name, namespace=self.namespace, claims=claims, cpu=cpu, **placement)
@@ -413,6 +417,39 @@ def test_a_failed_bind_leaves_no_claim_allocated_and_is_retried(
     assert len(_devices(claim)) == 1
 
 
+def test_the_pod_says_why_each_attempt_failed_and_a_retry_replaces_it(
+    fault_proxy: faultproxy.FaultProxy,
+    group: Group,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: the PodScheduled condition and the Warning Events follow the attempts: Unschedulable while no node
+    has a GPU; once one has, a refused finalizer write replaces it with SchedulerError naming the step, the claim
+    and the error (and an Event saying the same); once writes pass, the pod is bound (PodScheduled True)."""
+    node = group.node("t4-node-01", slices=False)
+    group.claim("c", ONE_GPU)
+    group.pod("told", claims=[kube_objects.of_claim("c")])
+    make_scheduler()
+    assert group.wait_condition("told")["reason"] == "Unschedulable"
+    fault_proxy.add(faultproxy.respond(500, method="PUT", path="/resourceclaims/c", count=None))
+    group.publish("t4-node-01", node)
+    failed = controlplane.wait_until(
+        lambda: (
+            (found := group.scheduled_condition("told")) is not None and found["reason"] == "SchedulerError" and found
+        ),
+        what="the condition says why the write failed",
+    )
+    assert failed["status"] == "False"
+    assert failed["message"].startswith(
+        f"scheduling on node {node} failed while adding the finalizer to ResourceClaim {group.namespace}/c: 500"
+    ), failed["message"]
+    messages = [event["message"] for event in group.events("told", "FailedScheduling")]
+    assert failed["message"] in messages and any(message.startswith("0/1 nodes") for message in messages)
+    fault_proxy.clear()
+    assert group.wait_bound("told") == node
+    condition = group.scheduled_condition("told")
+    assert condition is not None and condition["status"] == "True"
+
+
 def test_claims_allocated_before_the_start_are_held(
     group: Group,
     make_scheduler: Callable[..., sched.Scheduler],
@@ -552,6 +589,236 @@ def test_conflicts_and_broken_watches_lose_no_pod_and_allocate_nothing_twice(
     for name in ("a", "b"):
         claim = group.get_claim(name)
         assert len(_reserved(claim)) == 1
+
+
+# --- Claims of every shape: allocated, bound, their spec left byte for byte as stored ------------------
+
+T4 = 'device.attributes["gpu.nvidia.com"].productName == "Tesla T4"'
+TAINT_KEY = "test.dractl.io/maintenance"
+TIME_SLICING = {
+    "apiVersion": "resource.nvidia.com/v1beta1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+}
+MPS = {
+    "apiVersion": "resource.nvidia.com/v1beta1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+}
+SELECTOR_FORMS = [
+    T4,  # string attribute
+    'device.attributes["gpu.nvidia.com"].productName.startsWith("Tesla")',  # string extension
+    'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("8Gi")) >= 0',  # quantity
+    'device.attributes["gpu.nvidia.com"].cudaComputeCapability.isGreaterThan(semver("7.0.0"))',  # version
+    'device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:00"',  # another domain
+    '"uuid" in device.attributes["gpu.nvidia.com"]',  # presence
+    'device.attributes["gpu.nvidia.com"].?numaNode.orValue(0) == 0',  # optional
+    'cel.bind(mem, device.capacity["gpu.nvidia.com"].memory, mem.isGreaterThan(quantity("1Gi")))',  # cel.bind
+    'device.driver == "gpu.nvidia.com"',  # the driver
+]
+
+
+def _selectors(*expressions: str) -> list[dict[str, Any]]:
+    return [{"cel": {"expression": expression}} for expression in expressions]
+
+
+def _gpu(name: str, *, product: str, memory: str, numa: int = 0, **extra: Any) -> dict[str, Any]:
+    """One device of the features slice: a GPU of `product` with `memory`; `extra` adds device fields."""
+    return {
+        "name": name,
+        "attributes": {
+            "type": {"string": "gpu"},
+            "productName": {"string": product},
+            "uuid": {"string": f"GPU-{name}"},
+            "cudaComputeCapability": {"version": "7.5.0"},
+            "numaNode": {"int": numa},
+            "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
+        },
+        "capacity": {"memory": {"value": memory}},
+        **extra,
+    }
+
+
+def _features_slice(node: str) -> dict[str, Any]:
+    """A slice with two T4s, a tainted A10 and an L4 several claims may share (consumable memory)."""
+    shared = _gpu("shared-0", product="NVIDIA L4", memory="24Gi", allowMultipleAllocations=True)
+    shared["capacity"]["memory"]["requestPolicy"] = {"default": "4Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}
+    devices = [
+        _gpu("gpu-0", product="Tesla T4", memory="16Gi"),
+        _gpu("gpu-1", product="Tesla T4", memory="16Gi"),
+        _gpu("gpu-2", product="NVIDIA A10", memory="24Gi", taints=[{"key": TAINT_KEY, "effect": "NoSchedule"}]),
+        shared,
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-features"},
+        "spec": {
+            "driver": kube_objects.DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def _request(name: str = "gpu", *, device_class: str = "gpu.nvidia.com", **exactly: Any) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": device_class, **exactly}}
+
+
+def _config(parameters: dict[str, Any], requests: list[str] | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"opaque": {"driver": kube_objects.DRIVER, "parameters": parameters}}
+    if requests is not None:
+        entry["requests"] = requests
+    return entry
+
+
+def _feature_cases(mps_class: str) -> dict[str, dict[str, Any]]:
+    """Claim specs by case name: one shape of the API each."""
+    return {
+        "opaque-config-time-slicing": {
+            "devices": {"requests": [_request(selectors=_selectors(T4))], "config": [_config(TIME_SLICING, ["gpu"])]}
+        },
+        "opaque-config-mps": {"devices": {"requests": [_request(selectors=_selectors(T4))], "config": [_config(MPS)]}},
+        "opaque-config-of-the-class": {"devices": {"requests": [_request(device_class=mps_class)]}},
+        "every-selector-form": {"devices": {"requests": [_request(selectors=_selectors(*SELECTOR_FORMS))]}},
+        "first-available": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "firstAvailable": [
+                            {"name": "eight", "deviceClassName": "gpu.nvidia.com", "count": 8},
+                            {"name": "one", "deviceClassName": "gpu.nvidia.com", "selectors": _selectors(T4)},
+                        ],
+                    }
+                ]
+            }
+        },
+        "allocation-mode-all": {"devices": {"requests": [_request(allocationMode="All", selectors=_selectors(T4))]}},
+        "admin-access": {"devices": {"requests": [_request(adminAccess=True, selectors=_selectors(T4))]}},
+        "tolerations": {
+            "devices": {
+                "requests": [
+                    _request(
+                        selectors=_selectors('device.attributes["gpu.nvidia.com"].productName == "NVIDIA A10"'),
+                        tolerations=[{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                    )
+                ]
+            }
+        },
+        "capacity-request": {
+            "devices": {
+                "requests": [
+                    _request(
+                        selectors=_selectors('device.attributes["gpu.nvidia.com"].productName == "NVIDIA L4"'),
+                        capacity={"requests": {"memory": "8Gi"}},
+                    )
+                ]
+            }
+        },
+        "constraints": {
+            "devices": {
+                "requests": [_request("a", selectors=_selectors(T4)), _request("b", selectors=_selectors(T4))],
+                "constraints": [
+                    {"requests": ["a", "b"], "matchAttribute": "resource.kubernetes.io/pcieRoot"},
+                    {"requests": ["a", "b"], "distinctAttribute": "gpu.nvidia.com/uuid"},
+                ],
+            }
+        },
+    }
+
+
+def _spec_bytes(api: client.Client, namespace: str, name: str) -> bytes:
+    """The claim's spec exactly as the API server stores it."""
+    return finalizers.read(api.get_protobuf(client.RESOURCE_CLAIMS, name, namespace=namespace)).sections[2]
+
+
+def _config_sources(claim: dict[str, Any]) -> list[tuple[str, str]]:
+    entries = claim["status"]["allocation"]["devices"].get("config") or ()
+    return [(entry["source"], entry["opaque"]["parameters"]["sharing"]["strategy"]) for entry in entries]
+
+
+def test_claims_of_every_shape_are_allocated_and_bound_with_their_spec_unchanged_byte_for_byte(
+    kube_client: client.Client,
+    group: Group,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: claims with opaque config (TimeSlicing and MPS in the claim, MPS in the class), every CEL selector
+    form, firstAvailable, allocationMode All, adminAccess, tolerations of a device taint, a capacity request and
+    constraints are each allocated as asked, reserved for their pod (with the finalizer), the pod is bound, and the
+    claim's spec is the same bytes as stored before (opaque parameters the Python client sent with spaces, which a
+    JSON write re-encodes: the API server then refuses it as a change of the immutable spec)."""
+    admin = {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
+    kube_client.patch(client.NAMESPACES, group.namespace, patch=admin)
+    mps_class = f"gpu-mps-{group.id}"
+    kube_client.create(
+        client.DEVICE_CLASSES,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": mps_class},
+            "spec": {
+                "selectors": _selectors('device.attributes["gpu.nvidia.com"].type == "gpu"', T4),
+                "config": [_config(MPS)],
+            },
+        },
+    )
+    try:
+        cases = _feature_cases(mps_class)
+        stored: dict[str, bytes] = {}
+        created: dict[str, dict[str, Any]] = {}
+        pods: dict[str, dict[str, Any]] = {}
+        nodes: dict[str, str] = {}
+        for case, spec in cases.items():
+            nodes[case] = group.node("t4-node-01", slices=False)
+            kube_client.create(client.RESOURCE_SLICES, _features_slice(nodes[case]))
+            created[case] = group.claim(case, spec)["spec"]
+            stored[case] = _spec_bytes(kube_client, group.namespace, case)
+            pods[case] = group.pod(case, claims=[kube_objects.of_claim(case)], node=nodes[case])
+        make_scheduler()
+        for case in cases:
+            assert group.wait_bound(case) == nodes[case], case
+            claim = group.get_claim(case)
+            assert _spec_bytes(kube_client, group.namespace, case) == stored[case], case
+            assert claim["spec"] == created[case], case
+            assert _reserved(claim) == [pods[case]["metadata"]["uid"]], case
+            assert FINALIZER in claim["metadata"]["finalizers"], case
+        results = {case: group.get_claim(case)["status"]["allocation"]["devices"]["results"] for case in cases}
+        assert _config_sources(group.get_claim("opaque-config-time-slicing")) == [("FromClaim", "TimeSlicing")]
+        assert _config_sources(group.get_claim("opaque-config-mps")) == [("FromClaim", "MPS")]
+        assert _config_sources(group.get_claim("opaque-config-of-the-class")) == [("FromClass", "MPS")]
+        assert [r["device"] for r in results["every-selector-form"]] in (["gpu-0"], ["gpu-1"])
+        assert [r["request"] for r in results["first-available"]] == ["gpu/one"]
+        assert sorted(r["device"] for r in results["allocation-mode-all"]) == ["gpu-0", "gpu-1"]
+        assert [r.get("adminAccess") for r in results["admin-access"]] == [True]
+        [tolerated] = results["tolerations"]
+        assert tolerated["device"] == "gpu-2" and tolerated["tolerations"][0]["key"] == TAINT_KEY
+        [share] = results["capacity-request"]
+        assert share["device"] == "shared-0" and share["consumedCapacity"] == {"memory": "8Gi"} and share["shareID"]
+        assert sorted(r["device"] for r in results["constraints"]) == ["gpu-0", "gpu-1"]
+    finally:
+        kube_client.delete(client.DEVICE_CLASSES, mps_class)
+
+
+def test_a_template_claim_with_opaque_config_made_by_dractl_is_allocated_and_bound(
+    group: Group,
+    claim_controller: claims_ctl.ClaimController,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: the issue's case: the claim dractl's claim controller makes from a template with a GpuConfig
+    (the seed's time-slicing pattern) is allocated with the claim's config and the pod bound; the claim's spec is
+    the template's."""
+    node = group.node("t4-node-01")
+    spec = {"devices": {"requests": [_request()], "config": [_config(TIME_SLICING, ["gpu"])]}}
+    group.template("time-sliced", spec)
+    group.pod("sliced", claims=[kube_objects.from_template("time-sliced")])
+    make_scheduler()
+    assert group.wait_bound("sliced") == node
+    claim = group.pod_claim("sliced")
+    template = group.api.get(client.RESOURCE_CLAIM_TEMPLATES, "time-sliced", namespace=group.namespace)
+    assert claim["spec"] == template["spec"]["spec"]
+    assert _config_sources(claim) == [("FromClaim", "TimeSlicing")]
 
 
 @pytest.mark.timeout(600)
