@@ -450,6 +450,40 @@ def test_the_pod_says_why_each_attempt_failed_and_a_retry_replaces_it(
     assert condition is not None and condition["status"] == "True"
 
 
+def test_a_pod_that_records_another_claim_before_its_binding_is_bound_with_that_one(
+    kube_client: client.Client,
+    fault_proxy: faultproxy.FaultProxy,
+    group: Group,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: the issue's lost pods: the scheduler allocated claim a, the pod's record, but before the binding the
+    pod records claim b (as when kube-controller-manager records its own claim late): the pod read just before the
+    binding shows it, a is taken back (allocation, reservation, finalizer), the pod says why, and the retry binds
+    the pod with b allocated and reserved for it."""
+    node = group.node("t4-node-01")
+    pod = group.pod("late", claims=[kube_objects.from_template("one-gpu")])
+    annotations = {"resource.kubernetes.io/pod-claim-name": "gpu"}
+    for name in ("a", "b"):
+        kube_client.create(
+            client.RESOURCE_CLAIMS,
+            kube_objects.claim(name, namespace=group.namespace, annotations=annotations, owner=pod),
+        )
+    record = {"status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "a"}]}}
+    kube_client.patch(client.PODS, "late", namespace=group.namespace, subresource="status", patch=record)
+    # The scheduler's read of the pod before the binding waits 3 s at the proxy; meanwhile the record changes.
+    fault_proxy.add(faultproxy.latency(3.0, method="GET", path=rf"/namespaces/{group.namespace}/pods/late$"))
+    make_scheduler()
+    controlplane.wait_until(lambda: _devices(group.get_claim("a")), what="the scheduler allocated claim a")
+    record["status"]["resourceClaimStatuses"][0]["resourceClaimName"] = "b"
+    kube_client.patch(client.PODS, "late", namespace=group.namespace, subresource="status", patch=record)
+    assert group.wait_bound("late") == node
+    a, b = group.get_claim("a"), group.get_claim("b")
+    assert _devices(a) == [] and _reserved(a) == [] and FINALIZER not in (a["metadata"].get("finalizers") or ())
+    assert len(_devices(b)) == 1 and _reserved(b) == [pod["metadata"]["uid"]]
+    [told] = [event["message"] for event in group.events("late", "FailedScheduling") if "records b" in event["message"]]
+    assert f"pod {group.namespace}/late records b for spec.resourceClaims[gpu] now, not a" in told
+
+
 def test_claims_allocated_before_the_start_are_held(
     group: Group,
     make_scheduler: Callable[..., sched.Scheduler],
@@ -502,6 +536,42 @@ def test_beside_kube_scheduler_its_pods_are_untouched_and_its_claims_count_as_us
     assert condition["reason"] == "Unschedulable"
     touched = [r.target for r in fault_proxy.writes() if "upstream" in r.target]
     assert touched == []
+
+
+def test_where_kube_controller_manager_makes_no_claims_dractls_claim_controller_does_it_all(
+    upstream_without_claims: controlplane.Components,
+    kube_client: client.Client,
+    group: Group,
+    claim_controller: claims_ctl.ClaimController,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: the `claims,scheduler` set-up (kube-controller-manager with --controllers=*,-resource-claim-controller):
+    dractl's claim controller makes and records the claims of the pods of both schedulers and never stops writing;
+    kube-scheduler binds its pod and dractl its own, each claim allocated and reserved for its pod; once the pods
+    have finished, their claims are deallocated, unprotected and deleted. (A node per scheduler: two schedulers
+    deciding in the same instant on one node can pick the same device, see README.)"""
+    nodes = {"theirs": group.node("t4-node-01"), "mine": group.node("t4-node-01")}
+    group.template("one-gpu", ONE_GPU)
+    template = [kube_objects.from_template("one-gpu")]
+    pods = {
+        "theirs": group.pod("theirs", scheduler="default-scheduler", claims=template, node=nodes["theirs"]),
+        "mine": group.pod("mine", claims=template, node=nodes["mine"]),
+    }
+    make_scheduler()
+    for name, pod in pods.items():
+        assert group.wait_bound(name, timeout=90) == nodes[name]
+        claim = group.pod_claim(name)
+        assert _reserved(claim) == [pod["metadata"]["uid"]] and len(_devices(claim)) == 1
+        assert {entry["manager"] for entry in claim["metadata"]["managedFields"]} >= {"dractl"}
+    assert claim_controller.deferring_to is None
+    for name in pods:
+        kube_client.patch(
+            client.PODS, name, namespace=group.namespace, subresource="status", patch={"status": {"phase": "Succeeded"}}
+        )
+    controlplane.wait_until(
+        lambda: not kube_client.list(client.RESOURCE_CLAIMS, namespace=group.namespace).items,
+        what="the finished pods' claims are deallocated and deleted",
+    )
 
 
 def test_a_restart_between_the_claim_write_and_the_binding_binds_without_a_second_allocation(
@@ -921,3 +991,81 @@ def _burst(api: client.Client, proxied: client.Client, proxy: faultproxy.FaultPr
             timeout=120,
         )
     assert [(r.method, r.target) for r in proxy.writes()] == []
+
+
+@pytest.mark.timeout(600)
+def test_a_mixed_burst_beside_kube_controller_manager_binds_every_pod_to_the_claims_it_records() -> None:
+    """Guards: the default install (dractl's scheduler only) beside kube-controller-manager (which makes the claims)
+    and kube-scheduler: 300 pods from one template, every other one for dractl, created at once: every pod is bound,
+    the claim each records is the one allocated and reserved for it, one claim per pod, no device twice; once the
+    pods are gone, no claim is left. Each scheduler has its own nodes (two schedulers deciding in the same instant
+    on one node can pick the same device). On a control plane of its own, with kube's clients at raised limits."""
+    pods, nodes = 300, 20
+    with controlplane.running() as plane, contextlib.ExitStack() as stack:
+        components = plane.start_components(api_qps=500)
+        stack.callback(components.stop)
+        api = client.connect(plane.kubeconfig)
+        stack.callback(api.close)
+        _mixed_burst(api, pods=pods, nodes=nodes)
+
+
+def _mixed_burst(api: client.Client, *, pods: int, nodes: int) -> None:
+    import concurrent.futures
+
+    namespace = "mixed"
+    kube_objects.make_namespace(api, namespace)
+    _ensure_device_classes(api)
+    groups = {
+        name: Group(api, namespace=namespace, scheduler_name=name) for name in ("default-scheduler", "dractl-mixed")
+    }
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: groups[list(groups)[i % 2]].node("dgx-h100-01"), range(2 * nodes)))
+    groups["dractl-mixed"].template("one-gpu", ONE_GPU)
+    template = [kube_objects.from_template("one-gpu")]
+    scheduler = sched.Scheduler(
+        api, scheduler_name="dractl-mixed", workers=4, registry=prometheus_client.CollectorRegistry()
+    )
+    scheduler.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            created = list(
+                pool.map(lambda i: groups[list(groups)[i % 2]].pod(f"p{i:04d}", claims=template), range(pods))
+            )
+
+        def unbound() -> list[str]:
+            items = api.list(client.PODS, namespace=namespace).items
+            return [p["metadata"]["name"] for p in items if not p["spec"].get("nodeName")]
+
+        deadline = time.monotonic() + 300
+        while left := unbound():  # A list of 300 pods per second, not per 50 ms.
+            assert time.monotonic() < deadline, f"timed out waiting for every pod to be bound: {len(left)} unbound"
+            time.sleep(1.0)
+    finally:
+        scheduler.stop()
+
+    claims = {c["metadata"]["name"]: c for c in api.list(client.RESOURCE_CLAIMS, namespace=namespace).items}
+    assert len(claims) == pods, f"{len(claims)} claims for {pods} pods"
+    taken: list[tuple[str, str]] = []
+    for pod in api.list(client.PODS, namespace=namespace).items:
+        [record] = pod["status"]["resourceClaimStatuses"]
+        claim = claims[record["resourceClaimName"]]
+        assert _reserved(claim) == [pod["metadata"]["uid"]], (pod["metadata"]["name"], claim["metadata"]["name"])
+        assert len(_devices(claim)) == 1, claim["metadata"]["name"]
+        assert claim["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+        taken += _devices(claim)
+    assert len(set(taken)) == pods, "no device twice"
+
+    def finish_and_delete(pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        api.patch(
+            client.PODS, name, namespace=namespace, subresource="status", patch={"status": {"phase": "Succeeded"}}
+        )
+        api.delete(client.PODS, name, namespace=namespace)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(finish_and_delete, created))
+    controlplane.wait_until(
+        lambda: not api.list(client.RESOURCE_CLAIMS, namespace=namespace).items,
+        what="no claim is left once the pods are gone",
+        timeout=180,
+    )

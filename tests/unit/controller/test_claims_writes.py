@@ -51,8 +51,11 @@ class StubClient:
             return copy.deepcopy(self.pods[name])
         raise client.NotFound(404, "NotFound", f"{resource.plural} {name!r} not found")
 
+    field_manager = client.FIELD_MANAGER
+
     def list(self, resource: client.Resource, *, namespace: str = "", **_: Any) -> client.ListResult:
-        return client.ListResult((), "1")
+        items = tuple(copy.deepcopy(body) for body in self.pods.values()) if resource is client.PODS else ()
+        return client.ListResult(items, "1")
 
     def create(self, resource: client.Resource, body: dict[str, Any], *, namespace: str = "") -> dict[str, Any]:
         self.writes.append(("POST", resource.plural, body))
@@ -236,3 +239,34 @@ def test_a_duplicate_seen_before_the_recorded_claim_is_deleted_once_that_claim_a
     assert stub.writes == [
         ("DELETE", "resourceclaims", {"name": "theirs", "resourceVersion": "3", "uid": "uid-theirs"})
     ]
+
+
+def test_another_claim_controller_seen_at_work_stops_every_write_with_one_log_line_and_the_metric(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Guards: a pod kube-controller-manager recorded before the start (the first list) is history and changes
+    nothing; its record of a pod while the controller runs makes the controller stop writing for good (a pod that
+    still needs a claim gets none), with one warning naming the manager and the pod, and the metric at 1."""
+    before = _raw_pod("early", recorded="early-gpu-x")
+    before["metadata"]["managedFields"] = [build.KCM_APPLY]
+    stub = StubClient(pods={"early": before}, templates={"one-gpu": {"metadata": {"name": "one-gpu"}, "spec": {}}})
+    ctl = _controller(stub)
+    ctl.pods._list()
+    assert ctl.deferring_to is None
+    assert ctl.registry.get_sample_value("dractl_claim_controller_deferring") == 0
+
+    late = _raw_pod("late", recorded="late-gpu-y")
+    late["metadata"]["managedFields"] = [{**build.KCM_APPLY, "time": "2026-11-27T05:00:00Z"}]
+    ctl.pods._apply("ns/late", late)
+    later = _raw_pod("later", recorded="later-gpu-z")
+    later["metadata"]["managedFields"] = [{**build.KCM_APPLY, "time": "2026-11-27T05:00:01Z"}]
+    ctl.pods._apply("ns/later", later)
+    assert ctl.deferring_to == "ResourceClaimController"
+    assert ctl.registry.get_sample_value("dractl_claim_controller_deferring") == 1
+    [warning] = [r.getMessage() for r in caplog.records if "stops writing" in r.getMessage()]
+    assert "'ResourceClaimController' recorded claims in pod ns/late" in warning
+
+    needy = build.pod("needy", templates={"gpu": "one-gpu"})
+    ctl.pods.store._put(needy.key, "7", needy)
+    ctl.sync("pod:ns/needy")
+    assert stub.writes == []
