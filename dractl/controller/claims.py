@@ -22,13 +22,13 @@ something else allocated without it is never deallocated here.
 How it writes: desired states come from pure functions (`plan_pod`, `status_entries`,
 `reservations_to_add`, `plan_claim`); the sync methods only gather inputs and write the
 difference. Every write of an existing object carries the resourceVersion it was computed from
-(a merge patch of the status subresource, or for the finalizer `kube.finalizers`, which leaves the
-claim's spec byte for byte as stored), so a concurrent change fails with 409, the key is requeued with backoff, and
-the next sync decides again from fresh state. Creates are preceded by a search for an existing
-claim (the informer's cache, plus the claims this process made that the cache has not shown
-yet), so a restart between "claim created" and "status written" (the first list has the claim)
-or a retry after a failed status write leads to adoption, not a second claim. A claim
-kube-controller-manager makes at the same moment as dractl's is a duplicate, which the claim
+(a merge patch of the status subresource, or for the finalizer `kube.finalizers`, which leaves
+the claim's spec byte for byte as stored), so a concurrent change fails with 409, the key is
+requeued with backoff, and the next sync decides again from fresh state. Creates are preceded
+by a search for an existing claim (the informer's cache, plus the claims this process made that
+the cache has not shown yet), so a restart between "claim created" and "status written" (the
+first list has the claim) or a retry after a failed status write leads to adoption, not a
+second claim. A claim kube-controller-manager makes at the same moment as dractl's is a duplicate, which the claim
 sync deletes, as upstream, once a live read of the pod confirms that it records the other claim
 (the pod cache may lag behind a status kube-controller-manager has just written). A second sync
 over unchanged state writes nothing.
@@ -43,8 +43,8 @@ the first list shows is history, e.g. from before the switch, and does not count
 writing for good, with one warning log line and `dractl_claim_controller_deferring` at 1.
 
 What it must not do: import `dractl.node`, talk to the API except through `dractl.kube`, write
-anything once another claim controller was seen, write fields it does not own, deallocate claims without the finalizer, or delete a claim that is
-reserved or not controlled by a pod.
+anything once another claim controller was seen, write fields it does not own, deallocate
+claims without the finalizer, or delete a claim that is reserved or not controlled by a pod.
 """
 
 from __future__ import annotations
@@ -567,7 +567,9 @@ class ClaimController:
             decode=decode_pod,
             namespace=namespace,
             handlers=informer.Handlers(
-                on_add=lambda new: self._pod_changed(None, new), on_update=self._pod_changed, on_delete=self._pod_deleted
+                on_add=lambda new: self._pod_changed(None, new),
+                on_update=self._pod_changed,
+                on_delete=self._pod_deleted,
             ),
         )
         self.claims: informer.Informer[model.ResourceClaim] = informer.Informer(

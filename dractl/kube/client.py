@@ -5,7 +5,8 @@ service account (config, auth, TLS and connection pooling are the `kubernetes` p
 sends requests itself: get, list (paged), watch (a line-by-line event stream), create, update
 (PUT with the body's resourceVersion as precondition), update of the status subresource, merge
 patch, JSON patch, server-side apply and delete (with optional resourceVersion/uid
-preconditions), and a protobuf GET and PUT for the one write that must keep stored bytes (`finalizers`). Writes carry the field manager `dractl`. Non-2xx answers become `ApiError`
+preconditions), and a protobuf GET and PUT for the one write that must keep stored bytes
+(`finalizers`). Writes carry the field manager `dractl`. Non-2xx answers become `ApiError`
 subclasses (`Conflict`, `NotFound`, `AlreadyExists`, `Gone`, `Invalid`); transient failures (5xx,
 429, connection reset) are retried with tenacity a bounded number of times and then raised as
 `Transient`; an optional `on_error` hook hears of each call that failed (for metrics). `decode`
