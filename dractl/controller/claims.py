@@ -28,10 +28,10 @@ requeued with backoff, and the next sync decides again from fresh state. Creates
 by a search for an existing claim (the informer's cache, plus the claims this process made that
 the cache has not shown yet), so a restart between "claim created" and "status written" (the
 first list has the claim) or a retry after a failed status write leads to adoption, not a
-second claim. A claim kube-controller-manager makes at the same moment as dractl's is a duplicate, which the claim
-sync deletes, as upstream, once a live read of the pod confirms that it records the other claim
-(the pod cache may lag behind a status kube-controller-manager has just written). A second sync
-over unchanged state writes nothing.
+second claim. A claim kube-controller-manager makes at the same moment as dractl's is a
+duplicate, which the claim sync deletes, as upstream, once a live read of the pod confirms that
+it records the other claim (the pod cache may lag behind a status kube-controller-manager has
+just written). A second sync over unchanged state writes nothing.
 
 Beside another claim controller: kube-controller-manager runs its own resourceclaim controller
 unless started with `--controllers=*,-resource-claim-controller`. Two controllers recording claims
@@ -183,7 +183,7 @@ def other_claim_writer(old: PodState | None, new: PodState, *, ours: str) -> str
     the fields over.
     """
     seen = old.claim_status_writers if old is not None else frozenset()
-    others = sorted(manager for manager, when in new.claim_status_writers - seen if manager != ours)
+    others = sorted(manager for manager, _ in new.claim_status_writers - seen if manager != ours)
     return others[0] if others else None
 
 

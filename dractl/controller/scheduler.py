@@ -16,10 +16,14 @@ deallocated or deleted), so nothing is given twice. Per pod (`sync_pod`):
 3. the decision is held in memory (the allocator holds the devices, the pod counts on its
    node: "assumed"), then written: per claim the delete-protection finalizer, then
    `status.allocation` with the pod in `status.reservedFor`, each with a resourceVersion
-   precondition; allocated claims get the pod added to `reservedFor`; then the pod is bound
-   (`pods/binding`). If any write fails, what was written is taken back (the pod's entry, the
-   allocation and the finalizer this attempt added), the allocator gives the devices back, and
-   the pod is retried with backoff: no claim stays allocated for a pod that was not bound.
+   precondition (the finalizer through `kube.finalizers`, which leaves the claim's spec as
+   stored); allocated claims get the pod added to `reservedFor`; then the pod is read live and,
+   if it still records exactly the claims the decision used, bound (`pods/binding`) at that
+   read's resourceVersion. If any write fails or the pod no longer matches, what was written is
+   taken back (the pod's entry, the allocation and the finalizer this attempt added), the
+   allocator gives the devices back, the pod's `PodScheduled` condition (`SchedulerError`) and a
+   Warning Event say which step failed, and the pod is retried with backoff: no claim stays
+   allocated for a pod that was not bound, and no pod is bound with a claim it does not record.
 
 A pod no node can take gets `PodScheduled=False` (reason `Unschedulable`, kube-scheduler's
 node summary plus the allocator's explanation per claim) and a Warning Event
@@ -987,13 +991,9 @@ class Scheduler:
         changed, as it often has when an attempt fails) once more at the version a live read gives. Never raises:
         the attempt's own error is what the loop retries on."""
         self._warn(pod, message)
-        current: schedplan.PodInfo | None = pod
+        current = pod
         for _ in range(2):
-            patch = (
-                None
-                if current is None
-                else schedplan.condition_patch(current, message, now=_now(), reason=schedplan.SCHEDULER_ERROR)
-            )
+            patch = schedplan.condition_patch(current, message, now=_now(), reason=schedplan.SCHEDULER_ERROR)
             if patch is None:
                 return
             try:
@@ -1007,9 +1007,10 @@ class Scheduler:
                 except kube_client.ApiError as error:
                     log.info("pod %s: could not read it to say why scheduling failed: %s", pod.key, error)
                     return
-                current = schedplan.decode_pod(raw, scheduler_name=self.scheduler_name)
-                if current is None or current.uid != pod.uid or current.node_name:
+                live = schedplan.decode_pod(raw, scheduler_name=self.scheduler_name)
+                if live is None or live.uid != pod.uid or live.node_name:
                     return  # Replaced or bound meanwhile: nothing to say on it.
+                current = live
             except kube_client.ApiError as error:
                 log.info("pod %s: could not write why scheduling failed: %s", pod.key, error)
                 return
