@@ -848,7 +848,10 @@ def test_claims_of_every_shape_are_allocated_and_bound_with_their_spec_unchanged
             pods[case] = group.pod(case, claims=[kube_objects.of_claim(case)], node=nodes[case])
         make_scheduler()
         for case in cases:
-            assert group.wait_bound(case) == nodes[case], case
+            try:
+                assert group.wait_bound(case) == nodes[case], case
+            except AssertionError as error:
+                raise AssertionError(f"{error}; PodScheduled: {group.scheduled_condition(case)}") from error
             claim = group.get_claim(case)
             assert _spec_bytes(kube_client, group.namespace, case) == stored[case], case
             assert claim["spec"] == created[case], case
