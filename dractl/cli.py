@@ -568,7 +568,10 @@ class _OneLineErrorsCommand(click.Command):
 @_option(
     "--controllers",
     default=",".join(config.DEFAULT_CONTROLLERS),
-    help=f"Comma-separated controllers to run: claims, scheduler (default: {','.join(config.DEFAULT_CONTROLLERS)}).",
+    help=(
+        "Comma-separated controllers to run: scheduler, claims (only where kube-controller-manager's "
+        f"resource-claim-controller is off) (default: {','.join(config.DEFAULT_CONTROLLERS)})."
+    ),
 )
 @_option(
     "--scheduler-name",

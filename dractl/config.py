@@ -197,8 +197,10 @@ class Explain:
     search_limit: int = DEFAULT_SEARCH_LIMIT
 
 
-DEFAULT_CONTROLLERS = ("claims", "scheduler")
-"""`--controllers` by default: the claim lifecycle controller and dractl's scheduler."""
+DEFAULT_CONTROLLERS = ("scheduler",)
+"""`--controllers` by default: dractl's scheduler only. kube-controller-manager's resourceclaim controller makes the
+claims in every cluster with DRA on; `claims` is for clusters where it is off (two claim controllers would both
+write pods' resourceClaimStatuses)."""
 DEFAULT_SCHEDULER_NAME = "dractl"
 DEFAULT_CONTROLLER_WORKERS = 4
 DEFAULT_LEASE_NAME = "dractl-controller"

@@ -59,6 +59,14 @@ def upstream(control_plane: controlplane.ControlPlane) -> Iterator[controlplane.
         yield started
 
 
+@pytest.fixture
+def upstream_without_claims(control_plane: controlplane.ControlPlane) -> Iterator[controlplane.Components]:
+    """kube-controller-manager with its resourceclaim controller off (a cluster where dractl's claim controller makes
+    the claims) and kube-scheduler, beside the session's API server for one test, stopped after it."""
+    with _running(lambda: control_plane.start_components(resource_claim_controller=False)) as started:
+        yield started
+
+
 @pytest.fixture(scope="session")
 def kube_client(control_plane: controlplane.ControlPlane) -> Iterator[client.Client]:
     """A `dractl.kube.client.Client` with the admin identity, talking to the server directly."""

@@ -488,14 +488,21 @@ class ControlPlane:
         self.processes.clear()
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def start_components(self) -> Components:
+    def start_components(self, *, resource_claim_controller: bool = True, api_qps: int = 0) -> Components:
         """Start kube-controller-manager and kube-scheduler against this plane; wait until both are healthy.
 
         Each has its own identity (`system:kube-controller-manager`, `system:kube-scheduler`), the
         DRA feature gates, `--leader-elect=false`; the node lifecycle controller is off since no
-        kubelet runs. Stop them with `Components.stop()`.
+        kubelet runs, and the resourceclaim controller too without `resource_claim_controller` (as in
+        a cluster where dractl's claim controller makes the claims). `api_qps` > 0 raises both
+        clients' limits (`--kube-api-qps`, burst twice that) from their defaults (20 and 50 QPS).
+        Stop them with `Components.stop()`.
         """
         binaries = find_binaries(OPTIONAL)
+        controllers = "*,-node-lifecycle-controller" + (
+            "" if resource_claim_controller else ",-resource-claim-controller"
+        )
+        limits = ["--kube-api-qps", str(api_qps), "--kube-api-burst", str(2 * api_qps)] if api_qps > 0 else []
         components = Components()
         try:
             deadline = time.monotonic() + READY_DEADLINE
@@ -520,7 +527,8 @@ class ControlPlane:
                     str(kcm_port),
                     "--leader-elect=false",
                     "--controllers",
-                    "*,-node-lifecycle-controller",
+                    controllers,
+                    *limits,
                     "--use-service-account-credentials",
                     "--service-account-private-key-file",
                     str(self.directory / "sa.key"),
@@ -557,6 +565,7 @@ class ControlPlane:
                     "--secure-port",
                     str(scheduler_port),
                     "--leader-elect=false",
+                    *limits,
                     "--feature-gates",
                     FEATURE_GATES,
                     "--cert-dir",

@@ -16,10 +16,14 @@ deallocated or deleted), so nothing is given twice. Per pod (`sync_pod`):
 3. the decision is held in memory (the allocator holds the devices, the pod counts on its
    node: "assumed"), then written: per claim the delete-protection finalizer, then
    `status.allocation` with the pod in `status.reservedFor`, each with a resourceVersion
-   precondition; allocated claims get the pod added to `reservedFor`; then the pod is bound
-   (`pods/binding`). If any write fails, what was written is taken back (the pod's entry, the
-   allocation and the finalizer this attempt added), the allocator gives the devices back, and
-   the pod is retried with backoff: no claim stays allocated for a pod that was not bound.
+   precondition (the finalizer through `kube.finalizers`, which leaves the claim's spec as
+   stored); allocated claims get the pod added to `reservedFor`; then the pod is read live and,
+   if it still records exactly the claims the decision used, bound (`pods/binding`) at that
+   read's resourceVersion. If any write fails or the pod no longer matches, what was written is
+   taken back (the pod's entry, the allocation and the finalizer this attempt added), the
+   allocator gives the devices back, the pod's `PodScheduled` condition (`SchedulerError`) and a
+   Warning Event say which step failed, and the pod is retried with backoff: no claim stays
+   allocated for a pod that was not bound, and no pod is bound with a claim it does not record.
 
 A pod no node can take gets `PodScheduled=False` (reason `Unschedulable`, kube-scheduler's
 node summary plus the allocator's explanation per claim) and a Warning Event
@@ -54,7 +58,7 @@ import prometheus_client
 from dractl import alloc, daemon, model
 from dractl.controller import claims, loop, nodefit, schedplan
 from dractl.kube import client as kube_client
-from dractl.kube import events, informer, workqueue
+from dractl.kube import events, finalizers, informer, workqueue
 
 log = logging.getLogger(__name__)
 
@@ -282,9 +286,14 @@ def _version(stored: Mapping[str, Any], fallback: str) -> str:
     return str((stored.get("metadata") or {}).get("resourceVersion") or fallback)
 
 
+class PodChanged(Exception):
+    """The pod read just before its binding is not the one the decision was made for (another claim recorded,
+    replaced, bound, being deleted): the decision is taken back and the pod retried."""
+
+
 def _failed(key: str, error: Exception) -> None:
     """Log a scheduling attempt that raised; the loop retries the pod with backoff."""
-    if isinstance(error, kube_client.ApiError):
+    if isinstance(error, (kube_client.ApiError, PodChanged)):
         log.info("pod %s: %s; retrying with backoff", key, error)
     else:
         log.exception("pod %s: scheduling failed; retrying with backoff", key)
@@ -460,7 +469,8 @@ class Scheduler:
 
     def _pod_changed(self, old: schedplan.PodInfo | None, pod: schedplan.PodInfo) -> None:
         if pod.pending_for(self.scheduler_name):
-            self.queue.add(pod.key)
+            if old is None or schedplan.scheduling_changed(old, pod):
+                self.queue.add(pod.key)
         else:
             self._forget_pending(pod.key)
         with self._lock:
@@ -759,22 +769,35 @@ class Scheduler:
     # --- Writes -----------------------------------------------------------------------------
 
     def _commit(self, pod: schedplan.PodInfo, decision: Decision) -> None:
-        """Write the decision: finalizer and allocation per claim, reservations, then the binding.
+        """Write the decision: finalizer and allocation per claim, reservations, then, after a live read of the pod
+        confirms it still records the claims the decision used, the binding (at the version read).
 
-        On any failure everything written is taken back (`_roll_back`) and the error is raised.
+        On any failure everything written is taken back (`_roll_back`), the pod's `PodScheduled` condition and a
+        Warning Event say which step failed and why, and the error is raised.
         """
         attempts: list[_Attempt] = []
         ids = {alloc.claim_id(claim) for claim, _ in decision.allocate}
+        step = ""
         try:
             for claim, allocation in decision.allocate:
-                patch = schedplan.finalizer_patch(claim)
-                attempts.append(_Attempt(claim, allocated_here=True, finalizer_added=patch is not None))
+                added = schedplan.needs_finalizer(claim)
+                attempts.append(_Attempt(claim, allocated_here=True, finalizer_added=added))
                 version = claim.meta.resource_version
-                if patch is not None:
-                    stored = self.client.patch(
-                        kube_client.RESOURCE_CLAIMS, claim.meta.name, namespace=claim.meta.namespace, patch=patch
+                if added:
+                    step = f"adding the finalizer to ResourceClaim {claim.key}"
+                    stored = finalizers.change(
+                        self.client,
+                        kube_client.RESOURCE_CLAIMS,
+                        claim.meta.name,
+                        namespace=claim.meta.namespace,
+                        resource_version=version,
+                        add=claims.DELETE_PROTECTION_FINALIZER,
                     )
-                    version = _version(stored, version)
+                    if stored is None:  # Someone else added it meanwhile: it is not ours to take back.
+                        attempts[-1] = _Attempt(claim, allocated_here=True, finalizer_added=False)
+                    else:
+                        version = _version(stored, version)
+                step = f"writing the allocation of ResourceClaim {claim.key}"
                 self.client.patch(
                     kube_client.RESOURCE_CLAIMS,
                     claim.meta.name,
@@ -784,6 +807,7 @@ class Scheduler:
                 )
             for claim in decision.reserve:
                 attempts.append(_Attempt(claim, allocated_here=False, finalizer_added=False))
+                step = f"reserving ResourceClaim {claim.key}"
                 self.client.patch(
                     kube_client.RESOURCE_CLAIMS,
                     claim.meta.name,
@@ -791,20 +815,34 @@ class Scheduler:
                     subresource="status",
                     patch=schedplan.reservation_patch(claim, pod),
                 )
-            self._bind(pod, decision.node)
+            step = "reading the pod before its binding"
+            version = self._confirm(pod)
+            step = f"binding to node {decision.node}"
+            self._bind(pod, decision.node, resource_version=version)
         except Exception as error:
-            self._warn(pod, f"binding to node {decision.node} failed: {error}")
             self._roll_back(pod, decision, attempts)
+            self._report_failure(pod, f"scheduling on node {decision.node} failed while {step}: {error}")
             raise
         finally:
             with self._lock:
                 self._in_flight.difference_update(ids)
 
-    def _bind(self, pod: schedplan.PodInfo, node: str) -> None:
+    def _confirm(self, pod: schedplan.PodInfo) -> str:
+        """Read the pod live just before its binding; its resourceVersion, the binding's precondition. Raises
+        `PodChanged` unless it is the same pod, unbound, not being deleted, and records exactly the claims the
+        decision used (kube-controller-manager may have recorded another claim than the one allocated), or
+        `ApiError`."""
+        raw = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
+        problem = schedplan.changed_since(pod.state, claims.decode_pod(raw))
+        if problem is not None:
+            raise PodChanged(problem)
+        return str((raw.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _bind(self, pod: schedplan.PodInfo, node: str, *, resource_version: str) -> None:
         try:
             self.client.create(
                 kube_client.PODS,
-                schedplan.binding(pod, node),
+                schedplan.binding(pod, node, resource_version=resource_version),
                 namespace=pod.namespace,
                 name=pod.name,
                 subresource="binding",
@@ -910,13 +948,15 @@ class Scheduler:
             except kube_client.ApiError as error:
                 log.error("ResourceClaim %s: could not take back pod %s: %s", claim.key, pod.key, error)
                 return False
-            if plan.metadata is not None:
+            if plan.remove_finalizer:
                 try:
-                    self.client.patch(
+                    finalizers.change(
+                        self.client,
                         kube_client.RESOURCE_CLAIMS,
                         claim.meta.name,
                         namespace=claim.meta.namespace,
-                        patch={"metadata": {"resourceVersion": version, **plan.metadata}},
+                        resource_version=version,
+                        remove=claims.DELETE_PROTECTION_FINALIZER,
                     )
                 except kube_client.ApiError as error:
                     # The finalizer alone blocks nothing but deletion, and the claim controller removes it then.
@@ -944,6 +984,37 @@ class Scheduler:
             log.info("pod %s is unschedulable: %s", pod.key, refusal.message)
         if refusal.retry:
             self.queue.add_after(pod.key, UNSCHEDULABLE_RETRY)
+
+    def _report_failure(self, pod: schedplan.PodInfo, message: str) -> None:
+        """Say on the pod why this attempt failed: `PodScheduled=False, SchedulerError` and a Warning Event, replacing
+        what an earlier attempt said. The condition is written at the cached pod's version, else (409: the pod
+        changed, as it often has when an attempt fails) once more at the version a live read gives. Never raises:
+        the attempt's own error is what the loop retries on."""
+        self._warn(pod, message)
+        current = pod
+        for _ in range(2):
+            patch = schedplan.condition_patch(current, message, now=_now(), reason=schedplan.SCHEDULER_ERROR)
+            if patch is None:
+                return
+            try:
+                self.client.patch(
+                    kube_client.PODS, pod.name, namespace=pod.namespace, subresource="status", patch=patch
+                )
+                return
+            except kube_client.Conflict:
+                try:
+                    raw = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
+                except kube_client.ApiError as error:
+                    log.info("pod %s: could not read it to say why scheduling failed: %s", pod.key, error)
+                    return
+                live = schedplan.decode_pod(raw, scheduler_name=self.scheduler_name)
+                if live is None or live.uid != pod.uid or live.node_name:
+                    return  # Replaced or bound meanwhile: nothing to say on it.
+                current = live
+            except kube_client.ApiError as error:
+                log.info("pod %s: could not write why scheduling failed: %s", pod.key, error)
+                return
+        log.info("pod %s: it kept changing while the scheduler wrote why scheduling failed", pod.key)
 
     def _wait(self, pod: schedplan.PodInfo, wait: Wait) -> None:
         with self._lock:

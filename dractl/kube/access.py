@@ -98,7 +98,7 @@ COMPONENTS: tuple[Component, ...] = (
         rules=(
             Rule(kube_client.PODS, ("get", "list", "watch")),
             Rule(kube_client.PODS, ("patch",), subresource="status"),
-            Rule(kube_client.RESOURCE_CLAIMS, ("list", "watch", "create", "patch", "delete")),
+            Rule(kube_client.RESOURCE_CLAIMS, ("get", "list", "watch", "create", "update", "delete")),
             Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="status"),
             Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="binding"),
             Rule(kube_client.RESOURCE_CLAIM_TEMPLATES, ("get", "list", "watch")),
@@ -113,7 +113,7 @@ COMPONENTS: tuple[Component, ...] = (
             Rule(kube_client.PODS, ("patch",), subresource="status"),
             Rule(kube_client.PODS, ("create",), subresource="binding"),
             Rule(kube_client.NODES, ("list", "watch")),
-            Rule(kube_client.RESOURCE_CLAIMS, ("get", "list", "watch", "patch")),
+            Rule(kube_client.RESOURCE_CLAIMS, ("get", "list", "watch", "update")),
             Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="status"),
             Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="binding"),
             Rule(kube_client.RESOURCE_SLICES, ("list", "watch")),

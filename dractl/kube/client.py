@@ -5,7 +5,8 @@ service account (config, auth, TLS and connection pooling are the `kubernetes` p
 sends requests itself: the server's version, get, list (paged), watch (a line-by-line event stream), create, update
 (PUT with the body's resourceVersion as precondition), update of the status subresource, merge
 patch, JSON patch, server-side apply and delete (with optional resourceVersion/uid
-preconditions). Writes carry the field manager `dractl`. Non-2xx answers become `ApiError`
+preconditions), and a protobuf GET and PUT for the one write that must keep stored bytes
+(`finalizers`). Writes carry the field manager `dractl`. Non-2xx answers become `ApiError`
 subclasses (`Conflict`, `NotFound`, `AlreadyExists`, `Gone`, `Invalid`, `Transient`); an
 optional `on_error` hook hears of each call that failed (for metrics). `decode` turns one raw
 object into a `dractl.model` value, or logs and skips it.
@@ -55,6 +56,7 @@ from dractl.model import decode as model_decode
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "dractl"
+PROTOBUF = "application/vnd.kubernetes.protobuf"
 DEFAULT_TIMEOUT = 30.0  # seconds, per request (watches use their own read timeout)
 DEFAULT_ATTEMPTS = 5
 MAX_RETRY_AFTER = 10.0  # seconds: the longest a retry waits for a server's Retry-After
@@ -363,6 +365,7 @@ class _Payload(TypedDict, total=False):
     query: Sequence[tuple[str, str]]
     body: Any
     content_type: str
+    accept: str
 
 
 class PatchType(enum.Enum):
@@ -533,7 +536,7 @@ class Client:
         that could not connect raises `Transient` with `unsent`; one whose connection broke later,
         `Transient`.
         """
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": payload.get("accept", "application/json")}
         body = payload.get("body")
         if body is not None:
             headers["Content-Type"] = payload.get("content_type", "application/json")
@@ -757,6 +760,33 @@ class Client:
                 content_type=type.value,
                 query=self._write_query(force=force and type is PatchType.APPLY),
             )
+
+    def get_protobuf(self, resource: Resource, name: str, *, namespace: str = "") -> bytes:
+        """The object in the API server's protobuf encoding (`finalizers` reads it): every byte of it as stored,
+        where JSON would re-encode opaque fields. Raises `NotFound`. Read-only; not retried (callers' syncs are)."""
+        with self._reported("get", resource):
+            return self._raw("GET", resource.path(namespace=namespace, name=name), accept=PROTOBUF)
+
+    def update_protobuf(self, resource: Resource, name: str, body: bytes, *, namespace: str = "") -> dict[str, Any]:
+        """Replace (PUT) the object with `body`, a protobuf-encoded object whose metadata.resourceVersion is the
+        precondition (`Conflict` when it changed); returns the stored object as JSON. For a write that must leave
+        every other stored byte as it is (see `finalizers`). Not retried."""
+        path = resource.path(namespace=namespace, name=name)
+        with self._reported("update", resource):
+            data = self._raw("PUT", path, body=body, content_type=PROTOBUF, query=self._write_query())
+        document = json.loads(data) if data else {}
+        return document if isinstance(document, dict) else {}
+
+    def _raw(self, method: str, path: str, **payload: Unpack[_Payload]) -> bytes:
+        """One request, no retry; the answer's bytes. A broken connection raises `Transient`."""
+        try:
+            response = self._send(method, path, **payload)
+            try:
+                return response.read()
+            finally:
+                response.release_conn()
+        except (urllib3.exceptions.HTTPError, ConnectionError) as error:
+            raise Transient(0, "ConnectionFailed", f"{method} {path}: {error}") from error
 
     def delete(
         self, resource: Resource, name: str, *, namespace: str = "", resource_version: str = "", uid: str = ""

@@ -78,11 +78,15 @@ class Group:
             if document:
                 self.api.create(client.RESOURCE_SLICES, document)
 
-    def pod(self, name: str, *, claims: list[dict[str, str]], scheduler: str = "", cpu: str = "100m") -> dict[str, Any]:
-        """Create a pod for `scheduler` (default: the test's) that only this group's nodes take."""
+    def pod(
+        self, name: str, *, claims: list[dict[str, str]], scheduler: str = "", cpu: str = "100m", node: str = ""
+    ) -> dict[str, Any]:
+        """Create a pod for `scheduler` (default: the test's) that only this group's nodes take (only `node`, when
+        given)."""
+        selector = {GROUP_LABEL: self.id, **({"kubernetes.io/hostname": node} if node else {})}
         placement = {
             "schedulerName": scheduler or self.scheduler_name,
-            "nodeSelector": {GROUP_LABEL: self.id},
+            "nodeSelector": selector,
             "tolerations": [self.toleration],
         }
         body = kube_objects.pod(name, namespace=self.namespace, claims=claims, cpu=cpu, **placement)

@@ -96,7 +96,7 @@ def test_defaults_reach_the_settings(captured: list[config.ControllerConfig]) ->
     result = _invoke(env={name: "" for name in FLAGS.values()} | {"DRACTL_LEADER_ELECT": ""})
     assert result.exit_code == 0, result.stderr
     assert captured == [config.ControllerConfig()]
-    assert captured[0].controllers == ("claims", "scheduler") and captured[0].leader_elect
+    assert captured[0].controllers == ("scheduler",) and captured[0].leader_elect
 
 
 def test_flags_reach_the_settings(captured: list[config.ControllerConfig], tmp_path: pathlib.Path) -> None:
