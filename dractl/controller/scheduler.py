@@ -17,10 +17,12 @@ deallocated or deleted), so nothing is given twice. Per pod (`sync_pod`):
    node: "assumed"), then written: per claim the delete-protection finalizer, then
    `status.allocation` with the pod in `status.reservedFor`, each with a resourceVersion
    precondition (the finalizer through `kube.finalizers`, which leaves the claim's spec as
-   stored); allocated claims get the pod added to `reservedFor`; then the pod is read live and,
-   if it still records exactly the claims the decision used, bound (`pods/binding`) at that
-   read's resourceVersion. If any write fails or the pod no longer matches, what was written is
-   taken back (the pod's entry, the allocation and the finalizer this attempt added), the
+   stored); allocated claims get the pod added to `reservedFor`; then the pod is bound
+   (`pods/binding`) at the resourceVersion the decision was made from, so the API server refuses
+   the Binding if the pod changed since; if it did, the pod is read live and bound at that
+   version only if it still records exactly the claims the decision used. If any write fails or
+   the pod no longer matches, what was written is taken back (the pod's entry, the allocation and
+   the finalizer this attempt added), the
    allocator gives the devices back, the pod's `PodScheduled` condition (`SchedulerError`) and a
    Warning Event say which step failed, and the pod is retried with backoff: no claim stays
    allocated for a pod that was not bound, and no pod is bound with a claim it does not record.
@@ -287,8 +289,8 @@ def _version(stored: Mapping[str, Any], fallback: str) -> str:
 
 
 class PodChanged(Exception):
-    """The pod read just before its binding is not the one the decision was made for (another claim recorded,
-    replaced, bound, being deleted): the decision is taken back and the pod retried."""
+    """The pod, read live when its Binding was refused, is not the one the decision was made for (another claim
+    recorded, replaced, bound, being deleted): the decision is taken back and the pod retried."""
 
 
 def _failed(key: str, error: Exception) -> None:
@@ -371,7 +373,9 @@ class Scheduler:
         # node's epoch moves (to a value never used before) whenever its usage or its object changes.
         self._epoch = 0
         self._node_epoch: dict[str, int] = {}
-        self._fit_cache: dict[tuple[Hashable, str], tuple[int, str | None]] = {}
+        # Per pod shape, per node: (the node's epoch, the answer). Keyed by shape first, so a pass over the nodes
+        # hashes the shape (nested tuples) once, not once per node.
+        self._fit_cache: dict[Hashable, dict[str, tuple[int, str | None]]] = {}
         self._node_infos: tuple[nodefit.NodeInfo, ...] | None = None
         self._unschedulable: set[str] = set()  # pod keys retried when the cluster changes
         self._refused: set[str] = set()  # pod keys refused until they change
@@ -711,16 +715,20 @@ class Scheduler:
                 infos = self._node_infos = tuple(
                     state.info for state in self.nodes.store.values() if state.info is not None
                 )
-            if len(self._fit_cache) > FIT_CACHE_LIMIT:
-                self._fit_cache.clear()
+            answers = self._fit_cache.get(shape)
+            if answers is None:
+                if (len(self._fit_cache) + 1) * len(infos) > FIT_CACHE_LIMIT:
+                    self._fit_cache.clear()
+                answers = self._fit_cache[shape] = {}
+            node_epoch = self._node_epoch
             for info in infos:
-                epoch = self._node_epoch.get(info.name, 0)
-                hit = self._fit_cache.get((shape, info.name))
+                epoch = node_epoch.get(info.name, 0)
+                hit = answers.get(info.name)
                 if hit is not None and hit[0] == epoch:
                     reason = hit[1]
                 else:
                     reason = nodefit.fit(needs, info, self._node_used.get(info.name, nodefit.EMPTY))
-                    self._fit_cache[(shape, info.name)] = (epoch, reason)
+                    answers[info.name] = (epoch, reason)
                 if reason is None:
                     feasible.append(info.name)
                 else:
@@ -769,8 +777,8 @@ class Scheduler:
     # --- Writes -----------------------------------------------------------------------------
 
     def _commit(self, pod: schedplan.PodInfo, decision: Decision) -> None:
-        """Write the decision: finalizer and allocation per claim, reservations, then, after a live read of the pod
-        confirms it still records the claims the decision used, the binding (at the version read).
+        """Write the decision: finalizer and allocation per claim, reservations, then the binding, which the API
+        server accepts only while the pod records the claims the decision used (`_bind`).
 
         On any failure everything written is taken back (`_roll_back`), the pod's `PodScheduled` condition and a
         Warning Event say which step failed and why, and the error is raised.
@@ -785,14 +793,25 @@ class Scheduler:
                 version = claim.meta.resource_version
                 if added:
                     step = f"adding the finalizer to ResourceClaim {claim.key}"
-                    stored = finalizers.change(
-                        self.client,
-                        kube_client.RESOURCE_CLAIMS,
-                        claim.meta.name,
-                        namespace=claim.meta.namespace,
-                        resource_version=version,
-                        add=claims.DELETE_PROTECTION_FINALIZER,
-                    )
+                    if schedplan.finalizer_by_patch(claim):
+                        stored = finalizers.add_with_patch(
+                            self.client,
+                            kube_client.RESOURCE_CLAIMS,
+                            claim.meta.name,
+                            namespace=claim.meta.namespace,
+                            resource_version=version,
+                            finalizers=claim.meta.finalizers,
+                            add=claims.DELETE_PROTECTION_FINALIZER,
+                        )
+                    else:
+                        stored = finalizers.change(
+                            self.client,
+                            kube_client.RESOURCE_CLAIMS,
+                            claim.meta.name,
+                            namespace=claim.meta.namespace,
+                            resource_version=version,
+                            add=claims.DELETE_PROTECTION_FINALIZER,
+                        )
                     if stored is None:  # Someone else added it meanwhile: it is not ours to take back.
                         attempts[-1] = _Attempt(claim, allocated_here=True, finalizer_added=False)
                     else:
@@ -815,10 +834,8 @@ class Scheduler:
                     subresource="status",
                     patch=schedplan.reservation_patch(claim, pod),
                 )
-            step = "reading the pod before its binding"
-            version = self._confirm(pod)
             step = f"binding to node {decision.node}"
-            self._bind(pod, decision.node, resource_version=version)
+            self._bind(pod, decision.node)
         except Exception as error:
             self._roll_back(pod, decision, attempts)
             self._report_failure(pod, f"scheduling on node {decision.node} failed while {step}: {error}")
@@ -827,37 +844,38 @@ class Scheduler:
             with self._lock:
                 self._in_flight.difference_update(ids)
 
-    def _confirm(self, pod: schedplan.PodInfo) -> str:
-        """Read the pod live just before its binding; its resourceVersion, the binding's precondition. Raises
-        `PodChanged` unless it is the same pod, unbound, not being deleted, and records exactly the claims the
-        decision used (kube-controller-manager may have recorded another claim than the one allocated), or
-        `ApiError`."""
-        raw = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
-        problem = schedplan.changed_since(pod.state, claims.decode_pod(raw))
-        if problem is not None:
-            raise PodChanged(problem)
-        return str((raw.get("metadata") or {}).get("resourceVersion") or "")
-
-    def _bind(self, pod: schedplan.PodInfo, node: str, *, resource_version: str) -> None:
-        try:
-            self.client.create(
-                kube_client.PODS,
-                schedplan.binding(pod, node, resource_version=resource_version),
-                namespace=pod.namespace,
-                name=pod.name,
-                subresource="binding",
-            )
-        except kube_client.ApiError:
-            # A binding retried after a lost answer is refused as a conflict although the first one
-            # landed: what counts is where the pod is now.
+    def _bind(self, pod: schedplan.PodInfo, node: str) -> None:
+        """Bind the pod at the resourceVersion the decision was made from, so the API server refuses the Binding if
+        the pod changed since (a claim recorded anew by kube-controller-manager, for one): no extra read when
+        nothing changed. When the Binding is refused, the pod is read live: bound to `node` already (a Binding whose
+        answer was lost), done; refused as a conflict (the pod changed), the Binding is sent once more at the live
+        version if the pod is still the same, unbound, not being deleted and records exactly the claims the
+        decision used, else `PodChanged` is raised. Raises `ApiError` otherwise."""
+        version = pod.state.pod.meta.resource_version
+        for retry in (False, True):
             try:
-                live = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
-            except kube_client.ApiError:
-                live = {}
-            meta, spec = live.get("metadata") or {}, live.get("spec") or {}
-            if meta.get("uid") == pod.uid and spec.get("nodeName") == node:
+                self.client.create(
+                    kube_client.PODS,
+                    schedplan.binding(pod, node, resource_version=version),
+                    namespace=pod.namespace,
+                    name=pod.name,
+                    subresource="binding",
+                )
                 return
-            raise
+            except kube_client.ApiError as error:
+                try:
+                    live = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
+                except kube_client.ApiError:
+                    live = {}
+                meta, spec = live.get("metadata") or {}, live.get("spec") or {}
+                if meta.get("uid") == pod.uid and spec.get("nodeName") == node:
+                    return
+                if retry or not live or not isinstance(error, kube_client.Conflict):
+                    raise
+                problem = schedplan.changed_since(pod.state, claims.decode_pod(live))
+                if problem is not None:
+                    raise PodChanged(problem) from error
+                version = str(meta.get("resourceVersion") or "")
 
     def _roll_back(self, pod: schedplan.PodInfo, decision: Decision, attempts: Sequence[_Attempt]) -> None:
         """Take back the claim writes of a failed decision and give back the devices no longer allocated in the API.

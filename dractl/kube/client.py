@@ -45,6 +45,7 @@ from typing import Any, Protocol, TypedDict, Unpack
 
 import kubernetes.client
 import kubernetes.config
+import msgspec
 import tenacity
 import urllib3
 import urllib3.connection
@@ -430,9 +431,9 @@ class WatchStream:
         completed = False
         try:
             for chunk in self._response.stream(1 << 16):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
+                # One split per chunk, not one per line: a chunk holds many events.
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                for line in lines:
                     if line.strip():
                         yield _watch_event(line)
             if buffer.strip():
@@ -455,8 +456,17 @@ class WatchStream:
 _IDLE, _READING, _DONE = "idle", "reading", "done"
 
 
+def _loads(data: bytes) -> Any:
+    """The JSON document in `data`: msgspec's C decoder reads the API server's objects several times faster than
+    json's; where it refuses (numbers beyond 64 bits, malformed text), json.loads decides, so both read alike."""
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.MsgspecError:
+        return json.loads(data)
+
+
 def _watch_event(line: bytes) -> WatchEvent:
-    document = json.loads(line)
+    document = _loads(line)
     kind, obj = document.get("type"), document.get("object")
     if kind == "ERROR":
         code = int(obj.get("code") or 500) if isinstance(obj, dict) else 500
@@ -593,7 +603,7 @@ class Client:
                     data = _read(response, method, path)
                 finally:
                     response.release_conn()
-                document = json.loads(data) if data else {}
+                document = _loads(data) if data else {}
                 return document if isinstance(document, dict) else {}
         raise AssertionError("unreachable: tenacity re-raises the last failure")
 
@@ -774,7 +784,7 @@ class Client:
         path = resource.path(namespace=namespace, name=name)
         with self._reported("update", resource):
             data = self._raw("PUT", path, body=body, content_type=PROTOBUF, query=self._write_query())
-        document = json.loads(data) if data else {}
+        document = _loads(data) if data else {}
         return document if isinstance(document, dict) else {}
 
     def _raw(self, method: str, path: str, **payload: Unpack[_Payload]) -> bytes:
