@@ -386,10 +386,10 @@ def needs_finalizer(claim: model.ResourceClaim) -> bool:
 
 
 def finalizer_by_patch(claim: model.ResourceClaim) -> bool:
-    """Whether the finalizer may be added with a merge patch (`kube.finalizers.add_with_patch`, one request): the claim has no
-    opaque configuration, the only part of a claim the API server keeps as raw bytes, which a patch's JSON round
-    trip would re-encode (then the API server refuses the write: spec is immutable). Otherwise it is written with
-    `kube.finalizers.change` (a protobuf read and PUT that keep every stored byte). Pure."""
+    """Whether the finalizer may be added with a merge patch (`kube.finalizers.add_with_patch`, one request): the
+    claim has no opaque configuration, the only part of a claim the API server keeps as raw bytes, which a patch's
+    JSON round trip would re-encode (then the API server refuses the write: spec is immutable). Otherwise it is
+    written with `kube.finalizers.change` (a protobuf read and PUT that keep every stored byte). Pure."""
     return not claim.spec.config
 
 
