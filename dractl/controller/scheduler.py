@@ -72,7 +72,10 @@ WAIT_RETRY = 1.0
 ROLLBACK_ATTEMPTS = 5
 """How often taking back one claim's writes is tried when the claim keeps changing underneath (409)."""
 FIT_CACHE_LIMIT = 200_000
-"""Remembered node-filter answers (pod shape x node); past this the cache starts over."""
+"""Remembered node-filter answers (pod shapes x nodes); past this the cache starts over."""
+CHANGE_LOG_LIMIT = 100_000
+"""Node changes remembered for bringing the node filter's answers up to date; past this the log starts over (and
+every pod shape's answers are computed afresh once)."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -206,6 +209,17 @@ class _ClaimView(Mapping[str, model.ResourceClaim]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+@dataclasses.dataclass(slots=True)
+class _ShapeFit:
+    """The node filter's answers for one pod shape over `infos`, current up to change number `epoch`: the nodes
+    that fail with their reasons, and the others in `infos` order."""
+
+    infos: tuple[nodefit.NodeInfo, ...]
+    epoch: int
+    unfit: dict[str, str]
+    feasible: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -369,14 +383,16 @@ class Scheduler:
         self._placed: dict[str, _Placed] = {}
         self._node_pods: dict[str, dict[str, nodefit.PodNeeds]] = {}
         self._node_used: dict[str, nodefit.Usage] = {}
-        # The node filter's answers per (pod shape, node), valid while the node's epoch is unchanged: a
-        # node's epoch moves (to a value never used before) whenever its usage or its object changes.
+        # The node filter's answers per pod shape (`_ShapeFit`), brought up to date by re-checking only the
+        # nodes changed since: `_changes` logs the name of each node whose usage or object changed, change
+        # number `_epoch` being the last (`_changes[i]` is change number `_changes_base + i + 1`). A burst of
+        # pods of one shape then costs one `nodefit` check per placed pod, not one per node per pod.
         self._epoch = 0
-        self._node_epoch: dict[str, int] = {}
-        # Per pod shape, per node: (the node's epoch, the answer). Keyed by shape first, so a pass over the nodes
-        # hashes the shape (nested tuples) once, not once per node.
-        self._fit_cache: dict[Hashable, dict[str, tuple[int, str | None]]] = {}
+        self._changes: list[str] = []
+        self._changes_base = 0
+        self._fits: dict[Hashable, _ShapeFit] = {}
         self._node_infos: tuple[nodefit.NodeInfo, ...] | None = None
+        self._info_by_name: dict[str, nodefit.NodeInfo] = {}
         self._unschedulable: set[str] = set()  # pod keys retried when the cluster changes
         self._refused: set[str] = set()  # pod keys refused until they change
         self._waiting: dict[str, str] = {}  # pod key -> the claim key it waits for ("": its own status)
@@ -501,8 +517,11 @@ class Scheduler:
 
     def _bump(self, node: str) -> None:
         """The node's usage or object changed: the node filter's answers for it are stale. Under `_lock`."""
+        if len(self._changes) >= CHANGE_LOG_LIMIT:
+            self._changes.clear()
+            self._changes_base = self._epoch
         self._epoch += 1
-        self._node_epoch[node] = self._epoch
+        self._changes.append(node)
 
     def _place(self, key: str, placed: _Placed) -> None:
         """Count a pod on its node (replacing how it was counted before). Under `_lock`."""
@@ -702,38 +721,51 @@ class Scheduler:
             len(decided.reserve),
         )
 
-    def _filter(self, needs: nodefit.PodNeeds) -> tuple[list[str], dict[str, str], tuple[nodefit.NodeInfo, ...]]:
-        """`nodefit` over every node (feasible names, reasons for the rest, the nodes), with answers remembered per
-        pod shape and node until the node's usage or object changes. Usage counts the pods bound to each node and
-        the pods this scheduler bound that the cache still shows unbound."""
+    def _filter(self, needs: nodefit.PodNeeds) -> tuple[Sequence[str], dict[str, str], tuple[nodefit.NodeInfo, ...]]:
+        """`nodefit` over every node: the feasible names (in node order), the reasons of the rest (a fresh dict the
+        caller may change), the nodes. Answers are remembered per pod shape and brought up to date by checking again
+        only the nodes whose usage or object changed since (all of them when the nodes themselves changed). Usage
+        counts the pods bound to each node and the pods this scheduler bound that the cache still shows unbound."""
         shape = _shape(needs)
-        feasible: list[str] = []
-        reasons: dict[str, str] = {}
         with self._lock:
             infos = self._node_infos
             if infos is None:
                 infos = self._node_infos = tuple(
                     state.info for state in self.nodes.store.values() if state.info is not None
                 )
-            answers = self._fit_cache.get(shape)
-            if answers is None:
-                if (len(self._fit_cache) + 1) * len(infos) > FIT_CACHE_LIMIT:
-                    self._fit_cache.clear()
-                answers = self._fit_cache[shape] = {}
-            node_epoch = self._node_epoch
-            for info in infos:
-                epoch = node_epoch.get(info.name, 0)
-                hit = answers.get(info.name)
-                if hit is not None and hit[0] == epoch:
-                    reason = hit[1]
-                else:
+                self._info_by_name = {info.name: info for info in infos}
+            fit = self._fits.get(shape)
+            if fit is None or fit.infos is not infos or fit.epoch < self._changes_base:
+                if fit is None and (len(self._fits) + 1) * len(infos) > FIT_CACHE_LIMIT:
+                    self._fits.clear()
+                unfit: dict[str, str] = {}
+                for info in infos:
                     reason = nodefit.fit(needs, info, self._node_used.get(info.name, nodefit.EMPTY))
-                    answers[info.name] = (epoch, reason)
-                if reason is None:
-                    feasible.append(info.name)
-                else:
-                    reasons[info.name] = reason
-        return feasible, reasons, infos
+                    if reason is not None:
+                        unfit[info.name] = reason
+                fit = self._fits[shape] = _ShapeFit(
+                    infos=infos,
+                    epoch=self._epoch,
+                    unfit=unfit,
+                    feasible=tuple(info.name for info in infos if info.name not in unfit),
+                )
+            elif fit.epoch != self._epoch:
+                flipped = False
+                for name in set(self._changes[fit.epoch - self._changes_base :]):
+                    changed = self._info_by_name.get(name)
+                    if changed is None:
+                        continue  # Not a node the filter reads (gone, or left out as invalid).
+                    reason = nodefit.fit(needs, changed, self._node_used.get(name, nodefit.EMPTY))
+                    was = fit.unfit.get(name)
+                    if reason is None:
+                        fit.unfit.pop(name, None)
+                    else:
+                        fit.unfit[name] = reason
+                    flipped = flipped or (was is None) != (reason is None)
+                if flipped:
+                    fit.feasible = tuple(info.name for info in infos if info.name not in fit.unfit)
+                fit.epoch = self._epoch
+            return fit.feasible, dict(fit.unfit), infos
 
     def _decide(self, pod: schedplan.PodInfo, resolved: Sequence[model.ResourceClaim]) -> Decision | Refusal | Wait:
         """Pick the node and the devices, and assume them (allocator holds, pod counted on the node). Under the

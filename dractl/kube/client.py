@@ -550,14 +550,17 @@ class Client:
         body = payload.get("body")
         if body is not None:
             headers["Content-Type"] = payload.get("content_type", "application/json")
-        _, url, headers, body, _ = self.api_client.param_serialize(
+        # The official client builds the URL, the default headers and the credentials (a token its hook
+        # refreshes); the body is encoded here (as its REST layer encodes it) and the request sent on its pool
+        # directly: its generic layers walk every body recursively, a fifth of a request's CPU in this process.
+        _, url, headers, _, _ = self.api_client.param_serialize(
             method=method,
             resource_path=path,
             query_params=list(payload.get("query", ())) or None,
             header_params=headers,
-            body=body,
             auth_settings=["BearerToken"],
         )
+        data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
         if self.limiter is not None:
             self.limiter.wait()
         fence = self.fence if method in _WRITES else None
@@ -565,12 +568,20 @@ class Client:
         if fence is not None:
             fence.check(what)  # Refused before any connection is taken.
         _sending.fence, _sending.what = fence, what
+        limit = timeout or self.timeout
         try:
-            response: urllib3.BaseHTTPResponse = self.api_client.call_api(
-                method, url, header_params=headers, body=body, _request_timeout=timeout or self.timeout
-            ).response
-        except kubernetes.client.ApiException as error:  # A TLS failure, as the official client wraps it.
-            raise Transient(error.status or 0, "TransportError", str(error.reason)) from error
+            response: urllib3.BaseHTTPResponse = self.api_client.rest_client.pool_manager.request(
+                method,
+                url,
+                body=data,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=limit[0], read=limit[1])
+                if isinstance(limit, tuple)
+                else urllib3.Timeout(total=limit),
+                preload_content=False,
+            )
+        except urllib3.exceptions.SSLError as error:  # A TLS failure (an HTTPError too: caught first).
+            raise Transient(0, "TransportError", f"{method} {path}: {error}") from error
         except _NOT_CONNECTED as error:
             raise Transient(0, "ConnectionFailed", f"{method} {path}: {error}", unsent=True) from error
         except _BROKEN as error:

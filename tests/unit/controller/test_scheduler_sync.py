@@ -12,6 +12,7 @@ import pytest
 from support import kube_objects
 from support import scheduler_inputs as raw
 
+from dractl.controller import nodefit
 from dractl.controller import scheduler as sched
 from dractl.kube import client, finalizers, informer, workqueue
 
@@ -283,6 +284,41 @@ def test_pods_bound_but_not_yet_seen_bound_count_on_their_node() -> None:
     assert cluster.api.pod("first")["spec"]["nodeName"] == "n1"
     condition = cluster.api.condition("second")
     assert condition["message"] == "0/1 nodes are available: 1 Insufficient cpu."
+
+
+def test_the_node_filters_remembered_answers_follow_every_change_of_usage_and_nodes() -> None:
+    """Guards: the node filter's answers, kept per pod shape and brought up to date from the nodes changed since,
+    equal `nodefit` computed afresh over every node after each change: pods bound and finished, a pod assumed by a
+    decision, a node added, changed (cordoned) and deleted, and a second pod shape used in between."""
+    cluster = Cluster(nodes=3, cpu="4")
+    cluster.scheduler.open_ledger()
+    needs = {size: nodefit.PodNeeds.from_raw(raw.pod(f"probe-{size}", cpu=size)) for size in ("1", "3")}
+
+    def agrees() -> None:
+        for size, probe in needs.items():
+            feasible, reasons, infos = cluster.scheduler._filter(probe)
+            fresh = nodefit.filter_nodes(probe, infos, cluster.scheduler._node_used)
+            assert (sorted(feasible), reasons) == fresh, size
+            assert list(feasible) == sorted(feasible)
+
+    agrees()
+    cluster.add(raw.pod("a", node="n1", cpu="2"), raw.pod("b", node="n2", cpu="3"))
+    agrees()
+    cluster.add(raw.pod("c", cpu="2"))
+    cluster.sync("c")  # Assumed on a node before the cache sees it bound.
+    agrees()
+    _delete(cluster.scheduler.pods, raw.pod("b", node="n2", cpu="3"))
+    agrees()
+    _feed(cluster.scheduler.nodes, raw.node("n4", cpu="2"))
+    agrees()
+    _feed(cluster.scheduler.nodes, {**raw.node("n1", cpu="4"), "spec": {"unschedulable": True}})
+    agrees()
+    _delete(cluster.scheduler.nodes, raw.node("n3", cpu="4"))
+    agrees()
+    finished = raw.pod("a", node="n1", cpu="2")
+    finished["status"]["phase"] = "Succeeded"
+    _feed(cluster.scheduler.pods, finished)
+    agrees()
 
 
 def test_a_conflict_on_the_allocation_takes_back_the_finalizer_and_gives_back_the_devices() -> None:
