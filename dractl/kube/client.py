@@ -816,7 +816,7 @@ class Client:
         return slices, result.resource_version
 
 
-_BACKOFF = tenacity.wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05)
+_BACKOFF = tenacity.wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.05)
 
 
 def _wait(state: tenacity.RetryCallState) -> float:

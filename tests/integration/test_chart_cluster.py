@@ -464,8 +464,6 @@ NODE_AGENT_UNREACHED = {
 }
 CONTROLLER_UNREACHED = {
     ("", "events", "patch"): "the same Event twice in one process (the scheduler warns only when its message changes)",
-    ("", "pods", "get"): "a live read of a pod after a lost binding answer or a race with kube-controller-manager",
-    ("resource.k8s.io", "resourceclaims", "get"): "the scheduler's live read while it takes back a failed decision",
     ("resource.k8s.io", "resourceclaimtemplates", "get"): "a template the claim controller's cache does not hold yet",
 }
 
