@@ -38,6 +38,16 @@ def real_images(tmp_path_factory: pytest.TempPathFactory) -> list[node_images.Im
 
 
 @pytest.fixture(scope="session")
+def dractl_image() -> node_images.Image:
+    """dractl's own image, built here without Docker by tools/build_image.py (cached under ~/.cache/dractl/image;
+    the first build takes minutes); skips with one line where the builder's tools cannot be had."""
+    try:
+        return node_images.dractl()
+    except node_images.Unavailable as missing:
+        pytest.skip(f"cannot build dractl's image here: {missing}")
+
+
+@pytest.fixture(scope="session")
 def timings(pytestconfig: pytest.Config) -> Callable[[str, float], None]:
     """`timings(what, seconds)` records a duration the session prints at its end ("real-node timings")."""
 

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import io
 import json
 import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -141,6 +143,42 @@ def pack(name: str, entries: Sequence[Entry], *, config: Mapping[str, Any], into
     return Image(name, into)
 
 
+def _apt_install(packages: Sequence[str], *, present: Callable[[], bool]) -> None:
+    """apt-get install `packages` unless `present()`, when root with apt (one `apt-get update` retry); failures are
+    left to the caller's check."""
+    if present() or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return
+    command = ["apt-get", "install", "-y", "-q", *packages]
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in ([command], [["apt-get", "update", "-q"], command]):
+        for argv in step:
+            done = subprocess.run(argv, capture_output=True, timeout=_INSTALL_SECONDS, env=environment, check=False)
+            if done.returncode != 0:
+                break
+        if present():
+            return
+
+
+def dractl() -> Image:
+    """dractl's own image, built without Docker by tools/build_image.py (cached by content under
+    ~/.cache/dractl/image); its tools (Debian's mmdebstrap and umoci) installed as root when missing.
+    Raises `Unavailable` when they cannot be had; a failing build raises the builder's error."""
+    path = HERE.parent / "tools" / "build_image.py"
+    if not path.is_file():
+        raise Unavailable(f"{path} is missing")
+    spec = importlib.util.spec_from_file_location("build_image", path)
+    assert spec is not None and spec.loader is not None, path
+    builder = importlib.util.module_from_spec(spec)
+    sys.modules["build_image"] = builder  # its dataclasses look their module up by name
+    spec.loader.exec_module(builder)
+    _apt_install(["mmdebstrap", "umoci"], present=lambda: all(shutil.which(tool) for tool in builder.TOOLS))
+    missing = [tool for tool in builder.TOOLS if shutil.which(tool) is None]
+    if missing:
+        raise Unavailable(f"tools/build_image.py needs {', '.join(missing)}: apt-get install -y mmdebstrap umoci")
+    built = builder.build(report=lambda line: None)
+    return Image(built.name, built.archive)
+
+
 def pause(directory: pathlib.Path) -> Image:
     """The pause image (`PAUSE`): pause.c compiled statically in `directory`. Raises `Unavailable` without gcc."""
     compiler = shutil.which("gcc")
@@ -161,19 +199,8 @@ def pause(directory: pathlib.Path) -> Image:
 
 
 def install_busybox() -> None:
-    """apt-get install busybox-static when it is missing and we are root (with one `apt-get update` retry);
-    failures are left to `busybox`'s Unavailable."""
-    if BUSYBOX_BINARY.is_file() or os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return
-    command = ["apt-get", "install", "-y", "-q", "busybox-static"]
-    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for step in ([command], [["apt-get", "update", "-q"], command]):
-        for argv in step:
-            done = subprocess.run(argv, capture_output=True, timeout=_INSTALL_SECONDS, env=environment, check=False)
-            if done.returncode != 0:
-                break
-        if BUSYBOX_BINARY.is_file():
-            return
+    """Debian's busybox-static, installed when missing and we are root; failures are left to `busybox`."""
+    _apt_install(["busybox-static"], present=BUSYBOX_BINARY.is_file)
 
 
 def busybox(directory: pathlib.Path) -> Image:

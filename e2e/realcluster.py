@@ -57,6 +57,9 @@ class RealCluster:
         """A file's text on `node`, as its containers see the host."""
         return self.nodes[node].read(path)
 
+    def exists(self, node: str, path: str) -> bool:
+        return self.nodes[node].exists(path)
+
     def dump(self) -> str:
         """The tails of every daemon's log (control plane and nodes), for a failure report."""
         parts = [f"--- {process.name}:\n{process.tail(40)}" for process in self.plane.processes]
@@ -80,6 +83,8 @@ def running(
             controlplane.running(
                 authorization="Node,RBAC",
                 apiserver_args=[
+                    # The node agent's pods are privileged (the kubelet's directories, /dev, MIG, MPS).
+                    "--allow-privileged=true",
                     # Kubelets are reached at the InternalIP the nodes are given (127.0.0.1), never by name.
                     "--kubelet-preferred-address-types",
                     "InternalIP",

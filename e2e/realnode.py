@@ -490,6 +490,10 @@ state = "/run/containerd"
             raise controlplane.StartFailed(f"cannot list {CDI_DIR} on node {self.name}: {done.stderr.strip()}")
         return sorted(done.stdout.split())
 
+    def exists(self, path: str | pathlib.PurePosixPath) -> bool:
+        """Whether a path exists as the node's namespace sees it."""
+        return self.run(["test", "-e", str(path)], timeout=30).returncode == 0
+
     def read(self, path: str | pathlib.PurePosixPath) -> str:
         """A file's text as the node's namespace sees it."""
         done = self.run(["cat", str(path)], timeout=30)

@@ -84,10 +84,10 @@ def test_the_host_agent_publishes_the_nodes_gpus_as_slices(
 ) -> None:
     """Guards: the agent run on the host beside a real kubelet publishes the 8 fake A100s (and their MIG
     placements, dynamic mode) as slices of the pool named after the node, owned by its Node."""
-    devices = scenarios.device_attributes(cluster.api, NODE)
-    gpus = sorted(name for name, attributes in devices.items() if attributes.get("type") == "gpu")
+    devices = scenarios.devices(cluster.api, NODE)
+    gpus = sorted(name for name, device in devices.items() if device.attributes["type"] == "gpu")
     assert gpus == [f"gpu-{minor}" for minor in range(8)]
-    assert any(attributes.get("type") == "mig" for attributes in devices.values())
+    assert any(device.attributes["type"] == "mig" for device in devices.values())
     slices = cluster.api.list(client.RESOURCE_SLICES).items
     owners = {ref["name"] for item in slices for ref in item["metadata"].get("ownerReferences") or ()}
     assert owners == {NODE}
@@ -112,10 +112,10 @@ def test_a_pod_gets_its_claims_gpu_from_containerd_and_deleting_it_unprepares_it
     timings("host agent: pod with a claim created -> Running", time.monotonic() - created)
     timings("host agent: cluster start -> first claim pod Running", time.monotonic() - cluster.began)
     env = scenarios.wait_environment(api, namespace, "trainer")
-    claim = next(iter(api.list(client.RESOURCE_CLAIMS, namespace=namespace).items))
-    results = scenarios.allocated(claim)
-    assert [r.pool for r in results] == [NODE]
-    assert scenarios.visible_devices(env) == scenarios.uuids_of(api, results)
+    claim = scenarios.claim_of(api, api.get(client.PODS, "trainer", namespace=namespace), "gpu")
+    found = scenarios.allocated(api, claim)
+    assert [device.pool for device in found] == [NODE]
+    assert scenarios.visible_devices(env) == scenarios.uuids(found)
     assert cluster.cdi_files(NODE) == [f"k8s.gpu.nvidia.com-claim_{claim['metadata']['uid']}.yaml"]
     api.delete(client.PODS, "trainer", namespace=namespace)
     controlplane.wait_until(lambda: not cluster.cdi_files(NODE), what="the claim's CDI spec is removed", timeout=90)
@@ -151,3 +151,22 @@ def test_a_stopped_node_leaves_no_process_mount_cgroup_or_sysctl_change(
     mounts = pathlib.Path("/proc/self/mountinfo").read_text()
     assert str(directory) not in mounts and node.cgroup_root not in mounts
     assert realnode.host_sysctls() == before
+
+
+def test_the_seed_manifests_are_objects_the_api_server_accepts(cluster: realcluster.RealCluster) -> None:
+    """Guards: every manifest of e2e/manifests/seeds/ (the suites' waves and the README's tutorial) is accepted by
+    kube-apiserver 1.36 as it is (a dry-run create: schemas and CEL compiled), and each of its containers runs the
+    workload script the checks read the environment from."""
+    api = cluster.api
+    kube_objects.make_namespace(api, "seed-manifests")
+    documents = [doc for path in sorted(scenarios.SEEDS.glob("*.yaml")) for doc in scenarios.load(path)]
+    assert len(documents) > 20
+    for document in documents:
+        target = scenarios.resource(document)
+        body = {**document, "metadata": {**document["metadata"]}}
+        if not target.namespaced:  # The agent's fixture created classes of these names: check a copy.
+            body["metadata"]["name"] += "-dry-run"
+        api.create(target, body, namespace="seed-manifests" if target.namespaced else "", dry_run=True)
+        for container in scenarios.containers(document):
+            assert container["image"] == "busybox:1.35", document["metadata"]["name"]
+            assert container["command"] == ["sh", "-c", scenarios.WORKLOAD_SCRIPT], document["metadata"]["name"]
