@@ -10,6 +10,7 @@ nothing behind on this machine.
 from __future__ import annotations
 
 import http.client
+import json
 import pathlib
 import sys
 import time
@@ -21,6 +22,7 @@ import pytest
 import realcluster
 import realnode
 import scenarios
+import yaml
 from support import kube_objects
 
 from dractl.kube import client
@@ -99,8 +101,9 @@ def test_a_pod_gets_its_claims_gpu_from_containerd_and_deleting_it_unprepares_it
     timings: Callable[[str, float], None],
 ) -> None:
     """Guards: a pod with a template claim runs on the real node; containerd injected the agent's CDI edits
-    (NVIDIA_VISIBLE_DEVICES = CUDA_VISIBLE_DEVICES = the allocated GPU's UUID, read with `kubectl logs`);
-    the claim's CDI spec exists while the pod runs and is gone once the pod is deleted."""
+    (NVIDIA_VISIBLE_DEVICES = CUDA_VISIBLE_DEVICES = the allocated GPU's UUID, read with `kubectl logs`); the
+    claim's CDI spec names no device node (containerd would fail on /dev/nvidia* missing here) and is gone once
+    the pod is deleted."""
     api = cluster.api
     namespace = "agent"
     kube_objects.make_namespace(api, namespace)
@@ -116,7 +119,11 @@ def test_a_pod_gets_its_claims_gpu_from_containerd_and_deleting_it_unprepares_it
     found = scenarios.allocated(api, claim)
     assert [device.pool for device in found] == [NODE]
     assert scenarios.visible_devices(env) == scenarios.uuids(found)
-    assert cluster.cdi_files(NODE) == [f"k8s.gpu.nvidia.com-claim_{claim['metadata']['uid']}.yaml"]
+    (spec_file,) = cluster.cdi_files(NODE)
+    assert spec_file == f"k8s.gpu.nvidia.com-claim_{claim['metadata']['uid']}.yaml"
+    # containerd stats every device node a spec names: fake GPUs must name none (no /dev/nvidia* here).
+    spec = yaml.safe_load(cluster.read(NODE, f"{scenarios.CDI_DIR}/{spec_file}"))
+    assert "deviceNodes" not in json.dumps(spec), spec
     api.delete(client.PODS, "trainer", namespace=namespace)
     controlplane.wait_until(lambda: not cluster.cdi_files(NODE), what="the claim's CDI spec is removed", timeout=90)
 
