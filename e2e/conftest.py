@@ -18,10 +18,10 @@ import realcluster
 import realnode
 
 _TIMINGS = pytest.StashKey[list[str]]()
-_DUMPS = pytest.StashKey[list[Callable[[], str]]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """The session's list of timings."""
     config.stash[_TIMINGS] = []
 
 
@@ -65,24 +65,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             terminalreporter.write_line(line)
 
 
-@pytest.fixture
-def on_failure(request: pytest.FixtureRequest) -> Callable[[Callable[[], str]], None]:
-    """`on_failure(dump)`: when the test fails, `dump()` (daemon and pod logs) is added to its report."""
-    dumps: list[Callable[[], str]] = []
-    request.node.stash[_DUMPS] = dumps
-    return dumps.append
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failing test (or fixture) gets the `failure_report()` of each fixture value that has one (a cluster: its
+    daemons' and pods' logs) as a section of its report."""
     report: pytest.TestReport = yield
     if report.failed:
-        for dump in item.stash.get(_DUMPS, []):
-            try:
-                text = dump()
-            except Exception as error:  # A failure report must not fail on its logs.
-                text = f"(logs unavailable: {error!r})"
-            report.sections.append(("logs", text))
+        for name, value in getattr(item, "funcargs", {}).items():
+            failure_report = getattr(value, "failure_report", None)
+            if callable(failure_report):
+                try:
+                    text = str(failure_report())
+                except Exception as error:  # A failure report must not fail on its logs.
+                    text = f"(logs unavailable: {error!r})"
+                report.sections.append((f"logs of {name}", text))
     return report
 
 

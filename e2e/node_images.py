@@ -159,10 +159,26 @@ def _apt_install(packages: Sequence[str], *, present: Callable[[], bool]) -> Non
             return
 
 
+def archived(archive: pathlib.Path) -> Image:
+    """The image in an OCI archive, named by its index's `io.containerd.image.name` annotation. Raises ValueError
+    naming the archive and the field when it has no such name."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        index = json.loads(member.read()) if member is not None else {}
+    names = [m.get("annotations", {}).get("io.containerd.image.name") for m in index.get("manifests") or ()]
+    if not names or not names[0]:
+        raise ValueError(f"{archive}: index.json manifests[0].annotations: no io.containerd.image.name")
+    return Image(str(names[0]), archive)
+
+
 def dractl() -> Image:
-    """dractl's own image, built without Docker by tools/build_image.py (cached by content under
-    ~/.cache/dractl/image); its tools (Debian's mmdebstrap and umoci) installed as root when missing.
-    Raises `Unavailable` when they cannot be had; a failing build raises the builder's error."""
+    """dractl's own image: the OCI archive `$DRACTL_E2E_IMAGE` names when set (e.g. built elsewhere), else built
+    without Docker by tools/build_image.py (cached by content under ~/.cache/dractl/image), its tools (Debian's
+    mmdebstrap and umoci) installed as root when missing. Raises `Unavailable` when they cannot be had; a
+    failing build raises the builder's error."""
+    given = os.environ.get("DRACTL_E2E_IMAGE")
+    if given:
+        return archived(pathlib.Path(given))
     path = HERE.parent / "tools" / "build_image.py"
     if not path.is_file():
         raise Unavailable(f"{path} is missing")

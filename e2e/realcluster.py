@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import controlplane
 import node_images
 import realnode
+import scenarios
 
 from dractl.kube import client
 
@@ -60,11 +61,13 @@ class RealCluster:
     def exists(self, node: str, path: str) -> bool:
         return self.nodes[node].exists(path)
 
-    def dump(self) -> str:
-        """The tails of every daemon's log (control plane and nodes), for a failure report."""
+    def failure_report(self) -> str:
+        """The tails of every daemon's log (control plane and nodes) and of every container in the release
+        namespace, and where each pod is: what a failing test's report shows."""
         parts = [f"--- {process.name}:\n{process.tail(40)}" for process in self.plane.processes]
         parts += [f"--- {process.name}:\n{process.tail(40)}" for process in self.components.processes]
         parts += [node.logs(60) for node in self.nodes.values()]
+        parts.append(scenarios.pod_logs(self.api))
         return "\n".join(parts)
 
 

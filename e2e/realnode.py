@@ -136,6 +136,16 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _describe(pid: int) -> str:
+    """`<pid> (<state>) <command line>` for a failure message."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        command = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, IndexError):
+        return f"{pid} (gone)"
+    return f"{pid} ({state}) {command.strip()[:120]}"
+
+
 def _wait_gone(pids: Sequence[int] | set[int], *, timeout: float) -> list[int]:
     """The PIDs still alive after `timeout` s."""
     deadline = time.monotonic() + timeout
@@ -323,6 +333,9 @@ state = "/run/containerd"
         d = self.directory
         steps = [
             "set -e",
+            # Shared within this namespace only (unshare made every mount a private copy): a pod's
+            # HostToContainer mount (the node agent's /dev) needs a shared or slave source.
+            "mount --make-rshared /",
             "mount -t tmpfs -o mode=755 dractl-run /run",
             f"mkdir -p /run/containerd {CDI_DIR}",
             f"mount --bind {shlex.quote(str(d / 'var-lib'))} /var/lib",
@@ -534,7 +547,7 @@ state = "/run/containerd"
             _kill(left)
             _wait_gone(left, timeout=10.0)
         else:
-            problems.append(f"processes still running: {sorted(left)}")
+            problems.append(f"processes still running: {', '.join(_describe(pid) for pid in sorted(left))}")
         if self.holder is not None:
             self.holder.stop()  # The namespace, and every mount in it, ends with its last process.
         self.started.clear()

@@ -17,8 +17,8 @@ import copy
 import dataclasses
 import json
 import pathlib
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import controlplane
 import node_images
@@ -45,6 +45,7 @@ BEGIN, END = "--- environment", "--- end"
 # which ignores signals it has no handler for, so the trap matters).
 WORKLOAD_SCRIPT = f"echo '{BEGIN}'; env | sort; echo '{END}'; trap 'exit 0' TERM; while :; do sleep 1; done"
 GPU_DRIVER = "gpu.nvidia.com"
+_T = TypeVar("_T")
 
 _RESOURCES = {
     (r.api_version, r.kind): r
@@ -150,16 +151,6 @@ def apply(api: client.Client, documents: Iterable[Mapping[str, Any]], *, namespa
         )
 
 
-def delete(api: client.Client, documents: Iterable[Mapping[str, Any]], *, namespace: str = "") -> None:
-    """Delete each document's object; one already gone is fine."""
-    for document in documents:
-        metadata = document.get("metadata") or {}
-        try:
-            api.delete(resource(document), metadata["name"], namespace=metadata.get("namespace") or namespace)
-        except client.NotFound:
-            pass
-
-
 def containers(document: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The containers (init containers first) of a Pod, or of the pod template of a Deployment, Job or DaemonSet."""
     spec = document.get("spec") or {}
@@ -247,11 +238,12 @@ def wait_running(
         ]
         return started if len(started) == count and len(found) == count else None
 
-    return controlplane.wait_until(
+    return wait(
         running,
-        what=f"{count} pods{f' ({selector})' if selector else ''} run in {namespace}: {_summary(api, namespace)}",
+        what=lambda: (
+            f"{count} pods{f' ({selector})' if selector else ''} run in {namespace}: {_summary(api, namespace)}"
+        ),
         timeout=timeout,
-        interval=0.5,
     )
 
 
@@ -384,9 +376,11 @@ def wait_dractl(
         ]
         return len(ready_controllers) == controllers
 
-    controlplane.wait_until(
+    wait(
         done,
-        what=f"dractl's pods run {image} on {sorted(nodes)} and their slices are published: {_summary(api, namespace)}",
+        what=lambda: (
+            f"dractl's pods run {image} on {sorted(nodes)} and their slices are published: {_summary(api, namespace)}"
+        ),
         timeout=timeout,
         interval=1,
     )
@@ -435,17 +429,34 @@ class Wave:
         return wait_running(self.api, self.namespace, count=self.pods, timeout=timeout)
 
     def remove(self, *, timeout: float = 180) -> None:
-        """Delete the manifests' objects and wait until no pod and no claim is left in the namespace. Idempotent."""
-        delete(self.api, reversed(self.documents()), namespace=self.namespace)
-        controlplane.wait_until(
-            lambda: (
-                not pods(self.api, self.namespace)
-                and not self.api.list(client.RESOURCE_CLAIMS, namespace=self.namespace).items
-            ),
-            what=f"every pod and claim of namespace {self.namespace} is gone: {_summary(self.api, self.namespace)}",
-            timeout=timeout,
-            interval=0.5,
-        )
+        """Delete the namespace, as a user ends such a test (the API deletes a Job's pods only with a propagation
+        policy), and wait until it is gone with every pod and claim in it. Idempotent."""
+        remove_namespace(self.api, self.namespace, timeout=timeout)
+
+
+def remove_namespace(api: client.Client, namespace: str, *, timeout: float = 180) -> None:
+    """Delete `namespace` and wait until it is gone, with every pod and claim in it; one already gone is fine."""
+    try:
+        api.delete(client.NAMESPACES, namespace)
+    except client.NotFound:
+        return
+
+    def gone() -> bool:
+        try:
+            api.get(client.NAMESPACES, namespace)
+        except client.NotFound:
+            return True
+        return False
+
+    wait(gone, what=lambda: f"namespace {namespace} is gone: {_summary(api, namespace)}", timeout=timeout)
+
+
+def wait(predicate: Callable[[], _T], *, what: Callable[[], str], timeout: float, interval: float = 0.5) -> _T:
+    """`controlplane.wait_until`, with the failure's clause computed when it fails (the state then, not before)."""
+    try:
+        return controlplane.wait_until(predicate, what="the condition holds", timeout=timeout, interval=interval)
+    except AssertionError:
+        raise AssertionError(f"timed out after {timeout:g}s waiting until {what()}") from None
 
 
 def kube_scheduler_wave(api: client.Client) -> Wave:
@@ -627,10 +638,13 @@ def claim_pod(api: client.Client, namespace: str, name: str, *, node: str) -> di
     pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
     pod["spec"]["terminationGracePeriodSeconds"] = 5
     api.create(client.PODS, pod)
-    (running,) = [
-        p for p in wait_running(api, namespace, count=len(pods(api, namespace))) if p["metadata"]["name"] == name
-    ]
-    return running
+
+    def running() -> dict[str, Any] | None:
+        found = api.get(client.PODS, name, namespace=namespace)
+        statuses = (found.get("status") or {}).get("containerStatuses") or ()
+        return found if phase(found) == "Running" and all(s.get("started") for s in statuses) else None
+
+    return wait(running, what=lambda: f"pod {namespace}/{name} runs: {_summary(api, namespace)}", timeout=180)
 
 
 def claim_spec_file(api: client.Client, pod: Mapping[str, Any]) -> str:
@@ -664,7 +678,7 @@ def mid_run_agent_restart(api: client.Client, nodes: Nodes, *, node: str) -> Non
         timeout=120,
     )
     assert claim_spec_file(api, after) in nodes.cdi_files(node)
-    delete(api, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
+    remove_namespace(api, namespace)
 
 
 def uninstall_and_check(
@@ -675,7 +689,7 @@ def uninstall_and_check(
     for wave in (kube_scheduler_wave(api), dractl_wave(api)):
         wave.remove()
     for leftover in ("agent-restart", "upgrade", "kubelet-restart"):
-        delete(api, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": leftover}}])
+        remove_namespace(api, leftover)
     controlplane.wait_until(
         lambda: not api.list(client.RESOURCE_CLAIMS).items, what="every ResourceClaim is gone", timeout=180
     )

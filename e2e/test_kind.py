@@ -81,29 +81,29 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pathlib.Pat
             _run(["bash", str(KIND / "delete-cluster.sh")], timeout=600)
 
 
+class KindCluster:
+    """The kind cluster as the checks use it: an admin client, and its logs for a failure report."""
+
+    def __init__(self, api: client.Client, logs: pathlib.Path) -> None:
+        self.api = api
+        self.logs = logs
+
+    def failure_report(self) -> str:
+        subprocess.run(["kind", "export", "logs", str(self.logs), "--name", CLUSTER], capture_output=True, timeout=300)
+        return f"kind export logs: {self.logs}\n{scenarios.pod_logs(self.api)}"
+
+
 @pytest.fixture(scope="module")
-def api(kubeconfig: pathlib.Path) -> Iterator[client.Client]:
+def kind(kubeconfig: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindCluster]:
     connected = client.connect(kubeconfig)
     try:
-        yield connected
+        yield KindCluster(connected, tmp_path_factory.mktemp("kind-logs"))
     finally:
         connected.close()
 
 
-@pytest.fixture(autouse=True)
-def _logs(
-    api: client.Client, on_failure: Callable[[Callable[[], str]], None], tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    def dump() -> str:
-        directory = tmp_path_factory.mktemp("kind-logs")
-        subprocess.run(["kind", "export", "logs", str(directory), "--name", CLUSTER], capture_output=True, timeout=300)
-        return f"kind export logs: {directory}\n{scenarios.pod_logs(api)}"
-
-    on_failure(dump)
-
-
 @pytest.fixture(scope="module")
-def installed(kubeconfig: pathlib.Path, api: client.Client, timings: Callable[[str, float], None]) -> Iterator[str]:
+def installed(kubeconfig: pathlib.Path, kind: KindCluster, timings: Callable[[str, float], None]) -> Iterator[str]:
     """Both releases installed by Helm with e2e/values/ as they are; their pods running, slices published. Yields
     the image the pods run (the chart's default, `dractl:<appVersion>`, which load-images.sh built and loaded)."""
     image = f"dractl:{release.app_version()}"
@@ -111,7 +111,7 @@ def installed(kubeconfig: pathlib.Path, api: client.Client, timings: Callable[[s
     try:
         for name in release.RELEASES:
             release.install(kubeconfig, name, release.values(name))
-        scenarios.wait_dractl(api, nodes={A100, T4}, image=image, controllers=2)
+        scenarios.wait_dractl(kind.api, nodes={A100, T4}, image=image, controllers=2)
         timings("kind: helm install -> agents and controllers running, slices published", time.monotonic() - began)
         yield image
     finally:
@@ -119,48 +119,39 @@ def installed(kubeconfig: pathlib.Path, api: client.Client, timings: Callable[[s
             release.uninstall(kubeconfig, name)
 
 
-@pytest.fixture(scope="module")
-def kube_scheduler_seeds(api: client.Client, installed: str) -> Iterator[scenarios.Wave]:
-    wave = scenarios.kube_scheduler_wave(api)
-    scenarios.apply(api, scenarios.load(scenarios.SEEDS / scenarios.CLASSES))
-    wave.apply()
-    wave.wait_running()
-    yield wave
-    wave.remove()
-
-
-def test_helm_installs_dractl_on_both_gpu_workers(api: client.Client, installed: str) -> None:
+def test_helm_installs_dractl_on_both_gpu_workers(kind: KindCluster, installed: str) -> None:
     """Guards: one node agent per GPU worker and two controller replicas (one leader), from the image kind loaded."""
-    assert sorted(scenarios.agents(api)) == [A100, T4]
-    controllers = scenarios.pods(api, release.NAMESPACE, selector=scenarios.CONTROLLER_PODS)
+    assert sorted(scenarios.agents(kind.api)) == [A100, T4]
+    controllers = scenarios.pods(kind.api, release.NAMESPACE, selector=scenarios.CONTROLLER_PODS)
     assert len(controllers) == 2 and all(scenarios.image_of(pod) == installed for pod in controllers)
-    lease = api.get(client.LEASES, "dractl-controller", namespace=release.NAMESPACE)
+    lease = kind.api.get(client.LEASES, "dractl-controller", namespace=release.NAMESPACE)
     assert lease["spec"]["holderIdentity"]
 
 
-def test_the_seed_patterns_run_as_their_articles_say(
-    api: client.Client, kube_scheduler_seeds: scenarios.Wave, timings: Callable[[str, float], None]
-) -> None:
+def test_the_seed_patterns_run_as_their_articles_say(kind: KindCluster, installed: str) -> None:
     """Guards: every seed pattern, kube-scheduler's wave then dractl's, checked as on the real node."""
-    scenarios.check_kube_scheduler_wave(api, KindNodes())
-    kube_scheduler_seeds.remove()
-    wave = scenarios.dractl_wave(api)
-    wave.apply()
-    try:
-        wave.wait_running()
-        scenarios.check_dractl_wave(api, KindNodes())
-    finally:
-        wave.remove()
+    api = kind.api
+    scenarios.apply(api, scenarios.load(scenarios.SEEDS / scenarios.CLASSES))
+    for wave, check in (
+        (scenarios.kube_scheduler_wave(api), scenarios.check_kube_scheduler_wave),
+        (scenarios.dractl_wave(api), scenarios.check_dractl_wave),
+    ):
+        wave.apply()
+        try:
+            wave.wait_running()
+            check(api, KindNodes())
+        finally:
+            wave.remove()
 
 
-def test_a_node_agent_pod_deleted_mid_run_leaves_its_claims_working(api: client.Client, installed: str) -> None:
-    """Guards: deleting the A100 node agent's pod while a claim's pod runs: the DaemonSet's new agent republishes,
-    the running pod keeps its GPU, and deleting that pod afterwards unprepares the claim (its CDI spec is gone)."""
-    scenarios.mid_run_agent_restart(api, KindNodes(), node=A100)
+def test_a_node_agent_pod_deleted_mid_run_leaves_its_claims_working(kind: KindCluster, installed: str) -> None:
+    """Guards: deleting the A100 node agent's pod while a claim's pod runs: the DaemonSet's new agent runs, the
+    pod keeps its GPU, a new pod gets one, and deleting the first pod unprepares its claim (its CDI spec is gone)."""
+    scenarios.mid_run_agent_restart(kind.api, KindNodes(), node=A100)
 
 
 def test_uninstall_leaves_no_slices_claims_or_cdi_files(
-    kubeconfig: pathlib.Path, api: client.Client, installed: str
+    kubeconfig: pathlib.Path, kind: KindCluster, installed: str
 ) -> None:
     """Guards: with the workloads deleted, uninstalling both releases leaves no slice, claim or CDI spec."""
-    scenarios.uninstall_and_check(api, KindNodes(), kubeconfig=kubeconfig, node_names=[A100, T4])
+    scenarios.uninstall_and_check(kind.api, KindNodes(), kubeconfig=kubeconfig, node_names=[A100, T4])

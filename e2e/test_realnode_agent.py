@@ -76,11 +76,6 @@ def agent(cluster: realcluster.RealCluster) -> Iterator[controlplane.Process]:
         process.stop()
 
 
-@pytest.fixture(autouse=True)
-def _logs(cluster: realcluster.RealCluster, on_failure: Callable[[Callable[[], str]], None]) -> None:
-    on_failure(cluster.dump)
-
-
 def test_the_host_agent_publishes_the_nodes_gpus_as_slices(
     cluster: realcluster.RealCluster, agent: controlplane.Process
 ) -> None:

@@ -81,12 +81,6 @@ def cluster(
     )
 
 
-@pytest.fixture(autouse=True)
-def _logs(cluster: realcluster.RealCluster, on_failure: Callable[[Callable[[], str]], None]) -> None:
-    on_failure(cluster.dump)
-    on_failure(lambda: scenarios.pod_logs(cluster.api))
-
-
 @pytest.fixture(scope="module")
 def installed(
     cluster: realcluster.RealCluster, dractl_image: node_images.Image, timings: Callable[[str, float], None]
@@ -130,7 +124,7 @@ def kube_scheduler_seeds(
     began = time.monotonic()
     wave.apply()
     wave.wait_running()
-    timings("seeds placed by kube-scheduler: applied -> all 9 pods Running", time.monotonic() - began)
+    timings(f"seeds placed by kube-scheduler: applied -> all {wave.pods} pods Running", time.monotonic() - began)
     timings("from nothing (no process) to all kube-scheduler seed pods Running", time.monotonic() - cluster.began)
     yield wave
     wave.remove()
@@ -146,7 +140,7 @@ def dractl_seeds(
     began = time.monotonic()
     wave.apply()
     wave.wait_running()
-    timings("seeds placed by dractl: applied -> all 7 pods Running", time.monotonic() - began)
+    timings(f"seeds placed by dractl: applied -> all {wave.pods} pods Running", time.monotonic() - began)
     yield wave
     wave.remove()
 
@@ -296,11 +290,13 @@ def test_no_request_of_dractl_was_forbidden(cluster: realcluster.RealCluster, in
 def test_a_node_agent_cannot_write_another_nodes_slices(cluster: realcluster.RealCluster, installed: Install) -> None:
     """Guards: the chart's policy refuses the A100 node agent's own token (from its pod's projected volume on the
     node) a ResourceSlice of node gpu-t4, naming both nodes, and allows one of its own node."""
-    agent = scenarios.agents(cluster.api)[A100]
-    uid = agent["metadata"]["uid"]
-    volumes = cluster.node(A100).host_path(f"/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~projected")
-    (token_file,) = volumes.glob("kube-api-access-*/token")
-    kubeconfig = _token_kubeconfig(cluster, token_file.read_text())
+    uid = scenarios.agents(cluster.api)[A100]["metadata"]["uid"]
+    # The kubelet mounts the projected volume (a tmpfs) inside the node's mount namespace: read it there.
+    token = cluster.node(A100).run(
+        ["sh", "-c", f"cat /var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~projected/kube-api-access-*/token"]
+    )
+    assert token.returncode == 0 and token.stdout, token.stderr
+    kubeconfig = _token_kubeconfig(cluster, token.stdout)
     api = client.connect(kubeconfig)
     try:
         foreign = _slice("e2e-foreign", node=T4)
