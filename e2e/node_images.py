@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import io
 import json
 import os
 import pathlib
 import shutil
 import subprocess
-import sys
 import tarfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import build_image
+from support import debian
 
 HERE = pathlib.Path(__file__).resolve().parent
 # containerd's default sandbox image name (and the tests' own pod image, tests/support/kube_objects.py).
@@ -34,7 +35,6 @@ PAUSE = "registry.k8s.io/pause:3.10"
 BUSYBOX = "docker.io/library/busybox:1.35"
 BUSYBOX_BINARY = pathlib.Path("/bin/busybox")
 BUSYBOX_SKIP = "needs Debian's busybox-static for the workload image: apt-get install -y busybox-static (as root)"
-_INSTALL_SECONDS = 600
 
 
 class Unavailable(Exception):
@@ -143,22 +143,6 @@ def pack(name: str, entries: Sequence[Entry], *, config: Mapping[str, Any], into
     return Image(name, into)
 
 
-def _apt_install(packages: Sequence[str], *, present: Callable[[], bool]) -> None:
-    """apt-get install `packages` unless `present()`, when root with apt (one `apt-get update` retry); failures are
-    left to the caller's check."""
-    if present() or os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return
-    command = ["apt-get", "install", "-y", "-q", *packages]
-    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for step in ([command], [["apt-get", "update", "-q"], command]):
-        for argv in step:
-            done = subprocess.run(argv, capture_output=True, timeout=_INSTALL_SECONDS, env=environment, check=False)
-            if done.returncode != 0:
-                break
-        if present():
-            return
-
-
 def archived(archive: pathlib.Path) -> Image:
     """The image in an OCI archive, named by its index's `io.containerd.image.name` annotation. Raises ValueError
     naming the archive and the field when it has no such name."""
@@ -179,19 +163,13 @@ def dractl() -> Image:
     given = os.environ.get("DRACTL_E2E_IMAGE")
     if given:
         return archived(pathlib.Path(given))
-    path = HERE.parent / "tools" / "build_image.py"
-    if not path.is_file():
-        raise Unavailable(f"{path} is missing")
-    spec = importlib.util.spec_from_file_location("build_image", path)
-    assert spec is not None and spec.loader is not None, path
-    builder = importlib.util.module_from_spec(spec)
-    sys.modules["build_image"] = builder  # its dataclasses look their module up by name
-    spec.loader.exec_module(builder)
-    _apt_install(["mmdebstrap", "umoci"], present=lambda: all(shutil.which(tool) for tool in builder.TOOLS))
-    missing = [tool for tool in builder.TOOLS if shutil.which(tool) is None]
-    if missing:
-        raise Unavailable(f"tools/build_image.py needs {', '.join(missing)}: apt-get install -y mmdebstrap umoci")
-    built = builder.build(report=lambda line: None)
+    if os.geteuid() != 0:
+        raise Unavailable("tools/build_image.py needs root (mmdebstrap, chroot and umoci make files of other users)")
+    if not debian.ensure(["mmdebstrap", "umoci"], commands=list(build_image.TOOLS)):
+        raise Unavailable(
+            "tools/build_image.py needs Debian's mmdebstrap and umoci: apt-get install -y mmdebstrap umoci"
+        )
+    built = build_image.build(report=lambda line: None)
     return Image(built.name, built.archive)
 
 
@@ -216,7 +194,7 @@ def pause(directory: pathlib.Path) -> Image:
 
 def install_busybox() -> None:
     """Debian's busybox-static, installed when missing and we are root; failures are left to `busybox`."""
-    _apt_install(["busybox-static"], present=BUSYBOX_BINARY.is_file)
+    debian.ensure(["busybox-static"], commands=[str(BUSYBOX_BINARY)])
 
 
 def busybox(directory: pathlib.Path) -> Image:

@@ -561,7 +561,7 @@ def check_nvlink(api: client.Client, namespace: str) -> None:
 def check_mps(api: client.Client, namespace: str, nodes: Nodes) -> None:
     """MPS (seed 002's shared mode): both pods see the one T4 of mps-gpu and reach its MPS control daemon: the
     daemon's pipe directory exists on the node, and the claim's CDI spec mounts it where CUDA_MPS_PIPE_DIRECTORY
-    (set in both containers) says."""
+    (set in both containers) says, with the daemon's own shm directory as /dev/shm."""
     claim = api.get(client.RESOURCE_CLAIMS, "mps-gpu", namespace=namespace)
     (device,) = allocated(api, claim)
     assert device.attributes["productName"] == "Tesla T4"
@@ -570,14 +570,17 @@ def check_mps(api: client.Client, namespace: str, nodes: Nodes) -> None:
         assert _one_gpu(env, where=f"pod {pod}") == device.attributes["uuid"]
         assert env.get("CUDA_MPS_PIPE_DIRECTORY") == sharing.MPS_PIPE_IN_CONTAINER
     daemon = sharing.daemon_id(claim["metadata"]["uid"], [str(device.attributes["uuid"])])
-    pipe = f"{PLUGIN_DIR}/mps/{daemon}/pipe"
+    daemon_dir = f"{PLUGIN_DIR}/mps/{daemon}"
     spec_file = f"{CDI_DIR}/k8s.gpu.nvidia.com-claim_{claim['metadata']['uid']}.yaml"
     spec = yaml.safe_load(nodes.read(device.pool, spec_file))
-    mounts = [m for d in spec["devices"] for m in (d.get("containerEdits") or {}).get("mounts") or ()]
-    assert {"hostPath": pipe, "containerPath": sharing.MPS_PIPE_IN_CONTAINER} in [
-        {"hostPath": m["hostPath"], "containerPath": m["containerPath"]} for m in mounts
-    ], mounts
-    assert nodes.exists(device.pool, pipe), f"no MPS pipe directory {pipe} on node {device.pool}"
+    mounts = {
+        m["containerPath"]: m["hostPath"]
+        for d in spec["devices"]
+        for m in (d.get("containerEdits") or {}).get("mounts") or ()
+    }
+    # The daemon's pipe directory, and its own shm directory as /dev/shm (never the host's).
+    assert mounts == {sharing.MPS_PIPE_IN_CONTAINER: f"{daemon_dir}/pipe", "/dev/shm": f"{daemon_dir}/shm"}, mounts
+    assert nodes.exists(device.pool, f"{daemon_dir}/pipe"), f"no MPS pipe directory {daemon_dir}/pipe on {device.pool}"
 
 
 def check_time_slicing(api: client.Client, namespace: str, nodes: Nodes) -> None:

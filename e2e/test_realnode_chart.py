@@ -5,7 +5,7 @@ fake a100-80gb-x8 GPUs in dynamic MIG mode and `gpu-t4` with fake t4-x2 GPUs. dr
 (tools/build_image.py) is imported into both containerds; the chart is installed by Helm's engine
 as two releases, as one would install it for two kinds of GPU node: `dractl` (the controller, the
 classes and policies, the node agent on nodes labelled a100-80gb-x8) and `dractl-t4` (only a node
-agent, with MPS, on nodes labelled t4-x2). Every dractl process runs in a pod with the chart's
+agent, on nodes labelled t4-x2). Every dractl process runs in a pod with the chart's
 ServiceAccount, with RBAC authorization on. Pods of the release namespace run on the host network
 (this machine allows only loopback traffic: release.loopback_network), which is also why the
 controller runs 1 replica and each release has ports of its own.
@@ -149,15 +149,14 @@ def test_helm_installs_dractl_as_pods_with_the_charts_service_accounts(
     cluster: realcluster.RealCluster, installed: Install
 ) -> None:
     """Guards: the chart installed by Helm runs one node agent pod per GPU node and the controller, from dractl's
-    image imported into containerd, each under its release's ServiceAccount; hostIPC only where MPS is on; both
-    nodes' GPUs published (8 A100s with their MIG placements, 2 T4s); the chart's DeviceClasses exist."""
+    image imported into containerd, each under its release's ServiceAccount; both nodes' GPUs are published
+    (8 A100s with their MIG placements, 2 T4s); the chart's DeviceClasses exist."""
     api = cluster.api
     agents = scenarios.agents(cluster.api)
     assert {node: pod["spec"]["serviceAccountName"] for node, pod in agents.items()} == {
         A100: "dractl-node-agent",
         T4: "dractl-t4-node-agent",
     }
-    assert {node: bool(pod["spec"].get("hostIPC")) for node, pod in agents.items()} == {A100: False, T4: True}
     (controller,) = scenarios.pods(api, release.NAMESPACE, selector=scenarios.CONTROLLER_PODS)
     assert controller["spec"]["serviceAccountName"] == "dractl-controller" and scenarios.ready(controller)
     assert {scenarios.image_of(pod) for pod in [controller, *agents.values()]} == {installed.image.name}

@@ -7,6 +7,7 @@ verbs, for the whole cluster or only for the component's own namespace. `rules(n
 the rules of a set of components and of the helpers they use into sorted RBAC rules;
 `chart_rbac()` is what `tools/gen_rbac.py` writes for the chart (`charts/dractl/files/rbac.yaml`):
 the node agent's rules, and the controller's for every set of `--controllers`.
+`IMPLIED` adds what the API server checks beyond a request's own resource and verb.
 `tests/unit/kube/test_access.py` reads every call site in dractl and fails when a call is not in
 this table or a rule is one no call needs, so the chart's RBAC follows the code.
 
@@ -87,7 +88,7 @@ COMPONENTS: tuple[Component, ...] = (
         "claim-reader",
         modules=("dractl.kube.claims",),
         provides=("ApiClaimSource",),
-        rules=(Rule(kube_client.RESOURCE_CLAIMS, ("get",)),),
+        rules=(Rule(kube_client.PODS, ("list",)), Rule(kube_client.RESOURCE_CLAIMS, ("get",))),
     ),
     Component("controller", modules=("dractl.controller.run",), builds=("Elector", "Recorder")),
     Component(
@@ -99,6 +100,7 @@ COMPONENTS: tuple[Component, ...] = (
             Rule(kube_client.PODS, ("patch",), subresource="status"),
             Rule(kube_client.RESOURCE_CLAIMS, ("list", "watch", "create", "patch", "delete")),
             Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="status"),
+            Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="binding"),
             Rule(kube_client.RESOURCE_CLAIM_TEMPLATES, ("get", "list", "watch")),
         ),
     ),
@@ -113,6 +115,7 @@ COMPONENTS: tuple[Component, ...] = (
             Rule(kube_client.NODES, ("list", "watch")),
             Rule(kube_client.RESOURCE_CLAIMS, ("get", "list", "watch", "patch")),
             Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="status"),
+            Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="binding"),
             Rule(kube_client.RESOURCE_SLICES, ("list", "watch")),
             Rule(kube_client.DEVICE_CLASSES, ("list", "watch")),
         ),
@@ -122,11 +125,22 @@ COMPONENTS: tuple[Component, ...] = (
         modules=("dractl.node.agent", "dractl.node.publish"),
         builds=("ApiClaimSource", "Recorder"),
         rules=(
-            Rule(kube_client.NODES, ("get",)),
-            Rule(kube_client.RESOURCE_SLICES, ("list", "create", "update", "delete")),
+            Rule(kube_client.NODES, ("get", "list", "watch")),
+            Rule(kube_client.RESOURCE_SLICES, ("list", "watch", "create", "update", "delete")),
         ),
     ),
 )
+
+IMPLIED: dict[tuple[str, str, str], Rule] = {
+    (kube_client.RESOURCE_CLAIMS.group, f"{kube_client.RESOURCE_CLAIMS.plural}/status", verb): Rule(
+        kube_client.RESOURCE_CLAIMS, (verb,), subresource="binding"
+    )
+    for verb in ("update", "patch")
+}
+"""Permissions the API server checks beyond a request's own, keyed by (group, resource, verb) of the request:
+since Kubernetes 1.36 a write of a claim's status.allocation or status.reservedFor also needs the same verb on
+the synthetic subresource resourceclaims/binding (a status write that changes neither does not, but every
+status write dractl makes does)."""
 
 CONTROLLERS = ("claims", "scheduler")
 """The components `dractl controller --controllers` chooses from (the keys of `dractl.controller.run.CONTROLLERS`)."""

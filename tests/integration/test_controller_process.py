@@ -1,9 +1,11 @@
-"""`dractl controller` as a real process against a real kube-apiserver: claims, probes, metrics, leader election.
+"""`dractl controller` as a real process against a real kube-apiserver: claims, probes, metrics, leader election,
+and a leader paused past its lease (SIGSTOP) that must not write when it goes on.
 
-Each replica is a subprocess (`python -m dractl controller`) with its own kubeconfig, scoped to the
-test's namespace (its watches and its Lease live there), short lease timings, ephemeral ports and
-JSON logs, which the test reads to learn the identity and ports. The test plays the API user with
-a direct client; every wait is a condition with a deadline.
+Each replica is a subprocess (`python -m dractl controller`) with its own kubeconfig (or the fault
+proxy's, to see its every request), scoped to the test's namespace (its watches and its Lease live
+there), short lease timings, ephemeral ports and JSON logs, which the test reads to learn the
+identity and ports. The test plays the API user with a direct client; every wait is a condition
+with a deadline.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import controlplane
+import faultproxy
 import pytest
 from prometheus_client import parser
-from support import kube_objects
+from support import kube_objects, node_group
 
 from dractl.kube import client
 
@@ -114,14 +118,20 @@ def kubeconfig(control_plane: controlplane.ControlPlane, tmp_path: pathlib.Path)
 
 
 @pytest.fixture
-def start_replica(
-    kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path
-) -> Iterator[Callable[[str], Replica]]:
+def start_replica(kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path) -> Iterator[Callable[..., Replica]]:
     """Starts `dractl controller` replicas on the test namespace and waits until each serves; stops them at the end
-    (last started first, each even when stopping another failed)."""
+    (last started first, each even when stopping another failed). `start(name, via=..., controllers=..., extra=...)`
+    talks through the kubeconfig `via` (default: the test's own), runs `controllers` (default: claims) and takes the
+    `extra` flags last."""
     with contextlib.ExitStack() as started:
 
-        def start(name: str) -> Replica:
+        def start(
+            name: str,
+            *,
+            via: pathlib.Path | None = None,
+            controllers: Sequence[str] = ("claims",),
+            extra: Sequence[str] = (),
+        ) -> Replica:
             log = tmp_path / f"{name}.log"
             args = [
                 sys.executable,
@@ -129,9 +139,9 @@ def start_replica(
                 "dractl",
                 "controller",
                 "--kubeconfig",
-                str(kubeconfig),
+                str(via or kubeconfig),
                 "--controllers",
-                "claims",
+                ",".join(controllers),
                 "--namespace",
                 namespace,
                 "--lease-namespace",
@@ -148,6 +158,7 @@ def start_replica(
                 "0",
                 "--log-format",
                 "json",
+                *extra,
             ]
             env = {key: value for key, value in os.environ.items() if not key.startswith("DRACTL_")}
             with log.open("wb") as sink:
@@ -205,7 +216,7 @@ def _wait_claim(api: client.Client, namespace: str, pod: dict[str, Any]) -> str:
 
 
 def test_one_replica_leads_makes_claims_serves_probes_and_releases_the_lease_on_sigterm(
-    kube_client: client.Client, namespace: str, start_replica: Callable[[str], Replica]
+    kube_client: client.Client, namespace: str, start_replica: Callable[..., Replica]
 ) -> None:
     """Guards: the process leads, a pod with a claim template gets its claim, /readyz /healthz /metrics answer,
     stdlib logs come out as JSON, and SIGTERM exits 0 promptly with the lease released."""
@@ -235,7 +246,7 @@ def test_one_replica_leads_makes_claims_serves_probes_and_releases_the_lease_on_
 
 
 def test_two_replicas_one_leads_and_the_other_takes_over_when_it_is_killed(
-    kube_client: client.Client, namespace: str, start_replica: Callable[[str], Replica]
+    kube_client: client.Client, namespace: str, start_replica: Callable[..., Replica]
 ) -> None:
     """Guards: of two replicas only the Lease holder runs controllers (the standby builds none and is ready);
     after SIGKILL of the leader the standby takes over within the lease duration and keeps making claims, without
@@ -285,7 +296,7 @@ def _steal(api: client.Client, namespace: str) -> None:
 
 
 def test_a_replica_that_loses_its_lease_stops_and_exits_1(
-    kube_client: client.Client, namespace: str, start_replica: Callable[[str], Replica]
+    kube_client: client.Client, namespace: str, start_replica: Callable[..., Replica]
 ) -> None:
     """Guards: when another holder renews the Lease, the replica gives up after its renew deadline, stops its
     controllers and exits 1 (so the Deployment restarts it), as client-go's processes do."""
@@ -305,3 +316,67 @@ def test_a_replica_that_loses_its_lease_stops_and_exits_1(
     assert a.logged("leader election lost") is not None
     assert a.logged("controllers stopped") is not None
     assert _holder(kube_client, namespace) == "thief"
+
+
+def test_a_leader_paused_past_its_lease_writes_nothing_after_the_takeover_and_no_device_goes_twice(
+    kube_client: client.Client,
+    namespace: str,
+    fault_proxy: faultproxy.FaultProxy,
+    start_replica: Callable[..., Replica],
+) -> None:
+    """Guards: a leader paused with SIGSTOP while it has pods in hand, long enough for the standby to take over, sends
+    not one write once resumed (the fault proxy in front of it sees none arrive after the takeover): its writes are
+    fenced on the lease, and it exits 1. The standby's resync finishes the work: every pod bound with the one claim
+    it records, allocated and reserved for it, no device in two claims.
+
+    The pause lands while the leader's one claim worker waits for the answer to a create the proxy holds (less
+    than lease duration - renew deadline): a request already on its way when a process stops is what that margin
+    is for, and the instant between the fence's last check and the socket is too short for a test to aim at."""
+    node_group.ensure_device_classes(kube_client)
+    group = node_group.Group(kube_client, namespace=namespace, scheduler_name="dractl")
+    try:
+        node = group.node("dgx-a100-01")  # 8 GPUs
+        _template(kube_client, namespace)
+        both = ("claims", "scheduler")
+        a = start_replica("a", via=fault_proxy.kubeconfig, controllers=both, extra=["--workers", "1"])
+        a.wait_logged("controllers started")
+        b = start_replica("b", controllers=both)
+        held = RENEW_DEADLINE / 4  # Each write of the leader waits this long in the proxy.
+        fault_proxy.add(
+            faultproxy.latency(held, method="POST", count=None), faultproxy.latency(held, method="PATCH", count=None)
+        )
+        pods = [group.pod(f"p{i}", claims=[kube_objects.from_template("gpu-template")]) for i in range(8)]
+        controlplane.wait_until(
+            lambda: any(target.split("?")[0].endswith("/resourceclaims") for _, target in fault_proxy.holding),
+            what="the proxy holds the leader's first claim create",
+        )
+        a.process.send_signal(signal.SIGSTOP)
+        try:
+            controlplane.wait_until(
+                lambda: _holder(kube_client, namespace) == b.identity,
+                what="the standby takes the lease over",
+                timeout=TAKEOVER_TIMEOUT,
+            )
+            takeover = time.monotonic()
+            for pod in pods:
+                group.wait_bound(pod["metadata"]["name"])
+        finally:
+            a.process.send_signal(signal.SIGCONT)
+        assert a.wait_exit() == 1
+        assert a.logged("leader election lost") is not None
+        late = [f"{r.method} {r.target}" for r in fault_proxy.writes() if r.received >= takeover]
+        assert late == []
+
+        claims = kube_client.list(client.RESOURCE_CLAIMS, namespace=namespace).items
+        devices = [
+            (result["pool"], result["device"])
+            for claim in claims
+            for result in claim["status"]["allocation"]["devices"]["results"]
+        ]
+        assert len(devices) == len(set(devices)) == len(claims) == len(pods)
+        for pod in pods:
+            assert group.bound(pod["metadata"]["name"]) == node
+            claim = group.pod_claim(pod["metadata"]["name"])
+            assert [entry["uid"] for entry in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
+    finally:
+        group.cleanup()

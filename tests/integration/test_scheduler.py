@@ -12,7 +12,6 @@ with a direct client. Claims are made from templates by dractl's claim controlle
 from __future__ import annotations
 
 import contextlib
-import pathlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,156 +22,18 @@ import faultproxy
 import prometheus_client
 import pytest
 import yaml
-from support import kube_objects
+from support import kube_objects, node_group
 
-import dractl
 from dractl.controller import claims as claims_ctl
 from dractl.controller import scheduler as sched
 from dractl.kube import client, workqueue
 
 pytestmark = pytest.mark.timeout(240)
 
-EXAMPLES = pathlib.Path(dractl.__file__).parent / "examples"
-GROUP_LABEL = "test.dractl.io/group"
-FINALIZER = "resource.kubernetes.io/delete-protection"
+EXAMPLES = node_group.EXAMPLES
+Group = node_group.Group
+FINALIZER = node_group.FINALIZER
 ONE_GPU = kube_objects.ONE_GPU
-
-
-def _ensure_device_classes(api: client.Client) -> None:
-    for document in yaml.safe_load_all((EXAMPLES / "00-deviceclasses.yaml").read_text()):
-        if document and document["metadata"]["name"] in ("gpu.nvidia.com", "mig.nvidia.com"):
-            try:
-                api.create(client.DEVICE_CLASSES, document)
-            except client.AlreadyExists:
-                pass  # Made by an earlier test of the session; cluster-scoped and identical.
-
-
-class Group:
-    """One test's world: its namespace, its nodes (a unique label and a taint only its pods tolerate, slices copied
-    from an example node under a new name) and the scheduler name its pods ask for."""
-
-    def __init__(self, api: client.Client, *, namespace: str, scheduler_name: str) -> None:
-        self.api = api
-        self.namespace = namespace
-        self.scheduler_name = scheduler_name
-        self.id = uuid.uuid4().hex[:8]
-        self.nodes: list[str] = []
-
-    @property
-    def toleration(self) -> dict[str, str]:
-        return {"key": GROUP_LABEL, "operator": "Equal", "value": self.id, "effect": "NoSchedule"}
-
-    def node(self, example: str, *, slices: bool = True) -> str:
-        """Create a node (Ready, 32 CPUs, 256Gi, 110 pods) named after `example` and, with `slices`, its slices."""
-        name = f"{example}-{self.id}-{len(self.nodes)}"
-        self.nodes.append(name)
-        self.api.create(
-            client.NODES,
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": name, "labels": {GROUP_LABEL: self.id, "kubernetes.io/hostname": name}},
-                "spec": {"taints": [{"key": GROUP_LABEL, "value": self.id, "effect": "NoSchedule"}]},
-            },
-        )
-        kube_objects.make_ready(self.api, name)
-        if slices:
-            self.publish(example, name)
-        return name
-
-    def publish(self, example: str, node: str) -> None:
-        """Create the example node's slices as node `node` would publish them."""
-        [path] = EXAMPLES.glob(f"2*-{example}.yaml")
-        for document in yaml.safe_load_all(path.read_text().replace(example, node)):
-            if document:
-                self.api.create(client.RESOURCE_SLICES, document)
-
-    def pod(self, name: str, *, claims: list[dict[str, str]], scheduler: str = "", cpu: str = "100m") -> dict[str, Any]:
-        """Create a pod for `scheduler` (default: the test's) that only this group's nodes take."""
-        placement = {
-            "schedulerName": scheduler or self.scheduler_name,
-            "nodeSelector": {GROUP_LABEL: self.id},
-            "tolerations": [self.toleration],
-        }
-        body = kube_objects.pod(name, namespace=self.namespace, claims=claims, cpu=cpu, **placement)
-        return self.api.create(client.PODS, body)
-
-    def template(self, name: str, spec: dict[str, Any]) -> None:
-        self.api.create(
-            client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(name, namespace=self.namespace, spec=spec)
-        )
-
-    def claim(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.api.create(client.RESOURCE_CLAIMS, kube_objects.claim(name, namespace=self.namespace, spec=spec))
-
-    def get_claim(self, name: str) -> dict[str, Any]:
-        return self.api.get(client.RESOURCE_CLAIMS, name, namespace=self.namespace)
-
-    def allocate(self, name: str, *, node: str, devices: list[str], pod: dict[str, Any] | None = None) -> None:
-        """Write claim `name`'s allocation on `node` as a scheduler would (with `pod`: the finalizer, and the pod
-        reserved)."""
-        status: dict[str, Any] = {"allocation": kube_objects.allocation(node, devices, node=node)}
-        if pod is not None:
-            self.api.patch(
-                client.RESOURCE_CLAIMS, name, namespace=self.namespace, patch={"metadata": {"finalizers": [FINALIZER]}}
-            )
-            status["reservedFor"] = kube_objects.reserved_for([pod])
-        self.api.patch(
-            client.RESOURCE_CLAIMS, name, namespace=self.namespace, subresource="status", patch={"status": status}
-        )
-
-    def get_pod(self, name: str) -> dict[str, Any]:
-        return self.api.get(client.PODS, name, namespace=self.namespace)
-
-    def bound(self, pod: str) -> str:
-        """The node pod `pod` is bound to, or ""."""
-        return str(self.get_pod(pod)["spec"].get("nodeName") or "")
-
-    def wait_bound(self, pod: str, *, timeout: float = 60.0) -> str:
-        """The node pod `pod` is bound to, once it is (a bounded wait)."""
-        return controlplane.wait_until(lambda: self.bound(pod), what=f"pod {pod} is bound", timeout=timeout)
-
-    def scheduled_condition(self, pod: str) -> dict[str, Any] | None:
-        for condition in (self.get_pod(pod).get("status") or {}).get("conditions") or ():
-            if condition["type"] == "PodScheduled":
-                return dict(condition)
-        return None
-
-    def wait_condition(self, pod: str) -> dict[str, Any]:
-        """Pod `pod`'s PodScheduled condition, once it has one (a bounded wait)."""
-        return controlplane.wait_until(
-            lambda: self.scheduled_condition(pod), what=f"pod {pod} has a PodScheduled condition"
-        )
-
-    def pod_claim(self, pod: str, pod_claim: str = "gpu") -> dict[str, Any]:
-        """The claim pod `pod` uses for `pod_claim` (direct or recorded)."""
-        raw = self.get_pod(pod)
-        for entry in raw["spec"].get("resourceClaims") or ():
-            if entry["name"] == pod_claim and entry.get("resourceClaimName"):
-                return self.get_claim(entry["resourceClaimName"])
-        for entry in (raw.get("status") or {}).get("resourceClaimStatuses") or ():
-            if entry["name"] == pod_claim:
-                return self.get_claim(entry["resourceClaimName"])
-        raise AssertionError(f"pod {pod} has no claim {pod_claim}")
-
-    def events(self, pod: str, reason: str) -> list[dict[str, Any]]:
-        return [
-            event
-            for event in self.api.list(client.EVENTS, namespace=self.namespace).items
-            if event["involvedObject"].get("name") == pod and event["reason"] == reason
-        ]
-
-    def cleanup(self) -> None:
-        for name in self.nodes:
-            for item in self.api.list(client.RESOURCE_SLICES, field_selector=f"spec.nodeName={name}").items:
-                try:
-                    self.api.delete(client.RESOURCE_SLICES, item["metadata"]["name"])
-                except client.NotFound:
-                    pass
-            try:
-                self.api.delete(client.NODES, name)
-            except client.NotFound:
-                pass
 
 
 def _devices(claim: dict[str, Any]) -> list[tuple[str, str]]:
@@ -187,7 +48,7 @@ def _reserved(claim: dict[str, Any]) -> list[str]:
 @pytest.fixture
 def group(kube_client: client.Client, namespace: str, scheduler_name: str) -> Iterator[Group]:
     """The test's namespace and node group (nodes and slices removed at the end), with the example DeviceClasses."""
-    _ensure_device_classes(kube_client)
+    node_group.ensure_device_classes(kube_client)
     made = Group(kube_client, namespace=namespace, scheduler_name=scheduler_name)
     yield made
     made.cleanup()
@@ -579,7 +440,7 @@ def _burst(api: client.Client, proxied: client.Client, proxy: faultproxy.FaultPr
 
     namespace, scheduler_name = "burst", "dractl-burst"
     kube_objects.make_namespace(api, namespace)
-    _ensure_device_classes(api)
+    node_group.ensure_device_classes(api)
     group = Group(api, namespace=namespace, scheduler_name=scheduler_name)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda _: group.node("dgx-h100-01"), range(nodes)))

@@ -24,12 +24,11 @@ NAMESPACE = "dractl-system"
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "fake-dynamic-mig-mps": {
+    "fake-dynamic-mig": {
         "nodeAgent": {
             "deviceSource": "fake",
             "fakeProfile": "a100-80gb-x8",
             "migMode": "dynamic",
-            "mps": True,
             "nodeSelector": {},
         },
         "logFormat": "console",

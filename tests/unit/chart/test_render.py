@@ -95,8 +95,10 @@ def test_the_default_controller_runs_only_the_scheduler_with_two_leader_elected_
 
 
 def test_the_node_agent_daemonset_mounts_the_kubelets_directories_and_names_its_node() -> None:
-    """Guards: the DaemonSet: kubelet plugin and registry dirs, CDI dir, /dev and the driver root at fixed paths;
-    NODE_NAME from the downward API; GPU nodes only; maxSurge 0; no hostIPC without MPS."""
+    """Guards: the DaemonSet: kubelet plugin and registry dirs, CDI dir, /dev and the driver root at fixed paths (the
+    agent told both of the driver root's paths); NODE_NAME and the pod's UID from the downward API (sockets of its
+    own, so an update starts the new agent beside the old one: maxSurge 1, maxUnavailable 0); GPU nodes only; the
+    endpoints on every address of the pod's network namespace, where the probe and the Service reach them."""
     objects = RENDERED["defaults"]
     (daemonset,) = chart.find(objects, "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
@@ -116,25 +118,29 @@ def test_the_node_agent_daemonset_mounts_the_kubelets_directories_and_names_its_
     assert params["device_source"] == "nvml"
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
-    assert "hostIPC" not in pod
+    assert {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}} in container["env"]
+    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert (params["health_address"], params["metrics_address"]) == ("0.0.0.0", "0.0.0.0")
+    assert (str(params["driver_root"]), str(params["container_driver_root"])) == ("/", "/driver-root")
     assert container["securityContext"]["privileged"] is True
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": params["health_port"]}
 
 
-@pytest.mark.parametrize(
-    ("values", "host_ipc"),
-    [("defaults", False), ("fake-dynamic-mig-mps", True), ("consumable-memory", True)],
-)
-def test_host_ipc_only_with_mps(values: str, host_ipc: bool) -> None:
-    """Guards: hostIPC (MPS daemons' shared memory) is on exactly when MPS or consumable memory is."""
-    (daemonset,) = chart.find(RENDERED[values], "DaemonSet")
-    assert daemonset["spec"]["template"]["spec"].get("hostIPC", False) is host_ipc
+@pytest.mark.parametrize("values", sorted(RENDERED), ids=str)
+def test_no_host_ipc_and_the_plugin_directory_propagates_mounts(values: str) -> None:
+    """Guards: the agent never shares the host's IPC namespace (each MPS daemon has a tmpfs of its own), and that
+    tmpfs, under the state directory in the kubelet's plugin directory, reaches the host (Bidirectional)."""
+    for daemonset in chart.find(RENDERED[values], "DaemonSet"):
+        pod = daemonset["spec"]["template"]["spec"]
+        assert "hostIPC" not in pod
+        (container,) = pod["containers"]
+        (plugins,) = [m for m in container["volumeMounts"] if m["name"] == "kubelet-plugins"]
+        assert plugins["mountPropagation"] == "Bidirectional"
 
 
 def test_fake_devices_take_the_profile_and_no_driver_root() -> None:
     """Guards: fake devices: the profile and MIG mode reach the agent; the host's driver root is not mounted."""
-    container = _container(RENDERED["fake-dynamic-mig-mps"], "DaemonSet")
+    container = _container(RENDERED["fake-dynamic-mig"], "DaemonSet")
     params = _parse("node-agent", container["args"])
     assert (params["device_source"], params["fake_profile"], params["mig_mode"]) == ("fake", "a100-80gb-x8", "dynamic")
     assert "/driver-root" not in {m["mountPath"] for m in container["volumeMounts"]}
@@ -213,7 +219,7 @@ def test_the_node_agents_rbac_is_the_tables_and_it_has_its_own_account() -> None
     [
         ("node-agent-only", {"Deployment", "PodDisruptionBudget", "Role", "DeviceClass"}),
         ("controller-only", {"DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}),
-        ("claims-only-no-leader-election", {"PodDisruptionBudget", "Service"}),
+        ("claims-only-no-leader-election", {"PodDisruptionBudget", "Service", "Role", "RoleBinding"}),
     ],
 )
 def test_disabled_parts_leave_no_objects(values: str, absent: set[str]) -> None:
@@ -246,8 +252,18 @@ def test_metrics_services_select_each_components_pods() -> None:
         ({"nodeAgent": {"metricsPort": 0}}, "/nodeAgent/metricsPort"),
         ({"nodeAgent": {"kubeletPluginsDir": "var/lib/kubelet/plugins"}}, "/nodeAgent/kubeletPluginsDir"),
         ({"logFormat": "text"}, "/logFormat"),
+        ({"kubeApi": {"qps": 0, "burst": 100}}, "/kubeApi/qps"),
     ],
-    ids=["device-source", "controller-name", "no-controllers", "typo", "port-zero", "relative-dir", "log-format"],
+    ids=[
+        "device-source",
+        "controller-name",
+        "no-controllers",
+        "typo",
+        "port-zero",
+        "relative-dir",
+        "log-format",
+        "zero-qps",
+    ],
 )
 def test_bad_values_are_refused_naming_the_key(values: dict[str, Any], problem: str) -> None:
     """Guards: values.schema.json refuses a bad value at install time with a message naming the key."""

@@ -33,6 +33,8 @@ from dractl.kube import leader
 
 FLAGS = {
     "--kubeconfig": "DRACTL_KUBECONFIG",
+    "--kube-api-qps": "DRACTL_KUBE_API_QPS",
+    "--kube-api-burst": "DRACTL_KUBE_API_BURST",
     "--controllers": "DRACTL_CONTROLLERS",
     "--scheduler-name": "DRACTL_SCHEDULER_NAME",
     "--policy": "DRACTL_POLICY",
@@ -103,6 +105,10 @@ def test_flags_reach_the_settings(captured: list[config.ControllerConfig], tmp_p
     result = _invoke(
         "--kubeconfig",
         str(kubeconfig),
+        "--kube-api-qps",
+        "12.5",
+        "--kube-api-burst",
+        "30",
         "--controllers",
         " claims, ,claims",
         "--scheduler-name",
@@ -135,6 +141,8 @@ def test_flags_reach_the_settings(captured: list[config.ControllerConfig], tmp_p
     assert captured == [
         config.ControllerConfig(
             kubeconfig=kubeconfig,
+            kube_api_qps=12.5,
+            kube_api_burst=30,
             controllers=("claims",),
             scheduler_name="gpu-sched",
             policy=config.Policy.FIRST_FIT,
@@ -156,6 +164,8 @@ def test_flags_reach_the_settings(captured: list[config.ControllerConfig], tmp_p
 def test_env_vars_set_the_flags(captured: list[config.ControllerConfig]) -> None:
     """Guards: each DRACTL_ variable acts like its flag (booleans included)."""
     env = {
+        "DRACTL_KUBE_API_QPS": "200",
+        "DRACTL_KUBE_API_BURST": "400",
         "DRACTL_CONTROLLERS": "claims",
         "DRACTL_SCHEDULER_NAME": "other",
         "DRACTL_POLICY": "first-fit",
@@ -183,11 +193,15 @@ def test_env_vars_set_the_flags(captured: list[config.ControllerConfig]) -> None
     assert (settings.leader_elect, settings.lease_name, settings.lease_namespace) == (False, "l1", "ns2")
     assert (settings.lease_duration, settings.renew_deadline, settings.retry_period) == (30.0, 20.0, 5.0)
     assert (settings.metrics_port, settings.health_port, settings.log_format) == (0, 0, config.LogFormat.JSON)
+    assert (settings.kube_api_qps, settings.kube_api_burst) == (200.0, 400)
 
 
 BAD = {
     "workers-zero": (["--workers", "0"], "--workers"),
     "workers-text": (["--workers", "many"], "--workers"),
+    "kube-api-qps-zero": (["--kube-api-qps", "0"], "--kube-api-qps"),
+    "kube-api-qps-text": (["--kube-api-qps", "fast"], "--kube-api-qps"),
+    "kube-api-burst-zero": (["--kube-api-burst", "0"], "--kube-api-burst"),
     "policy": (["--policy", "best"], "--policy"),
     "unknown-option": (["--frobnicate"], "--frobnicate"),
     "lease-duration-negative": (["--lease-duration", "-1"], "--lease-duration"),
@@ -247,6 +261,14 @@ def test_check_accepts_the_defaults_and_names_registered_by_others() -> None:
     assert run.check(both, {}) == "--controllers: unknown controller 'claims' (known: none)"
 
 
+def test_check_refuses_a_rate_limit_that_would_never_send() -> None:
+    """Guards: settings built without the CLI get the same one-line answer for a QPS not above 0 or a burst below 1."""
+    assert run.check(config.ControllerConfig(kube_api_qps=0)) == (
+        "--kube-api-qps: must be more than 0 requests per second, got 0"
+    )
+    assert run.check(config.ControllerConfig(kube_api_burst=0)) == "--kube-api-burst: must be at least 1 request, got 0"
+
+
 def test_parse_names_keeps_order_and_drops_blanks_and_repeats() -> None:
     """Guards: "b, a,,b " is ("b", "a"): the start order is the order given."""
     assert run.parse_names("b, a,,b ") == ("b", "a")
@@ -300,6 +322,7 @@ class FakeController:
         self.fail = fail
         self.synced = True
         self.queue: list[str] = []
+        self.stop_timeouts: list[float] = []
 
     def start(self) -> None:
         self.log.append(f"start {self.name}")
@@ -312,6 +335,7 @@ class FakeController:
     def stop(self, timeout: float = 10.0) -> None:
         assert timeout > 0
         self.log.append(f"stop {self.name}")
+        self.stop_timeouts.append(timeout)
 
 
 class FakeElector:
@@ -468,7 +492,9 @@ def test_stopping_stops_the_controllers_before_the_lease_is_released() -> None:
 
 
 def test_losing_the_lease_stops_the_controllers_and_exits_1() -> None:
-    """Guards: a lost lease (not asked to stop) stops every controller and exits 1, so the pod restarts."""
+    """Guards: a lost lease (not asked to stop) exits 1 at once, so the pod restarts: every controller is told to
+    stop but given only the short lost-lease bound (the fence refuses their writes already), not the drain of a
+    clean stop."""
     log: list[str] = []
     elector = FakeElector(log)
     h = _harness(elector=elector, log=log)
@@ -478,6 +504,8 @@ def test_losing_the_lease_stops_the_controllers_and_exits_1() -> None:
     assert h.finish() == run.EXIT_FAILED
     assert log[-2:] == ["stop scheduler", "stop claims"] and "release" not in log
     assert h.leader_gauge == 0
+    timeouts = [*h.controllers["scheduler"].stop_timeouts, *h.controllers["claims"].stop_timeouts]
+    assert len(timeouts) == 2 and sum(timeouts) <= run.LOST_STOP_TIMEOUT_S + 0.1
 
 
 def test_a_controller_that_cannot_start_ends_the_process_with_1_and_stops_the_others() -> None:

@@ -52,6 +52,9 @@ class Uses:
     def add(self, resource: kube_client.Resource, verb: str, subresource: str, where: str) -> None:
         name = f"{resource.plural}/{subresource}" if subresource else resource.plural
         self.calls.setdefault((resource.group, name, verb), []).append(where)
+        implied = access.IMPLIED.get((resource.group, name, verb))
+        if implied is not None:
+            self.add(implied.resource, verb, implied.subresource, f"{where} (implied)")
 
 
 def _client_aliases(tree: ast.Module) -> tuple[set[str], set[str]]:
@@ -136,7 +139,8 @@ def _flat(rules: tuple[access.Rule, ...]) -> set[tuple[str, str, str]]:
 
 
 def test_the_scanner_reads_calls_informers_helpers_and_refuses_what_it_cannot_read() -> None:
-    """Guards: the checker itself: each call form it must see is seen, and a resource in a variable is reported."""
+    """Guards: the checker itself: each call form it must see is seen (with the permission a claim status write
+    implies), and a resource in a variable is reported."""
     source = textwrap.dedent(
         """
         from dractl.kube import client as kc
@@ -159,6 +163,7 @@ def test_the_scanner_reads_calls_informers_helpers_and_refuses_what_it_cannot_re
         ("", "pods/binding", "create"),
         ("", "pods/status", "patch"),
         ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "resourceclaims/binding", "update"),
         ("resource.k8s.io", "resourceclaims/status", "update"),
     ]
     assert uses.builds == {"Recorder"}
@@ -215,12 +220,13 @@ def test_a_mode_gets_its_helpers_rules_merged_per_resource() -> None:
     rules = access.rules(["node-agent"], scope=access.Scope.CLUSTER)
     assert rules == [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
-            "verbs": ["list", "create", "update", "delete"],
+            "verbs": ["list", "watch", "create", "update", "delete"],
         },
     ]
     assert access.rules(["node-agent"], scope=access.Scope.OWN_NAMESPACE) == []

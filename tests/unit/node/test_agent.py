@@ -6,8 +6,10 @@ import collections.abc
 import io
 import os
 import pathlib
+import re
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -15,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
+import controlplane
 import grpc
 import pytest
 import structlog
@@ -29,7 +32,7 @@ from dractl._proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from dractl.node import agent, fakegpu
+from dractl.node import agent, backend, fakegpu
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
@@ -468,3 +471,154 @@ def _driver_present() -> bool:
     except backend.NvmlError:
         return False
     return True
+
+
+@pytest.mark.parametrize("endpoint", ["health", "metrics"])
+def test_a_taken_port_is_one_line_naming_the_flags_before_anything_is_served(
+    endpoint: str, settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards: a port another process holds ends the start with one line naming the address, the port and both
+    flags, before any slice is published or any socket made."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        taken = config.NodeAgent(**{**_fields(settings), f"{endpoint}_port": port, f"{endpoint}_address": "127.0.0.1"})
+        err = io.StringIO()
+        a = agent.Agent(taken, gpus=gpus, claims=claims, publisher=publisher)
+        assert agent.run(taken, err=err, agent=a) == 1
+    path = "/healthz" if endpoint == "health" else "/metrics"
+    assert err.getvalue().splitlines() == [
+        f"dractl node-agent: error: cannot serve {path} on 127.0.0.1:{port} (--{endpoint}-address 127.0.0.1, "
+        f"--{endpoint}-port {port}): Address already in use; choose another with --{endpoint}-port or "
+        f"--{endpoint}-address, or -1 to turn it off"
+    ]
+    assert publisher.published == []
+    assert not a.sockets.registration.exists() and not a.sockets.dra.exists()
+
+
+def test_an_address_that_is_not_an_ip_is_one_line(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards --metrics-address: a host name instead of an IP address is one line naming the flag."""
+    bad = config.NodeAgent(**{**_fields(settings), "metrics_address": "node-a.local"})
+    err = io.StringIO()
+    assert agent.run(bad, err=err, agent=agent.Agent(bad, gpus=gpus, claims=claims, publisher=publisher)) == 1
+    assert err.getvalue() == "dractl node-agent: error: --metrics-address 'node-a.local' is not an IP address\n"
+
+
+def test_a_prepare_stuck_in_nvml_fails_healthz_naming_the_claim_and_the_call(
+    settings: config.NodeAgent, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards: a prepare that hangs in an NVML call (dynamic MIG, create_compute_instance) makes /healthz 503 with
+    the claim and the call once it has run longer than the bound; the probe itself answers at once."""
+    gpus = fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=NODE)
+    gpus.fail("create_compute_instance", action=fakegpu.FaultAction.HANG)
+    dynamic = config.NodeAgent(**{**_fields(settings), "mig_mode": config.MigMode.DYNAMIC})
+    a = agent.Agent(dynamic, gpus=gpus, claims=claims, publisher=publisher, health_poll_s=0.05, stuck_after_s=0.2)
+    a.start()
+    ref = claims.put(claim("infer", UID, [result("gpu-1-mig-1g10gb-19-0")]))
+    answers: list[object] = []
+    try:
+        assert _get(a.health_port, "/healthz") == (200, "ok\n")
+        with grpc.insecure_channel(f"unix:{a.sockets.dra}") as channel:
+            call = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources.future(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=UID)]
+                ),
+                timeout=60,
+            )
+            call.add_done_callback(lambda done: answers.append(done.result()))
+            controlplane.wait_until(gpus.hung, what="the prepare hanging in NVML", timeout=20)
+            status, text = controlplane.wait_until(
+                lambda: (answer := _get(a.health_port, "/healthz"))[0] == 503 and answer,
+                what="/healthz failing on the stuck prepare",
+                timeout=20,
+            )
+            assert re.fullmatch(
+                f"NodePrepareResources of claim {ref.namespace}/{ref.name} \\(uid {UID}\\) has run for [0-9]+ s, "
+                "waiting in NVML create_compute_instance\n",
+                text,
+            ), text
+            gpus.close()  # Ends the hang: the prepare fails and rolls back.
+            call.result(timeout=30)
+    finally:
+        a.stop()
+    assert answers and "injected hang" in str(answers[0])
+
+
+def test_an_agent_restarted_after_mig_prepares_publishes_what_the_first_one_did(
+    settings: config.NodeAgent, claims: Claims, publisher: FakePublisher, tmp_path: pathlib.Path
+) -> None:
+    """Guards the rule for whole and MIG across restarts: in dynamic mode an A100 whose MIG instance was prepared
+    (MIG mode turned on) and released (left on) is published whole again by the next agent, with the same devices
+    as the first agent published."""
+    dynamic = config.NodeAgent(**{**_fields(settings), "mig_mode": config.MigMode.DYNAMIC})
+
+    def fresh() -> fakegpu.FakeGpus:
+        return fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=NODE, state_file=tmp_path / "gpus.json")
+
+    first = agent.Agent(dynamic, gpus=fresh(), claims=claims, publisher=publisher, health_poll_s=0.05)
+    first.start()
+    try:
+        ref = claims.put(claim("infer", UID, [result("gpu-0-mig-1g10gb-19-0")]))
+        wire = dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=UID)
+        with grpc.insecure_channel(f"unix:{first.sockets.dra}") as channel:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+            prepared = stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=[wire]), timeout=30)
+            assert prepared.claims[UID].error == ""
+            released = stub.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[wire]), timeout=30)
+            assert released.claims[UID].error == ""
+    finally:
+        first.stop()
+    published_first = publisher.published[0]
+    assert {"gpu-0", "gpu-0-mig-1g10gb-19-0"} <= {d.name for s in published_first for d in s.devices}
+    assert fresh().gpus()[0].mig_mode is backend.MigMode.ENABLED and fresh().gpu_instances(0) == ()
+    second = agent.Agent(dynamic, gpus=fresh(), claims=claims, publisher=publisher, health_poll_s=0.05)
+    second.start()
+    second.stop()
+    assert publisher.published[-1] == published_first
+
+
+def test_healthz_listens_on_an_ipv6_address(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards --health-address on an IPv6 node: /healthz is served on [::1]."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback address")
+    v6 = config.NodeAgent(**{**_fields(settings), "health_address": "::1"})
+    a = agent.Agent(v6, gpus=gpus, claims=claims, publisher=publisher)
+    a.start()
+    try:
+        with urllib.request.urlopen(f"http://[::1]:{a.health_port}/healthz", timeout=10) as response:
+            assert (response.status, response.read().decode()) == (200, "ok\n")
+    finally:
+        a.stop()
+
+
+def test_a_mig_prepare_on_an_a100_another_client_holds_is_a_per_claim_error(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards the Ampere reset rule at prepare: turning MIG on for a MIG device on an A100 that DCGM holds fails
+    that claim with NVML's answer naming the GPU and the holder, leaves no instance, and the GPU stays whole."""
+    gpus.hold(1, "dcgm-exporter")
+    dynamic = config.NodeAgent(**{**_fields(settings), "mig_mode": config.MigMode.DYNAMIC})
+    a = agent.Agent(dynamic, gpus=gpus, claims=claims, publisher=publisher, health_poll_s=0.05)
+    a.start()
+    try:
+        ref = claims.put(claim("infer", UID, [result("gpu-1-mig-1g10gb-19-0")]))
+        with grpc.insecure_channel(f"unix:{a.sockets.dra}") as channel:
+            response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=UID)]
+                ),
+                timeout=30,
+            )
+    finally:
+        a.stop()
+    error = response.claims[UID].error
+    assert f"{ref.namespace}/{ref.name}" in error and "GPU 1" in error and "dcgm-exporter" in error, error
+    assert gpus.gpus()[1].mig_mode is backend.MigMode.DISABLED and gpus.gpu_instances(1) == ()

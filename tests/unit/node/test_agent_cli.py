@@ -25,7 +25,10 @@ FLAGS = {
     "--kubelet-registrar-dir": "DRACTL_KUBELET_REGISTRAR_DIR",
     "--kubelet-plugins-dir": "DRACTL_KUBELET_PLUGINS_DIR",
     "--state-dir": "DRACTL_STATE_DIR",
+    "--pod-uid": "DRACTL_POD_UID",
     "--kubeconfig": "DRACTL_KUBECONFIG",
+    "--kube-api-qps": "DRACTL_KUBE_API_QPS",
+    "--kube-api-burst": "DRACTL_KUBE_API_BURST",
     "--health-port": "DRACTL_HEALTH_PORT",
     "--metrics-port": "DRACTL_METRICS_PORT",
     "--log-format": "DRACTL_LOG_FORMAT",
@@ -68,6 +71,7 @@ def test_every_flag_states_its_default_and_env_var() -> None:
     assert len(described) == len(FLAGS)
     assert all("(default:" in block for block in described)
     assert "NODE_NAME" in text.replace("DRACTL_NODE_NAME", "")
+    assert "POD_UID" in text.replace("DRACTL_POD_UID", "")
 
 
 def test_nvml_without_a_driver_is_one_line_and_exit_1(dirs: list[str]) -> None:

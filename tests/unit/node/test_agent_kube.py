@@ -58,8 +58,8 @@ def test_agent_publishes_prepares_and_taints_through_the_api(
     tmp_path: pathlib.Path,
 ) -> None:
     """Guards: with a real API the agent publishes the 8 GPUs, prepares an allocated claim it reads from the API,
-    writes an XID taint into the slice, reports a reset checkpoint as a Warning Event on the Node, and leaves the
-    slices in place on stop."""
+    writes an XID taint into the slice, reports a checkpoint rebuilt after corruption as a Warning Event on the Node,
+    and leaves the slices in place on stop."""
     settings = config.NodeAgent(
         node_name=node_name,
         device_source=config.DeviceSource.FAKE,
@@ -72,7 +72,7 @@ def test_agent_publishes_prepares_and_taints_through_the_api(
         metrics_port=-1,
     )
     gpus = fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=node_name)
-    # A corrupt checkpoint is reset with a Warning Event on the Node, not a crash.
+    # A corrupt checkpoint is rebuilt with a Warning Event on the Node, not a crash.
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "checkpoint.json").write_text("{not json")
     node_agent = agent.Agent(settings, gpus=gpus, health_poll_s=0.05)
@@ -117,10 +117,10 @@ def test_agent_publishes_prepares_and_taints_through_the_api(
 
         events = kube_client.list(client.EVENTS, namespace="default").items
         warnings = [
-            e for e in events if e["involvedObject"].get("name") == node_name and e["reason"] == "NodeStateReset"
+            e for e in events if e["involvedObject"].get("name") == node_name and e["reason"] == "CheckpointRebuilt"
         ]
         assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
-        assert "checkpoint" in warnings[0]["message"]
+        assert "checkpoint" in warnings[0]["message"] and "is corrupt (not JSON" in warnings[0]["message"]
     finally:
         node_agent.stop()
     assert not node_agent.sockets.dra.exists()
