@@ -210,6 +210,7 @@ def test_the_seed_patterns_dractl_places_run_as_their_articles_say(
     ]
     binders = {e["user"]["username"] for e in bindings if e["responseStatus"]["code"] == 201}
     assert binders == {"system:serviceaccount:dractl:dractl-controller"}, binders
+    dractl_seeds.remove()  # The GPUs are free again for the scenarios after this one.
 
 
 @pytest.mark.long
@@ -231,6 +232,7 @@ def test_a_kubelet_restart_deletes_the_nodes_slices_and_the_agent_publishes_them
     controlplane.wait_until(republished, what="the A100 node's slices are published again", timeout=180)
     scenarios.claim_pod(api, "kubelet-restart", "after-restart", node=A100)
     assert scenarios.visible_devices(scenarios.wait_environment(api, "kubelet-restart", "after-restart"))
+    scenarios.remove_namespace(api, "kubelet-restart")
 
 
 @pytest.mark.long
@@ -268,6 +270,7 @@ def test_helm_upgrade_to_a_new_image_tag_rolls_the_pods_and_keeps_prepared_claim
     )
     scenarios.claim_pod(api, "upgrade", "after", node=A100)
     assert scenarios.visible_devices(scenarios.wait_environment(api, "upgrade", "after"))
+    scenarios.remove_namespace(api, "upgrade")
 
 
 def test_no_request_of_dractl_was_forbidden(cluster: realcluster.RealCluster, installed: Install) -> None:
