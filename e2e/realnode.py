@@ -540,8 +540,9 @@ state = "/run/containerd"
             controlplane.stop_process(process.popen, grace=5.0)
         holder = self.holder.popen.pid if self.holder is not None else None
         for _ in range(3):
-            left = (self.processes() - {holder}) if self.namespace else _pids_in_cgroups(self.cgroups)
-            left.discard(os.getpid())
+            found = (self.processes() - {holder}) if self.namespace else _pids_in_cgroups(self.cgroups)
+            # A zombie is dead already; its parent (or init, once the parent is gone) reaps it.
+            left = {pid for pid in found if alive(pid) and pid != os.getpid()}
             if not left:
                 break
             _kill(left)

@@ -37,6 +37,11 @@ pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
 A100, T4 = "gpu-a100", "gpu-t4"
 
 
+# A new node agent cannot start beside the old one here: both would publish the same host ports (the
+# pods share the host network), so the scheduler keeps the new one Pending. Replace, don't surge.
+_ONE_AT_A_TIME = {"maxSurge": 0, "maxUnavailable": 1}
+
+
 def _values(image: node_images.Image, ports: list[int]) -> dict[str, dict[str, Any]]:
     """The two releases' values (e2e/values/), with what this machine needs: the image as imported (never pulled),
     one controller replica and ports of each release's own (dractl's pods share the host network here)."""
@@ -49,11 +54,11 @@ def _values(image: node_images.Image, ports: list[int]) -> dict[str, dict[str, A
             {
                 **common,
                 "controller": {"replicas": 1, "metricsPort": controller_metrics, "healthPort": controller_health},
-                "nodeAgent": {"metricsPort": a100_metrics, "healthPort": a100_health},
+                "nodeAgent": {"metricsPort": a100_metrics, "healthPort": a100_health, **_ONE_AT_A_TIME},
             },
         ),
         "dractl-t4": release.values(
-            "dractl-t4", {**common, "nodeAgent": {"metricsPort": t4_metrics, "healthPort": t4_health}}
+            "dractl-t4", {**common, "nodeAgent": {"metricsPort": t4_metrics, "healthPort": t4_health, **_ONE_AT_A_TIME}}
         ),
     }
 
