@@ -655,6 +655,22 @@ class Client:
                 if not token:
                     return ListResult(tuple(items), str(metadata.get("resourceVersion") or ""))
 
+    def read_log(self, namespace: str, name: str, *, container: str = "") -> str:
+        """A container's log (the pod's `log` subresource, served by its node's kubelet) as text; the pod's only
+        container when `container` is empty. Raises `NotFound`, or `ApiError` (400) while the container has not
+        started. Read-only; not retried (the caller polls)."""
+        query = [("container", container)] if container else []
+        path = PODS.path(namespace=namespace, name=name, subresource="log")
+        with self._reported("get", PODS):
+            try:
+                response = self._send("GET", path, query=query)
+            except (urllib3.exceptions.HTTPError, ConnectionError) as error:
+                raise Transient(0, "ConnectionFailed", f"log of pod {namespace}/{name}: {error}") from error
+            try:
+                return response.read().decode(errors="replace")
+            finally:
+                response.release_conn()
+
     def watch(
         self,
         resource: Resource,
