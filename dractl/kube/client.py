@@ -37,6 +37,7 @@ import enum
 import json
 import logging
 import os
+import random
 import threading
 import time
 import urllib.parse
@@ -832,13 +833,17 @@ class Client:
         return slices, result.resource_version
 
 
-_BACKOFF = tenacity.wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.05)
+_BACKOFF_FIRST_S = 0.05
+_BACKOFF_MAX_S = 2.0
+_BACKOFF_JITTER_S = 0.05
 
 
 def _wait(state: tenacity.RetryCallState) -> float:
-    """The wait before the next attempt: the jittered exponential backoff, or the Retry-After asked for when longer
-    (at most `MAX_RETRY_AFTER`)."""
-    backoff = _BACKOFF(state)
+    """The wait before the next attempt: 50 ms doubling per attempt up to 2 s, plus up to 50 ms of jitter, or the
+    Retry-After asked for when longer (at most `MAX_RETRY_AFTER`). Computed here rather than with tenacity's
+    jittered wait, whose parameters changed names within the versions pyproject.toml allows."""
+    exponent: int = min(max(state.attempt_number - 1, 0), 16)
+    backoff: float = min(_BACKOFF_FIRST_S * 2.0**exponent, _BACKOFF_MAX_S) + random.uniform(0, _BACKOFF_JITTER_S)
     error = state.outcome.exception() if state.outcome is not None else None
     if isinstance(error, ApiError) and error.retry_after is not None:
         return max(backoff, min(error.retry_after, MAX_RETRY_AFTER))
