@@ -65,22 +65,9 @@ class Cluster:
 
     def kubeconfig(self, name: str, token: str) -> pathlib.Path:
         """A kubeconfig that authenticates with `token` (JSON is valid YAML)."""
-        path = self.directory / f"{name}.kubeconfig"
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "current-context": "test",
-            "clusters": [
-                {
-                    "name": "test",
-                    "cluster": {"server": self.plane.url, "certificate-authority": str(self.plane.ca.cert)},
-                }
-            ],
-            "users": [{"name": "test", "user": {"token": token}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-        }
-        path.write_text(json.dumps(config))
-        return path
+        return controlplane.write_kubeconfig(
+            self.directory / f"{name}.kubeconfig", server=self.plane.url, ca=self.plane.ca.cert, token=token
+        )
 
     def token(self, account: str, *, pod: dict[str, Any] | None = None) -> str:
         """A service account token of `account` (TokenRequest), bound to `pod` when given (it then names its node)."""

@@ -293,7 +293,7 @@ def test_identity_is_unique_per_process_start() -> None:
 def test_api_errors_are_counted_by_verb_resource_and_code(tmp_path: pathlib.Path) -> None:
     """Guards: a request that gets no answer is counted once per call in api_errors{verb, resource, code="0"}."""
     metrics = run.ProcessMetrics.create(standard=False)
-    base = kube_client.connect(_unreachable_kubeconfig(tmp_path), attempts=1)
+    base = kube_client.connect(controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"), attempts=1)
     api = run.CountingClient(base, errors=metrics.api_errors, timeout=2)
     try:
         for _ in range(2):
@@ -598,24 +598,6 @@ def test_stdlib_logs_come_out_in_the_same_json_lines_and_undo_removes_the_handle
     assert second["level"] == "error" and "ValueError: bad" in second["exception"]
 
 
-def _unreachable_kubeconfig(tmp_path: pathlib.Path) -> pathlib.Path:
-    """A kubeconfig naming a closed local port: building a client from it works, no request ever answers."""
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{controlplane.free_ports(1)[0]}"}}],
-                "users": [{"name": "u", "user": {}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            }
-        )
-    )
-    return path
-
-
 def _get(port: int, path: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
@@ -636,7 +618,7 @@ def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0
 
     [port] = controlplane.free_ports(1)
     settings = config.ControllerConfig(
-        kubeconfig=_unreachable_kubeconfig(tmp_path),
+        kubeconfig=controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"),
         leader_elect=False,
         metrics_port=port,
         health_port=port,
@@ -676,7 +658,7 @@ def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: pathlib.Path) -> None:
         taken.listen(1)
         port = taken.getsockname()[1]
         settings = config.ControllerConfig(
-            kubeconfig=_unreachable_kubeconfig(tmp_path),
+            kubeconfig=controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"),
             metrics_port=-1,
             health_port=port,
             log_format=config.LogFormat.JSON,
@@ -690,7 +672,7 @@ def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: pathlib.Path) -> None:
 def test_the_real_elector_steps_its_heartbeat_even_while_the_api_is_away(tmp_path: pathlib.Path) -> None:
     """Guards: leader.Elector.run calls on_step(leading=False) after each failed attempt, so /healthz sees a live
     loop (not a wedged one) while the API server is unreachable, and the elector never claims to lead."""
-    base = kube_client.connect(_unreachable_kubeconfig(tmp_path), attempts=1)
+    base = kube_client.connect(controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"), attempts=1)
     elector = leader.Elector(
         base,
         leader.Config(
