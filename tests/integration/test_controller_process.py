@@ -21,8 +21,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -30,7 +28,7 @@ import controlplane
 import faultproxy
 import pytest
 from prometheus_client import parser
-from support import kube_objects, node_group
+from support import endpoints, kube_objects, node_group
 
 from dractl.kube import client
 
@@ -82,16 +80,9 @@ class Replica:
             lambda: self.logged(event), what=f"{self.name} logged {event!r} ({self.log})", timeout=timeout
         )
 
-    def http(self, port: int, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
-
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         """One sample from /metrics, or None when the series does not exist."""
-        _, text = self.http(self.metrics_port, "/metrics")
+        _, text = endpoints.get(self.metrics_port, "/metrics")
         for family in parser.text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
@@ -223,8 +214,8 @@ def test_one_replica_leads_makes_claims_serves_probes_and_releases_the_lease_on_
     a = start_replica("a")
     a.wait_logged("controllers started")
     assert _holder(kube_client, namespace) == a.identity
-    assert a.http(a.health_port, "/readyz") == (200, "leader: claims synced\n")
-    assert a.http(a.health_port, "/healthz") == (200, "ok\n")
+    assert endpoints.get(a.health_port, "/readyz") == (200, "leader: claims synced\n")
+    assert endpoints.get(a.health_port, "/healthz") == (200, "ok\n")
     assert a.metric("dractl_controller_leader") == 1
     assert a.metric("dractl_controller_queue_depth", {"controller": "claims"}) is not None
     # The first campaign found no Lease: one 404 on GET, counted by the process-level API error metric.
@@ -254,8 +245,8 @@ def test_two_replicas_one_leads_and_the_other_takes_over_when_it_is_killed(
     a = start_replica("a")
     a.wait_logged("controllers started")
     b = start_replica("b")
-    assert b.http(b.health_port, "/readyz") == (200, "standby: another replica leads\n")
-    assert b.http(b.health_port, "/healthz") == (200, "ok\n")
+    assert endpoints.get(b.health_port, "/readyz") == (200, "standby: another replica leads\n")
+    assert endpoints.get(b.health_port, "/healthz") == (200, "ok\n")
     assert _holder(kube_client, namespace) == a.identity
     assert (a.metric("dractl_controller_leader"), b.metric("dractl_controller_leader")) == (1, 0)
 
@@ -273,7 +264,7 @@ def test_two_replicas_one_leads_and_the_other_takes_over_when_it_is_killed(
     assert _holder(kube_client, namespace) == b.identity
     assert int(_lease(kube_client, namespace).get("leaseTransitions") or 0) == 1
     assert b.metric("dractl_controller_leader") == 1
-    controlplane.wait_until(lambda: b.http(b.health_port, "/readyz")[0] == 200, what="b is ready as the leader")
+    controlplane.wait_until(lambda: endpoints.get(b.health_port, "/readyz")[0] == 200, what="b is ready as the leader")
 
     second = _pod(kube_client, namespace, "second")
     second_claim = _wait_claim(kube_client, namespace, second)

@@ -9,7 +9,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import structlog
@@ -22,12 +21,6 @@ class _Terminal(io.StringIO):
 
     def isatty(self) -> bool:
         return True
-
-
-@pytest.fixture(autouse=True)
-def _structlog_defaults() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 def _log_both(log_format: config.LogFormat | None, out: io.StringIO) -> list[str]:

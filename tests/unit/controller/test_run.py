@@ -16,15 +16,13 @@ import queue
 import re
 import socket
 import threading
-import urllib.error
-import urllib.request
 from typing import Any
 
 import controlplane
 import prometheus_client
 import pytest
-import structlog
 from click.testing import CliRunner
+from support import endpoints
 
 from dractl import cli, config, daemon
 from dractl.controller import run
@@ -50,12 +48,6 @@ FLAGS = {
     "--health-port": "DRACTL_HEALTH_PORT",
     "--log-format": "DRACTL_LOG_FORMAT",
 }
-
-
-@pytest.fixture(autouse=True)
-def _reset_structlog() -> collections.abc.Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture
@@ -598,14 +590,6 @@ def test_stdlib_logs_come_out_in_the_same_json_lines_and_undo_removes_the_handle
     assert second["level"] == "error" and "ValueError: bad" in second["exception"]
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
 def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0(tmp_path: pathlib.Path) -> None:
     """Guards: run() wires factories, metrics and probes: with --metrics-port equal to --health-port one listener
     answers /metrics, /healthz and /readyz; the controllers get the settings; setting `stop` exits 0."""
@@ -635,12 +619,12 @@ def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0
     thread.start()
     try:
         controlplane.wait_until(lambda: "start claims" in log, what="the controller started", timeout=20)
-        controlplane.wait_until(lambda: _get(port, "/readyz")[0] == 200, what="ready", timeout=20)
-        assert _get(port, "/readyz") == (200, "running: claims synced\n")
-        assert _get(port, "/healthz") == (200, "ok\n")
-        status, text = _get(port, "/metrics")
+        controlplane.wait_until(lambda: endpoints.get(port, "/readyz")[0] == 200, what="ready", timeout=20)
+        assert endpoints.get(port, "/readyz") == (200, "running: claims synced\n")
+        assert endpoints.get(port, "/healthz") == (200, "ok\n")
+        status, text = endpoints.get(port, "/metrics")
         assert status == 200 and "dractl_controller_leader 1.0" in text
-        assert _get(port, "/nothing")[0] == 404
+        assert endpoints.get(port, "/nothing")[0] == 404
         assert seen[0].settings is settings and seen[0].registry is not None
     finally:
         stop.set()
