@@ -26,7 +26,7 @@ from typing import Any
 import controlplane
 import helm_python
 import pytest
-from support import chart, kube_objects, kubelet
+from support import chart, kube_objects, kubelet, observe
 
 from dractl._proto import dra_v1_pb2
 from dractl.kube import access
@@ -358,13 +358,7 @@ class Process:
     log: pathlib.Path
 
     def entries(self) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict):
-                    found.append(entry)
-        return found
+        return observe.log_entries(self.log)
 
     def alive(self) -> bool:
         if self.popen.poll() is not None:

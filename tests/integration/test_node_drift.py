@@ -18,7 +18,7 @@ from typing import Any
 import controlplane
 import faultproxy
 import pytest
-from support import endpoints, kubelet
+from support import kubelet, observe
 
 from dractl import config
 from dractl.kube import client
@@ -133,7 +133,7 @@ def test_a_deleted_slice_and_then_every_slice_come_back(
     controlplane.wait_until(
         lambda: _metric(node_agent, "dractl_node_slices_in_sync") == 1, what="the slices in sync", timeout=30
     )
-    assert endpoints.get(node_agent.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
 
 
 def test_an_edited_slice_is_rewritten(
@@ -183,7 +183,7 @@ def test_slices_deleted_with_their_node_come_back_once_it_is_registered_again(
         lambda: not _stored(kube_client, node_name), what="the garbage collector deleting the slices", timeout=90
     )
     status, text = controlplane.wait_until(
-        lambda: (answer := endpoints.get(node_agent.health_port, "/healthz"))[0] == 503 and answer,
+        lambda: (answer := observe.get(node_agent.health_port, "/healthz"))[0] == 503 and answer,
         what="/healthz naming the missing Node",
         timeout=REPAIR_TIMEOUT_S,
     )
@@ -194,7 +194,7 @@ def test_slices_deleted_with_their_node_come_back_once_it_is_registered_again(
         what="the slices created for the new Node",
         timeout=REPAIR_TIMEOUT_S,
     )
-    assert endpoints.get(node_agent.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
 
 
 def test_a_wrong_node_name_fails_healthz_until_the_node_exists(
@@ -204,7 +204,7 @@ def test_a_wrong_node_name_fails_healthz_until_the_node_exists(
     flag, and publishes nothing; when the Node appears, the slices follow without a restart."""
     name = f"node-missing-{uuid.uuid4().hex[:6]}"
     node_agent = start_agent(name, profile="t4-x2", mig_mode=config.MigMode.STATIC)
-    status, text = endpoints.get(node_agent.health_port, "/healthz")
+    status, text = observe.get(node_agent.health_port, "/healthz")
     assert status == 503
     assert text == (
         f"node {name}: there is no Node object of that name, so no ResourceSlice is published (is --node-name right?)\n"
@@ -215,7 +215,7 @@ def test_a_wrong_node_name_fails_healthz_until_the_node_exists(
     controlplane.wait_until(
         lambda: _matches(kube_client, node_agent, owner_uid=uid), what="the slices published", timeout=REPAIR_TIMEOUT_S
     )
-    assert endpoints.get(node_agent.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
 
 
 def test_slices_that_cannot_be_repaired_fail_healthz_and_show_in_metrics(
@@ -235,7 +235,7 @@ def test_slices_that_cannot_be_repaired_fail_healthz_and_show_in_metrics(
     # While the first failing publish still retries, /healthz may already say that a change is being compared.
     status, text = controlplane.wait_until(
         lambda: (
-            (answer := endpoints.get(node_agent.health_port, "/healthz"))[0] == 503
+            (answer := observe.get(node_agent.health_port, "/healthz"))[0] == 503
             and "publishing failed" in answer[1]
             and answer
         ),
@@ -246,14 +246,14 @@ def test_slices_that_cannot_be_repaired_fail_healthz_and_show_in_metrics(
     assert "503 ServiceUnavailable" in text
     assert _metric(node_agent, "dractl_node_slices_in_sync") == 0
     assert _metric(node_agent, "dractl_node_publish_failures_total") >= 1
-    metrics = endpoints.get(node_agent.metrics_port, "/metrics")[1]
+    metrics = observe.get(node_agent.metrics_port, "/metrics")[1]
     assert "process_resident_memory_bytes" in metrics and "python_info" in metrics
     fault_proxy.clear()
     node_agent.tick()
     controlplane.wait_until(
         lambda: _matches(kube_client, node_agent), what="the slice published again", timeout=REPAIR_TIMEOUT_S
     )
-    assert endpoints.get(node_agent.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
 
 
 def test_a_change_that_leaves_the_slices_as_published_writes_nothing(
@@ -295,11 +295,11 @@ def test_metrics_listen_on_the_nodes_internal_ip(
     }
     kube_client.update_status(client.NODES, node)
     node_agent = start_agent(name, profile="t4-x2", mig_mode=config.MigMode.STATIC)
-    status, text = endpoints.get(node_agent.metrics_port, "/metrics", host="127.0.0.2")
+    status, text = observe.get(node_agent.metrics_port, "/metrics", host="127.0.0.2")
     assert status == 200 and "dractl_node_published_devices 2.0" in text
     with pytest.raises(urllib.error.URLError):
-        endpoints.get(node_agent.metrics_port, "/metrics")
-    assert endpoints.get(node_agent.health_port, "/healthz") == (200, "ok\n")
+        observe.get(node_agent.metrics_port, "/metrics")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
 
 
 # An API server that serves Kubernetes 1.35 (the 1.36 binary emulating it) with the DRA gates that were alpha

@@ -8,7 +8,6 @@ from their files: the checkpoint and the fake's `fake-gpus.json`. Every process 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -25,7 +24,7 @@ import yaml
 from dractl import config
 from dractl._proto import dra_v1_pb2
 from dractl.node import checkpoint, plugin
-from support import kubelet
+from support import kubelet, observe
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DRIVER = config.DEFAULT_DRIVER_NAME
@@ -65,13 +64,7 @@ class Agent:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
     def log_entries(self) -> list[dict[str, Any]]:
-        entries = []
-        for line in self.log_text().splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict):
-                    entries.append(entry)
-        return entries
+        return observe.log_entries(self.log)
 
     def started(self) -> bool:
         if self.process.poll() is not None:

@@ -22,7 +22,7 @@ import controlplane
 import prometheus_client
 import pytest
 from click.testing import CliRunner
-from support import endpoints
+from support import observe
 
 from dractl import cli, config, daemon
 from dractl.controller import run
@@ -619,12 +619,12 @@ def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0
     thread.start()
     try:
         controlplane.wait_until(lambda: "start claims" in log, what="the controller started", timeout=20)
-        controlplane.wait_until(lambda: endpoints.get(port, "/readyz")[0] == 200, what="ready", timeout=20)
-        assert endpoints.get(port, "/readyz") == (200, "running: claims synced\n")
-        assert endpoints.get(port, "/healthz") == (200, "ok\n")
-        status, text = endpoints.get(port, "/metrics")
+        controlplane.wait_until(lambda: observe.get(port, "/readyz")[0] == 200, what="ready", timeout=20)
+        assert observe.get(port, "/readyz") == (200, "running: claims synced\n")
+        assert observe.get(port, "/healthz") == (200, "ok\n")
+        status, text = observe.get(port, "/metrics")
         assert status == 200 and "dractl_controller_leader 1.0" in text
-        assert endpoints.get(port, "/nothing")[0] == 404
+        assert observe.get(port, "/nothing")[0] == 404
         assert seen[0].settings is settings and seen[0].registry is not None
     finally:
         stop.set()

@@ -18,7 +18,7 @@ import controlplane
 import grpc
 import pytest
 import structlog
-from support import endpoints, kubelet
+from support import kubelet, observe
 from support.state_inputs import Claims, claim, result
 
 from dractl import config, model
@@ -135,7 +135,7 @@ def test_prepare_through_the_agent_is_counted_in_metrics(
     ref = claims.put(claim("train", UID, [result("gpu-2")]))
     assert kubelet.prepare(node_agent.sockets.dra, ref)[UID].error == ""
     assert (settings.cdi_root / f"k8s.gpu.nvidia.com-claim_{UID}.yaml").exists()
-    status, text = endpoints.get(node_agent.metrics_port, "/metrics")
+    status, text = observe.get(node_agent.metrics_port, "/metrics")
     assert status == 200
     assert 'dractl_node_requests_total{api="v1",operation="prepare"} 1.0' in text
     assert 'dractl_node_claims_total{operation="prepare"} 1.0' in text
@@ -162,15 +162,15 @@ def test_an_xid_taints_the_slice_and_shows_on_the_health_stream(
         model.DeviceTaint(key=f"{DRIVER}/xid", value="79", effect="NoSchedule"),
     )
     assert _tainted(publisher.published[-1], "gpu-1") == ()
-    assert "dractl_node_unhealthy_devices 1.0" in endpoints.get(node_agent.metrics_port, "/metrics")[1]
+    assert "dractl_node_unhealthy_devices 1.0" in observe.get(node_agent.metrics_port, "/metrics")[1]
 
 
 def test_liveness_checks_both_sockets(node_agent: agent.Agent) -> None:
     """Guards: /healthz is 200 while both sockets answer and 503 naming the failing calls once they do not."""
-    assert endpoints.get(node_agent.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
     assert node_agent.plugin is not None
     node_agent.plugin.stop(grace_s=0)
-    status, text = endpoints.get(node_agent.health_port, "/healthz")
+    status, text = observe.get(node_agent.health_port, "/healthz")
     assert status == 503
     assert "/pluginregistration.Registration/GetInfo" in text and "NodePrepareResources" in text
 
@@ -473,7 +473,7 @@ def test_a_prepare_stuck_in_nvml_fails_healthz_naming_the_claim_and_the_call(
     ref = claims.put(claim("infer", UID, [result("gpu-1-mig-1g10gb-19-0")]))
     answers: list[object] = []
     try:
-        assert endpoints.get(a.health_port, "/healthz") == (200, "ok\n")
+        assert observe.get(a.health_port, "/healthz") == (200, "ok\n")
         with grpc.insecure_channel(f"unix:{a.sockets.dra}") as channel:
             call = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources.future(
                 dra_v1_pb2.NodePrepareResourcesRequest(
@@ -484,7 +484,7 @@ def test_a_prepare_stuck_in_nvml_fails_healthz_naming_the_claim_and_the_call(
             call.add_done_callback(lambda done: answers.append(done.result()))
             controlplane.wait_until(gpus.hung, what="the prepare hanging in NVML", timeout=20)
             status, text = controlplane.wait_until(
-                lambda: (answer := endpoints.get(a.health_port, "/healthz"))[0] == 503 and answer,
+                lambda: (answer := observe.get(a.health_port, "/healthz"))[0] == 503 and answer,
                 what="/healthz failing on the stuck prepare",
                 timeout=20,
             )
@@ -541,7 +541,7 @@ def test_healthz_listens_on_an_ipv6_address(
     a = agent.Agent(v6, gpus=gpus, claims=claims, publisher=publisher)
     a.start()
     try:
-        assert endpoints.get(a.health_port, "/healthz", host="[::1]") == (200, "ok\n")
+        assert observe.get(a.health_port, "/healthz", host="[::1]") == (200, "ok\n")
     finally:
         a.stop()
 
