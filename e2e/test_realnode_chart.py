@@ -17,7 +17,6 @@ pod deleted mid-run, `helm upgrade` to a new image tag.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 from collections.abc import Callable, Iterator
@@ -334,19 +333,12 @@ def _slice(name: str, *, node: str) -> dict[str, Any]:
 
 
 def _token_kubeconfig(cluster: realcluster.RealCluster, token: str) -> pathlib.Path:
-    path = cluster.audit_log.parent / "agent-token.kubeconfig"
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "agent",
-        "clusters": [
-            {"name": "c", "cluster": {"server": cluster.plane.url, "certificate-authority": str(cluster.plane.ca.cert)}}
-        ],
-        "users": [{"name": "agent", "user": {"token": token.strip()}}],
-        "contexts": [{"name": "agent", "context": {"cluster": "c", "user": "agent"}}],
-    }
-    path.write_text(json.dumps(config))
-    return path
+    return controlplane.write_kubeconfig(
+        cluster.audit_log.parent / "agent-token.kubeconfig",
+        server=cluster.plane.url,
+        ca=cluster.plane.ca.cert,
+        token=token.strip(),
+    )
 
 
 def test_uninstall_leaves_no_slices_claims_or_cdi_files(cluster: realcluster.RealCluster, installed: Install) -> None:

@@ -266,19 +266,41 @@ class CertificateAuthority:
 
 
 def write_kubeconfig(
-    path: pathlib.Path, *, server: str, ca: pathlib.Path, cert: pathlib.Path, key: pathlib.Path
+    path: pathlib.Path,
+    *,
+    server: str,
+    ca: pathlib.Path | None = None,
+    cert: pathlib.Path | None = None,
+    key: pathlib.Path | None = None,
+    token: str = "",
 ) -> pathlib.Path:
-    """A kubeconfig with one cluster, user and context (`test`), certificates by path. JSON is valid YAML."""
+    """A kubeconfig with one cluster, user and context (`test`): the server's CA, the user's client certificate and
+    key by path, or its bearer `token` (none of them: an anonymous user, e.g. of a closed port). JSON is valid
+    YAML."""
+    cluster: dict[str, str] = {"server": server}
+    if ca is not None:
+        cluster["certificate-authority"] = str(ca)
+    user: dict[str, str] = {}
+    if cert is not None and key is not None:
+        user = {"client-certificate": str(cert), "client-key": str(key)}
+    if token:
+        user["token"] = token
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
-        "users": [{"name": "test", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+        "clusters": [{"name": "test", "cluster": cluster}],
+        "users": [{"name": "test", "user": user}],
         "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
     }
     path.write_text(json.dumps(config, indent=2))
     return path
+
+
+def unreachable_kubeconfig(path: pathlib.Path) -> pathlib.Path:
+    """A kubeconfig naming a local port nothing listens on: a client builds from it, and every connection it makes
+    is refused."""
+    return write_kubeconfig(path, server=f"http://127.0.0.1:{free_ports(1)[0]}")
 
 
 # --- Processes -----------------------------------------------------------------------------

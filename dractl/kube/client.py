@@ -589,13 +589,7 @@ class Client:
         )
         for attempt in retrying:
             with attempt:
-                response = self._send(method, path, **payload)
-                try:
-                    data = _read(response, method, path)
-                finally:
-                    response.release_conn()
-                document = json.loads(data) if data else {}
-                return document if isinstance(document, dict) else {}
+                return _json(self._raw(method, path, **payload))
         raise AssertionError("unreachable: tenacity re-raises the last failure")
 
     def _write_query(self, *, dry_run: bool = False, force: bool = False) -> list[tuple[str, str]]:
@@ -663,14 +657,7 @@ class Client:
         query = [("container", container)] if container else []
         path = PODS.path(namespace=namespace, name=name, subresource="log")
         with self._reported("get", PODS):
-            try:
-                response = self._send("GET", path, query=query)
-            except (urllib3.exceptions.HTTPError, ConnectionError) as error:
-                raise Transient(0, "ConnectionFailed", f"log of pod {namespace}/{name}: {error}") from error
-            try:
-                return response.read().decode(errors="replace")
-            finally:
-                response.release_conn()
+            return self._raw("GET", path, query=query).decode(errors="replace")
 
     def watch(
         self,
@@ -790,20 +777,16 @@ class Client:
         every other stored byte as it is (see `finalizers`). Not retried."""
         path = resource.path(namespace=namespace, name=name)
         with self._reported("update", resource):
-            data = self._raw("PUT", path, body=body, content_type=PROTOBUF, query=self._write_query())
-        document = json.loads(data) if data else {}
-        return document if isinstance(document, dict) else {}
+            return _json(self._raw("PUT", path, body=body, content_type=PROTOBUF, query=self._write_query()))
 
     def _raw(self, method: str, path: str, **payload: Unpack[_Payload]) -> bytes:
-        """One request, no retry; the answer's bytes. A broken connection raises `Transient`."""
+        """One attempt of a request, no retry: the answer's bytes (its connection back in the pool). A connection
+        that breaks, before or while the answer is read, raises `Transient`."""
+        response = self._send(method, path, **payload)
         try:
-            response = self._send(method, path, **payload)
-            try:
-                return response.read()
-            finally:
-                response.release_conn()
-        except (urllib3.exceptions.HTTPError, ConnectionError) as error:
-            raise Transient(0, "ConnectionFailed", f"{method} {path}: {error}") from error
+            return _read(response, method, path)
+        finally:
+            response.release_conn()
 
     def delete(
         self, resource: Resource, name: str, *, namespace: str = "", resource_version: str = "", uid: str = ""
@@ -848,6 +831,12 @@ def _wait(state: tenacity.RetryCallState) -> float:
     if isinstance(error, ApiError) and error.retry_after is not None:
         return max(backoff, min(error.retry_after, MAX_RETRY_AFTER))
     return backoff
+
+
+def _json(data: bytes) -> dict[str, Any]:
+    """An answer's JSON object; an empty answer, or one that is not an object, is {}."""
+    document = json.loads(data) if data else {}
+    return document if isinstance(document, dict) else {}
 
 
 def _read(response: urllib3.BaseHTTPResponse, method: str, path: str) -> bytes:
