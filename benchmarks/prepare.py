@@ -45,7 +45,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from dractl import config, model  # noqa: E402  (the repository root must be on sys.path first)
+from support import kubelet  # noqa: E402
+
+from dractl import model  # noqa: E402  (the repository root must be on sys.path first)
 from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc  # noqa: E402
 from dractl.kube import claims as kube_claims  # noqa: E402
 from dractl.kube import client as kube_client  # noqa: E402
@@ -179,17 +181,7 @@ def startup(plane: Any | None) -> tuple[str, float, float]:
     kube-apiserver when given, else to slices computed and encoded."""
     work = pathlib.Path(tempfile.mkdtemp(prefix="drab-", dir="/tmp"))
     try:
-        settings = config.NodeAgent(
-            node_name=NODE,
-            device_source=config.DeviceSource.FAKE,
-            fake_profile="a100-80gb-x8",
-            cdi_root=work / "cdi",
-            kubelet_registrar_dir=work / "reg",
-            kubelet_plugins_dir=work / "plugins",
-            state_dir=work / "state",
-            health_port=-1,
-            metrics_port=-1,
-        )
+        settings = kubelet.agent_settings(work, work, node_name=NODE)
         publisher: object
         stamps: list[float] = []
         if plane is None:

@@ -113,9 +113,10 @@ DEFAULT_DRIVER_ROOT = pathlib.Path("/")
 DEFAULT_KUBELET_REGISTRAR_DIR = pathlib.Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_KUBELET_PLUGINS_DIR = pathlib.Path("/var/lib/kubelet/plugins")
 DEFAULT_HEALTH_PORT = 51515
-# Not 8080: the agent runs on the host's network, where 8080 is the first port anything else takes.
+# Not 8080: an agent on the host's network shares the host's ports, where 8080 is the first one anything else takes.
 DEFAULT_METRICS_PORT = 51516
-# The kubelet runs probes from the host's network namespace, where the agent's pod lives too: loopback is enough.
+# Loopback: the kubelet probes a host-network pod from the host's network namespace, which it shares. The chart runs
+# the agent on the pod network and passes 0.0.0.0, since the probe then comes to the pod's own address.
 DEFAULT_HEALTH_ADDRESS = "127.0.0.1"
 
 

@@ -840,23 +840,17 @@ class _Build:
             umoci = self._logs("umoci")
             _execute(["umoci", "init", "--layout", str(layout)], log=umoci, what="umoci init")
             _execute(["umoci", "new", "--image", image], log=umoci, what="umoci new")
+
+            def insert(tree: pathlib.Path, dest: str, *, created_by: str) -> None:
+                """One layer: `tree` at `dest` in the image, with its history entry."""
+                argv = ["umoci", "insert", "--image", image, "--history.created", created]
+                argv += ["--history.created_by", created_by, str(tree), dest]
+                _execute(argv, log=umoci, what=f"umoci insert {dest}")
+
             runs = "; ".join(f"RUN {step.command}" for step in self.final.steps if isinstance(step, Run))
-            history = f"FROM {self.final.image} (mmdebstrap); apt-get install {' '.join(self.final.packages)}; {runs}"
-            _execute(
-                [
-                    "umoci",
-                    "insert",
-                    "--image",
-                    image,
-                    "--history.created",
-                    created,
-                    "--history.created_by",
-                    history,
-                    str(final_root),
-                    "/",
-                ],
-                log=umoci,
-                what="umoci insert (the root)",
+            packages = " ".join(self.final.packages)
+            insert(
+                final_root, "/", created_by=f"FROM {self.final.image} (mmdebstrap); apt-get install {packages}; {runs}"
             )
             for step, tree in zip(self.copies, outputs, strict=True):
                 for source in step.sources:
@@ -865,22 +859,7 @@ class _Build:
                     dest = step.dest.rstrip("/") or "/"
                     if step.dest.endswith("/") and not copied.is_dir():
                         dest = posixpath.join(step.dest, copied.name)
-                    _execute(
-                        [
-                            "umoci",
-                            "insert",
-                            "--image",
-                            image,
-                            "--history.created",
-                            created,
-                            "--history.created_by",
-                            f"COPY --from={step.source_stage} {source} {dest}",
-                            str(copied),
-                            dest,
-                        ],
-                        log=umoci,
-                        what=f"umoci insert {dest}",
-                    )
+                    insert(copied, dest, created_by=f"COPY --from={step.source_stage} {source} {dest}")
             config = self.recipe.config
             argv = [
                 "umoci",

@@ -19,28 +19,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-
-import grpc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from support import kubelet  # noqa: E402
 from support.state_inputs import Claims, claim, result  # noqa: E402
 
-from dractl import config, model  # noqa: E402
-from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc  # noqa: E402
+from dractl import config  # noqa: E402
 from dractl.node import agent, sharing  # noqa: E402
 
 UID = "6a5b4c3d-0000-4000-8000-0000000000c1"
-
-
-class _Slices:
-    def __init__(self) -> None:
-        self.published: list[tuple[model.ResourceSlice, ...]] = []
-
-    def publish(self, desired: Sequence[model.ResourceSlice]) -> None:
-        self.published.append(tuple(desired))
 
 
 def main() -> int:
@@ -52,18 +41,9 @@ def main() -> int:
     work = pathlib.Path(tempfile.mkdtemp(prefix="gpu-check-", dir="/tmp"))
     results: dict[str, object] = {}
     ok = True
-    settings = config.NodeAgent(
-        node_name="gpu-check",
-        device_source=config.DeviceSource.NVML,
-        cdi_root=work / "cdi",
-        kubelet_registrar_dir=work / "reg",
-        kubelet_plugins_dir=work / "plugins",
-        state_dir=work / "state",
-        health_port=-1,
-        metrics_port=-1,
-    )
-    claims, slices = Claims(), _Slices()
-    node = agent.Agent(settings, claims=claims, publisher=slices)
+    settings = kubelet.agent_settings(work, work, node_name="gpu-check", device_source=config.DeviceSource.NVML)
+    claims = Claims()
+    node = agent.Agent(settings, claims=claims, publisher=kubelet.Slices())
     node.start()
     try:
         whole = [d for s in node.slices for d in s.devices if d.name.startswith("gpu-") and "-mig-" not in d.name]
@@ -71,38 +51,32 @@ def main() -> int:
         uuid = str(device.attributes["uuid"].scalar)
         results["device"] = {"name": device.name, "uuid": uuid}
         ref = claims.put(claim("gpu-check", UID, [result(device.name, pool="gpu-check")]))
-        request = dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=UID)
-        with grpc.insecure_channel(f"unix:{node.sockets.dra}") as channel:
-            stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
-            started = time.perf_counter()
-            prepared = stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=[request]), timeout=60)
-            results["prepare_ms"] = round((time.perf_counter() - started) * 1000, 1)
-            error = prepared.claims[UID].error
-            results["prepare_error"] = error
-            ok &= error == ""
-            spec_file = settings.cdi_root / f"k8s.gpu.nvidia.com-claim_{UID}.yaml"
-            if spec_file.exists():
-                shutil.copy(spec_file, args.out / "spec.yaml")
-                image = work / "image"
-                shutil.copytree(args.rootfs, image, symlinks=True)
-                ran = subprocess.run(
-                    [sys.executable, str(ROOT / "tools/cdi_run.py"), str(spec_file), f"{UID}-{device.name}"]
-                    + [str(image), "--", "/bin/sh", "-c", "nvidia-smi -L && cuda-query"],
-                    capture_output=True,
-                    text=True,
-                    timeout=300,
-                    check=False,
-                )
-                (args.out / "container.txt").write_text(ran.stdout + ran.stderr)
-                seen = ran.returncode == 0 and uuid in ran.stdout and "64 MiB allocated and freed" in ran.stdout
-                results["container"] = {"rc": ran.returncode, "gpu_listed_and_usable": seen}
-                ok &= seen
-            unprepared = stub.NodeUnprepareResources(
-                dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[request]), timeout=60
+        started = time.perf_counter()
+        error = kubelet.prepare(node.sockets.dra, ref)[UID].error
+        results["prepare_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        results["prepare_error"] = error
+        ok &= error == ""
+        spec_file = settings.cdi_root / f"k8s.gpu.nvidia.com-claim_{UID}.yaml"
+        if spec_file.exists():
+            shutil.copy(spec_file, args.out / "spec.yaml")
+            image = work / "image"
+            shutil.copytree(args.rootfs, image, symlinks=True)
+            ran = subprocess.run(
+                [sys.executable, str(ROOT / "tools/cdi_run.py"), str(spec_file), f"{UID}-{device.name}"]
+                + [str(image), "--", "/bin/sh", "-c", "nvidia-smi -L && cuda-query"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
             )
-            results["unprepare_error"] = unprepared.claims[UID].error
-            results["spec_removed"] = not spec_file.exists()
-            ok &= unprepared.claims[UID].error == "" and not spec_file.exists()
+            (args.out / "container.txt").write_text(ran.stdout + ran.stderr)
+            seen = ran.returncode == 0 and uuid in ran.stdout and "64 MiB allocated and freed" in ran.stdout
+            results["container"] = {"rc": ran.returncode, "gpu_listed_and_usable": seen}
+            ok &= seen
+        error = kubelet.unprepare(node.sockets.dra, ref)[UID].error
+        results["unprepare_error"] = error
+        results["spec_removed"] = not spec_file.exists()
+        ok &= error == "" and not spec_file.exists()
     finally:
         node.stop()
     mps = sharing.NvidiaMps(root=work / "mps")

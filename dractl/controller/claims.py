@@ -15,7 +15,7 @@ kube-controller-manager).
 
 Deallocation rule (decided as upstream): only a claim with the finalizer
 `resource.kubernetes.io/delete-protection` is ever deallocated. kube-scheduler adds it before
-it writes an allocation, and dractl's own allocator will do the same, so "has the finalizer" is
+it writes an allocation, and dractl's scheduler does the same, so "has the finalizer" is
 exactly "allocated by a scheduler that expects the claim controller to clean up". A claim that
 something else allocated without it is never deallocated here.
 

@@ -37,6 +37,7 @@ import enum
 import json
 import logging
 import os
+import random
 import threading
 import time
 import urllib.parse
@@ -609,13 +610,7 @@ class Client:
         )
         for attempt in retrying:
             with attempt:
-                response = self._send(method, path, **payload)
-                try:
-                    data = _read(response, method, path)
-                finally:
-                    response.release_conn()
-                document = _loads(data) if data else {}
-                return document if isinstance(document, dict) else {}
+                return _json(self._raw(method, path, **payload))
         raise AssertionError("unreachable: tenacity re-raises the last failure")
 
     def _write_query(self, *, dry_run: bool = False, force: bool = False) -> list[tuple[str, str]]:
@@ -675,6 +670,15 @@ class Client:
                 token = metadata.get("continue") or ""
                 if not token:
                     return ListResult(tuple(items), str(metadata.get("resourceVersion") or ""))
+
+    def read_log(self, namespace: str, name: str, *, container: str = "") -> str:
+        """A container's log (the pod's `log` subresource, served by its node's kubelet) as text; the pod's only
+        container when `container` is empty. Raises `NotFound`, or `ApiError` (400) while the container has not
+        started. Read-only; not retried (the caller polls)."""
+        query = [("container", container)] if container else []
+        path = PODS.path(namespace=namespace, name=name, subresource="log")
+        with self._reported("get", PODS):
+            return self._raw("GET", path, query=query).decode(errors="replace")
 
     def watch(
         self,
@@ -794,20 +798,16 @@ class Client:
         every other stored byte as it is (see `finalizers`). Not retried."""
         path = resource.path(namespace=namespace, name=name)
         with self._reported("update", resource):
-            data = self._raw("PUT", path, body=body, content_type=PROTOBUF, query=self._write_query())
-        document = _loads(data) if data else {}
-        return document if isinstance(document, dict) else {}
+            return _json(self._raw("PUT", path, body=body, content_type=PROTOBUF, query=self._write_query()))
 
     def _raw(self, method: str, path: str, **payload: Unpack[_Payload]) -> bytes:
-        """One request, no retry; the answer's bytes. A broken connection raises `Transient`."""
+        """One attempt of a request, no retry: the answer's bytes (its connection back in the pool). A connection
+        that breaks, before or while the answer is read, raises `Transient`."""
+        response = self._send(method, path, **payload)
         try:
-            response = self._send(method, path, **payload)
-            try:
-                return response.read()
-            finally:
-                response.release_conn()
-        except (urllib3.exceptions.HTTPError, ConnectionError) as error:
-            raise Transient(0, "ConnectionFailed", f"{method} {path}: {error}") from error
+            return _read(response, method, path)
+        finally:
+            response.release_conn()
 
     def delete(
         self, resource: Resource, name: str, *, namespace: str = "", resource_version: str = "", uid: str = ""
@@ -837,17 +837,27 @@ class Client:
         return slices, result.resource_version
 
 
-_BACKOFF = tenacity.wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05)
+_BACKOFF_FIRST_S = 0.05
+_BACKOFF_MAX_S = 2.0
+_BACKOFF_JITTER_S = 0.05
 
 
 def _wait(state: tenacity.RetryCallState) -> float:
-    """The wait before the next attempt: the jittered exponential backoff, or the Retry-After asked for when longer
-    (at most `MAX_RETRY_AFTER`)."""
-    backoff = _BACKOFF(state)
+    """The wait before the next attempt: 50 ms doubling per attempt up to 2 s, plus up to 50 ms of jitter, or the
+    Retry-After asked for when longer (at most `MAX_RETRY_AFTER`). Computed here rather than with tenacity's
+    jittered wait, whose parameters changed names within the versions pyproject.toml allows."""
+    exponent: int = min(max(state.attempt_number - 1, 0), 16)
+    backoff: float = min(_BACKOFF_FIRST_S * 2.0**exponent, _BACKOFF_MAX_S) + random.uniform(0, _BACKOFF_JITTER_S)
     error = state.outcome.exception() if state.outcome is not None else None
     if isinstance(error, ApiError) and error.retry_after is not None:
         return max(backoff, min(error.retry_after, MAX_RETRY_AFTER))
     return backoff
+
+
+def _json(data: bytes) -> dict[str, Any]:
+    """An answer's JSON object; an empty answer, or one that is not an object, is {}."""
+    document = _loads(data) if data else {}
+    return document if isinstance(document, dict) else {}
 
 
 def _read(response: urllib3.BaseHTTPResponse, method: str, path: str) -> bytes:

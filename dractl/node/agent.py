@@ -85,13 +85,6 @@ STUCK_CALL_S = 120.0
 MIN_KUBERNETES = (1, 34)
 
 
-# --- logging ---------------------------------------------------------------------------------------
-
-
-# Shared with `dractl controller`; the node's name for it is kept (its tests and callers use it).
-configure_logging = daemon.configure_logging
-
-
 # --- metrics ---------------------------------------------------------------------------------------
 
 
@@ -736,7 +729,7 @@ def run(
     `agent` replaces the one built from `settings` (tests inject collaborators that way).
     """
     out = err if err is not None else sys.stderr
-    configure_logging(settings.log_format, stream=out)
+    daemon.configure_logging(settings.log_format, stream=out)
     stopping = stop if stop is not None else threading.Event()
     if agent is None:
         agent = Agent(settings)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import pathlib
-import shutil
-import tempfile
 import uuid
 
 import controlplane
@@ -18,7 +16,11 @@ from dractl.kube import client
 
 @pytest.fixture
 def agent_node(
-    control_plane: controlplane.ControlPlane, kube_client: client.Client, namespace: str, tmp_path: pathlib.Path
+    control_plane: controlplane.ControlPlane,
+    kube_client: client.Client,
+    namespace: str,
+    tmp_path: pathlib.Path,
+    sock_dir: pathlib.Path,
 ) -> collections.abc.Iterator[agent_process.Node]:
     """A Node object, a DeviceClass `mig-<node>` and the directories of one node's agents; every agent started on it
     is stopped at the end."""
@@ -33,8 +35,6 @@ def agent_node(
             "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{agent_process.DRIVER}'"}}]},
         },
     )
-    # Unix socket paths are limited to 107 bytes, so the sockets live in a short /tmp directory.
-    sock_dir = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
     (tmp_path / "logs").mkdir()
     found = agent_process.Node(
         name=name,
@@ -50,6 +50,5 @@ def agent_node(
         yield found
     finally:
         found.stop_all()
-        shutil.rmtree(sock_dir, ignore_errors=True)
         with contextlib.suppress(client.NotFound):
             kube_client.delete(client.DEVICE_CLASSES, f"mig-{name}")

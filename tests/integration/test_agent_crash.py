@@ -19,7 +19,7 @@ from typing import Any
 import controlplane
 import grpc
 import pytest
-from support import agent_process, kube_objects
+from support import agent_process, kube_objects, kubelet
 
 from dractl._proto import dra_v1_pb2
 from dractl.kube import client
@@ -63,7 +63,7 @@ class HungPrepare:
 
     def failed(self) -> grpc.RpcError:
         """The call's error once the agent is dead: it must not have reported success (bounded wait)."""
-        self._thread.join(timeout=agent_process.RPC_TIMEOUT_S)
+        self._thread.join(timeout=kubelet.RPC_TIMEOUT_S)
         assert not self._thread.is_alive(), "NodePrepareResources did not end after the agent was killed"
         (outcome,) = self.outcome
         assert isinstance(outcome, grpc.RpcError), f"the hung prepare returned {outcome!r}"

@@ -16,25 +16,22 @@ import dataclasses
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import controlplane
-import grpc
 import helm_python
 import pytest
-from support import chart, kube_objects
+from support import chart, kube_objects, kubelet, observe
 
-from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc
+from dractl._proto import dra_v1_pb2
 from dractl.kube import access
 from dractl.kube import client as kube_client
-from dractl.node import opaque, plugin
+from dractl.node import opaque, plugin, state
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -65,22 +62,9 @@ class Cluster:
 
     def kubeconfig(self, name: str, token: str) -> pathlib.Path:
         """A kubeconfig that authenticates with `token` (JSON is valid YAML)."""
-        path = self.directory / f"{name}.kubeconfig"
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "current-context": "test",
-            "clusters": [
-                {
-                    "name": "test",
-                    "cluster": {"server": self.plane.url, "certificate-authority": str(self.plane.ca.cert)},
-                }
-            ],
-            "users": [{"name": "test", "user": {"token": token}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-        }
-        path.write_text(json.dumps(config))
-        return path
+        return controlplane.write_kubeconfig(
+            self.directory / f"{name}.kubeconfig", server=self.plane.url, ca=self.plane.ca.cert, token=token
+        )
 
     def token(self, account: str, *, pod: dict[str, Any] | None = None) -> str:
         """A service account token of `account` (TokenRequest), bound to `pod` when given (it then names its node)."""
@@ -374,13 +358,7 @@ class Process:
     log: pathlib.Path
 
     def entries(self) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict):
-                    found.append(entry)
-        return found
+        return observe.log_entries(self.log)
 
     def alive(self) -> bool:
         if self.popen.poll() is not None:
@@ -464,8 +442,6 @@ NODE_AGENT_UNREACHED = {
 }
 CONTROLLER_UNREACHED = {
     ("", "events", "patch"): "the same Event twice in one process (the scheduler warns only when its message changes)",
-    ("", "pods", "get"): "a live read of a pod after a lost binding answer or a race with kube-controller-manager",
-    ("resource.k8s.io", "resourceclaims", "get"): "the scheduler's live read while it takes back a failed decision",
     ("resource.k8s.io", "resourceclaimtemplates", "get"): "a template the claim controller's cache does not hold yet",
 }
 
@@ -474,60 +450,51 @@ def _prepare(sockets: pathlib.Path, claim: dict[str, Any]) -> dra_v1_pb2.NodePre
     paths = plugin.socket_paths(
         driver_name=kube_objects.DRIVER, registrar_dir=sockets / "reg", plugins_dir=sockets / "plugins"
     )
-    ref = dra_v1_pb2.Claim(
-        namespace=claim["metadata"]["namespace"], name=claim["metadata"]["name"], uid=claim["metadata"]["uid"]
-    )
-    with grpc.insecure_channel(f"unix:{paths.dra}") as channel:
-        response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-            dra_v1_pb2.NodePrepareResourcesRequest(claims=[ref]), timeout=START_TIMEOUT_S
-        )
-    return response.claims[ref.uid]
+    metadata = claim["metadata"]
+    ref = state.ClaimRef(namespace=metadata["namespace"], name=metadata["name"], uid=metadata["uid"])
+    return kubelet.prepare(paths.dra, ref, timeout=START_TIMEOUT_S)[ref.uid]
 
 
 def test_the_node_agent_runs_with_its_accounts_rbac_and_needs_all_of_it(
-    cluster: Cluster, tmp_path: pathlib.Path
+    cluster: Cluster, tmp_path: pathlib.Path, sock_dir: pathlib.Path
 ) -> None:
     """Guards: `dractl node-agent` under the chart's node agent account (token bound to its pod on node-a) publishes,
     republishes (more and then fewer slices), prepares a claim and reports a reset state with no 403; every
     rule of its ClusterRole is used except the ones NODE_AGENT_UNREACHED names."""
     token = cluster.token(NODE_AGENT, pod=cluster.agent_pod("node-a"))
     kubeconfig = cluster.kubeconfig("agent-run", token)
-    sockets = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # unix socket paths are limited to 107 bytes
     admin = cluster.admin
     namespace = f"agent-{uuid.uuid4().hex[:6]}"
     kube_objects.make_namespace(admin, namespace)
-    try:
-        runs = [("a100-80gb-x8", "static"), ("a100-80gb-x8", "dynamic"), ("t4-x2", "static")]
-        for number, (profile, mig) in enumerate(runs):
-            args = _agent_args(
-                "node-a", kubeconfig=kubeconfig, directory=tmp_path, sockets=sockets, profile=profile, mig=mig
+    runs = [("a100-80gb-x8", "static"), ("a100-80gb-x8", "dynamic"), ("t4-x2", "static")]
+    for number, (profile, mig) in enumerate(runs):
+        args = _agent_args(
+            "node-a", kubeconfig=kubeconfig, directory=tmp_path, sockets=sock_dir, profile=profile, mig=mig
+        )
+        with _dractl(args, log=tmp_path / f"agent-{number}.log") as agent:
+            controlplane.wait_until(
+                lambda agent=agent: (
+                    agent.alive() and any(e.get("event") == "node agent started" for e in agent.entries())
+                ),
+                what=f"the node agent started with {profile} ({agent.log})",
+                timeout=START_TIMEOUT_S,
             )
-            with _dractl(args, log=tmp_path / f"agent-{number}.log") as agent:
-                controlplane.wait_until(
-                    lambda agent=agent: (
-                        agent.alive() and any(e.get("event") == "node agent started" for e in agent.entries())
-                    ),
-                    what=f"the node agent started with {profile} ({agent.log})",
-                    timeout=START_TIMEOUT_S,
+            if number == 0:
+                claim = kube_objects.create_allocated_claim(
+                    admin,
+                    "prepared",
+                    namespace=namespace,
+                    spec=kube_objects.claim_spec(),
+                    allocated=kube_objects.allocation("node-a", ["gpu-0"]),
                 )
-                if number == 0:
-                    claim = kube_objects.create_allocated_claim(
-                        admin,
-                        "prepared",
-                        namespace=namespace,
-                        spec=kube_objects.claim_spec(),
-                        allocated=kube_objects.allocation("node-a", ["gpu-0"]),
-                    )
-                    answer = _prepare(sockets, claim)
-                    assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-0"]
-            # A corrupt checkpoint makes the next start reset its state and say so in a Warning Event on the Node;
-            # the fake GPUs' state belongs to one profile.
-            (tmp_path / "state" / "checkpoint.json").write_text("{not json")
-            (tmp_path / "state" / "fake-gpus.json").unlink()
-        slices, _ = admin.list_resource_slices(field_selector="spec.nodeName=node-a")
-        assert slices and {d.name for s in slices for d in s.devices} == {"gpu-0", "gpu-1"}
-    finally:
-        shutil.rmtree(sockets, ignore_errors=True)
+                answer = _prepare(sock_dir, claim)
+                assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-0"]
+        # A corrupt checkpoint makes the next start reset its state and say so in a Warning Event on the Node;
+        # the fake GPUs' state belongs to one profile.
+        (tmp_path / "state" / "checkpoint.json").write_text("{not json")
+        (tmp_path / "state" / "fake-gpus.json").unlink()
+    slices, _ = admin.list_resource_slices(field_selector="spec.nodeName=node-a")
+    assert slices and {d.name for s in slices for d in s.devices} == {"gpu-0", "gpu-1"}
     used, forbidden = _used(cluster.audited(token))
     assert forbidden == []
     granted = _granted(["node-agent"])

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import json
 import os
 import pathlib
 import shutil
@@ -21,8 +20,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -30,7 +27,7 @@ import controlplane
 import faultproxy
 import pytest
 from prometheus_client import parser
-from support import kube_objects, node_group
+from support import kube_objects, node_group, observe
 
 from dractl.kube import client
 
@@ -57,13 +54,7 @@ class Replica:
     health_port: int = 0
 
     def entries(self) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text(encoding="utf-8", errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict):
-                    found.append(entry)
-        return found
+        return observe.log_entries(self.log)
 
     def logged(self, event: str) -> dict[str, Any] | None:
         """The first log entry whose event starts with `event`; fails at once if the process has exited."""
@@ -82,16 +73,9 @@ class Replica:
             lambda: self.logged(event), what=f"{self.name} logged {event!r} ({self.log})", timeout=timeout
         )
 
-    def http(self, port: int, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
-
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         """One sample from /metrics, or None when the series does not exist."""
-        _, text = self.http(self.metrics_port, "/metrics")
+        _, text = observe.get(self.metrics_port, "/metrics")
         for family in parser.text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
@@ -223,8 +207,8 @@ def test_one_replica_leads_makes_claims_serves_probes_and_releases_the_lease_on_
     a = start_replica("a")
     a.wait_logged("controllers started")
     assert _holder(kube_client, namespace) == a.identity
-    assert a.http(a.health_port, "/readyz") == (200, "leader: claims synced\n")
-    assert a.http(a.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(a.health_port, "/readyz") == (200, "leader: claims synced\n")
+    assert observe.get(a.health_port, "/healthz") == (200, "ok\n")
     assert a.metric("dractl_controller_leader") == 1
     assert a.metric("dractl_controller_queue_depth", {"controller": "claims"}) is not None
     # The first campaign found no Lease: one 404 on GET, counted by the process-level API error metric.
@@ -254,8 +238,8 @@ def test_two_replicas_one_leads_and_the_other_takes_over_when_it_is_killed(
     a = start_replica("a")
     a.wait_logged("controllers started")
     b = start_replica("b")
-    assert b.http(b.health_port, "/readyz") == (200, "standby: another replica leads\n")
-    assert b.http(b.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(b.health_port, "/readyz") == (200, "standby: another replica leads\n")
+    assert observe.get(b.health_port, "/healthz") == (200, "ok\n")
     assert _holder(kube_client, namespace) == a.identity
     assert (a.metric("dractl_controller_leader"), b.metric("dractl_controller_leader")) == (1, 0)
 
@@ -273,7 +257,7 @@ def test_two_replicas_one_leads_and_the_other_takes_over_when_it_is_killed(
     assert _holder(kube_client, namespace) == b.identity
     assert int(_lease(kube_client, namespace).get("leaseTransitions") or 0) == 1
     assert b.metric("dractl_controller_leader") == 1
-    controlplane.wait_until(lambda: b.http(b.health_port, "/readyz")[0] == 200, what="b is ready as the leader")
+    controlplane.wait_until(lambda: observe.get(b.health_port, "/readyz")[0] == 200, what="b is ready as the leader")
 
     second = _pod(kube_client, namespace, "second")
     second_claim = _wait_claim(kube_client, namespace, second)

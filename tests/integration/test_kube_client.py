@@ -316,6 +316,19 @@ def test_missing_namespace_is_not_found(kube_client: client.Client) -> None:
         kube_client.get(client.RESOURCE_CLAIMS, "x", namespace="no-such-namespace-here")
 
 
+def test_the_log_of_a_missing_pod_is_not_found_and_of_an_unbound_pod_empty(
+    kube_client: client.Client, namespace: str
+) -> None:
+    """Guards: read_log of a missing pod raises NotFound; a pod no node runs yet has an empty log (the API server
+    answers 200 with no text). The log of a running container is read in e2e/ on a real kubelet."""
+    with pytest.raises(client.NotFound):
+        kube_client.read_log(namespace, "nobody")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": namespace}}
+    pod["spec"] = {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}
+    kube_client.create(client.PODS, pod)
+    assert kube_client.read_log(namespace, "p", container="main") == ""
+
+
 def test_list_follows_continue_tokens(
     kube_client: client.Client, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,17 +11,14 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import pathlib
-import shutil
-import tempfile
 import urllib.error
-import urllib.request
 import uuid
 from typing import Any
 
 import controlplane
 import faultproxy
 import pytest
-import structlog
+from support import kubelet, observe
 
 from dractl import config
 from dractl.kube import client
@@ -33,19 +30,6 @@ pytestmark = pytest.mark.timeout(240)
 DRIVER = config.DEFAULT_DRIVER_NAME
 # Generous for a 2-core machine shared with other test runs; each wait ends as soon as its condition holds.
 REPAIR_TIMEOUT_S = 30.0
-
-
-@pytest.fixture(autouse=True)
-def _reset_structlog() -> collections.abc.Iterator[None]:
-    yield
-    structlog.reset_defaults()
-
-
-@pytest.fixture
-def sock_dir() -> collections.abc.Iterator[pathlib.Path]:
-    path = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _create_node(api: client.Client, name: str) -> str:
@@ -78,16 +62,13 @@ def start_agent(
             differ_grace_s: float = agent.SLICES_DIFFER_GRACE_S,
             gpus: fakegpu.FakeGpus | None = None,
         ) -> agent.Agent:
-            settings = config.NodeAgent(
+            settings = kubelet.agent_settings(
+                tmp_path / node,
+                sock_dir / node,
                 node_name=node,
-                device_source=config.DeviceSource.FAKE,
                 fake_profile=profile,
                 mig_mode=mig_mode,
                 consumable_memory=consumable_memory,
-                cdi_root=tmp_path / node / "cdi",
-                kubelet_registrar_dir=sock_dir / node / "reg",
-                kubelet_plugins_dir=sock_dir / node / "plugins",
-                state_dir=tmp_path / node / "state",
                 kubeconfig=kubeconfig or pathlib.Path(control_plane.kubeconfig),
                 health_port=0,
                 metrics_port=0,
@@ -125,15 +106,6 @@ def _matches(api: client.Client, node_agent: agent.Agent, *, owner_uid: str | No
     return True
 
 
-def _get(port: int | None, path: str) -> tuple[int, str]:
-    assert port is not None
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-
-
 def _metric(node_agent: agent.Agent, name: str) -> float:
     value = node_agent.metrics.registry.get_sample_value(name)
     return 0.0 if value is None else value
@@ -161,7 +133,7 @@ def test_a_deleted_slice_and_then_every_slice_come_back(
     controlplane.wait_until(
         lambda: _metric(node_agent, "dractl_node_slices_in_sync") == 1, what="the slices in sync", timeout=30
     )
-    assert _get(node_agent.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
 
 
 def test_an_edited_slice_is_rewritten(
@@ -211,7 +183,7 @@ def test_slices_deleted_with_their_node_come_back_once_it_is_registered_again(
         lambda: not _stored(kube_client, node_name), what="the garbage collector deleting the slices", timeout=90
     )
     status, text = controlplane.wait_until(
-        lambda: (answer := _get(node_agent.health_port, "/healthz"))[0] == 503 and answer,
+        lambda: (answer := observe.get(node_agent.health_port, "/healthz"))[0] == 503 and answer,
         what="/healthz naming the missing Node",
         timeout=REPAIR_TIMEOUT_S,
     )
@@ -222,7 +194,7 @@ def test_slices_deleted_with_their_node_come_back_once_it_is_registered_again(
         what="the slices created for the new Node",
         timeout=REPAIR_TIMEOUT_S,
     )
-    assert _get(node_agent.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
 
 
 def test_a_wrong_node_name_fails_healthz_until_the_node_exists(
@@ -232,7 +204,7 @@ def test_a_wrong_node_name_fails_healthz_until_the_node_exists(
     flag, and publishes nothing; when the Node appears, the slices follow without a restart."""
     name = f"node-missing-{uuid.uuid4().hex[:6]}"
     node_agent = start_agent(name, profile="t4-x2", mig_mode=config.MigMode.STATIC)
-    status, text = _get(node_agent.health_port, "/healthz")
+    status, text = observe.get(node_agent.health_port, "/healthz")
     assert status == 503
     assert text == (
         f"node {name}: there is no Node object of that name, so no ResourceSlice is published (is --node-name right?)\n"
@@ -243,7 +215,7 @@ def test_a_wrong_node_name_fails_healthz_until_the_node_exists(
     controlplane.wait_until(
         lambda: _matches(kube_client, node_agent, owner_uid=uid), what="the slices published", timeout=REPAIR_TIMEOUT_S
     )
-    assert _get(node_agent.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
 
 
 def test_slices_that_cannot_be_repaired_fail_healthz_and_show_in_metrics(
@@ -263,7 +235,7 @@ def test_slices_that_cannot_be_repaired_fail_healthz_and_show_in_metrics(
     # While the first failing publish still retries, /healthz may already say that a change is being compared.
     status, text = controlplane.wait_until(
         lambda: (
-            (answer := _get(node_agent.health_port, "/healthz"))[0] == 503
+            (answer := observe.get(node_agent.health_port, "/healthz"))[0] == 503
             and "publishing failed" in answer[1]
             and answer
         ),
@@ -274,14 +246,14 @@ def test_slices_that_cannot_be_repaired_fail_healthz_and_show_in_metrics(
     assert "503 ServiceUnavailable" in text
     assert _metric(node_agent, "dractl_node_slices_in_sync") == 0
     assert _metric(node_agent, "dractl_node_publish_failures_total") >= 1
-    metrics = _get(node_agent.metrics_port, "/metrics")[1]
+    metrics = observe.get(node_agent.metrics_port, "/metrics")[1]
     assert "process_resident_memory_bytes" in metrics and "python_info" in metrics
     fault_proxy.clear()
     node_agent.tick()
     controlplane.wait_until(
         lambda: _matches(kube_client, node_agent), what="the slice published again", timeout=REPAIR_TIMEOUT_S
     )
-    assert _get(node_agent.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
 
 
 def test_a_change_that_leaves_the_slices_as_published_writes_nothing(
@@ -323,11 +295,11 @@ def test_metrics_listen_on_the_nodes_internal_ip(
     }
     kube_client.update_status(client.NODES, node)
     node_agent = start_agent(name, profile="t4-x2", mig_mode=config.MigMode.STATIC)
-    with urllib.request.urlopen(f"http://127.0.0.2:{node_agent.metrics_port}/metrics", timeout=10) as response:
-        assert "dractl_node_published_devices 2.0" in response.read().decode()
+    status, text = observe.get(node_agent.metrics_port, "/metrics", host="127.0.0.2")
+    assert status == 200 and "dractl_node_published_devices 2.0" in text
     with pytest.raises(urllib.error.URLError):
-        urllib.request.urlopen(f"http://127.0.0.1:{node_agent.metrics_port}/metrics", timeout=10)
-    assert _get(node_agent.health_port, "/healthz") == (200, "ok\n")
+        observe.get(node_agent.metrics_port, "/metrics")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
 
 
 # An API server that serves Kubernetes 1.35 (the 1.36 binary emulating it) with the DRA gates that were alpha

@@ -19,6 +19,7 @@ POLICIES = pytest.mark.parametrize(
 
 
 @POLICIES
+@strategies.settings_for(100)
 @given(instance=strategies.instances(max_claims=4), data=st.data())
 def test_usage_after_releases_equals_a_fresh_allocator(
     policy: alloc.Policy, instance: strategies.Instance, data: st.DataObject

@@ -8,7 +8,6 @@ from their files: the checkpoint and the fake's `fake-gpus.json`. Every process 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -20,18 +19,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import controlplane
-import grpc
 import yaml
 
 from dractl import config
-from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc
+from dractl._proto import dra_v1_pb2
 from dractl.node import checkpoint, plugin
+from support import kubelet, observe
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DRIVER = config.DEFAULT_DRIVER_NAME
 # Generous bounds for a 2-core machine shared with other test runs; each wait ends as soon as its condition holds.
 START_TIMEOUT_S = 60.0
-RPC_TIMEOUT_S = 60.0
 
 
 def write_profile(path: pathlib.Path, *, faults: list[dict[str, Any]]) -> None:
@@ -66,13 +64,7 @@ class Agent:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
     def log_entries(self) -> list[dict[str, Any]]:
-        entries = []
-        for line in self.log_text().splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict):
-                    entries.append(entry)
-        return entries
+        return observe.log_entries(self.log)
 
     def started(self) -> bool:
         if self.process.poll() is not None:
@@ -96,18 +88,10 @@ class Agent:
         controlplane.stop_process(self.process, grace=20.0)
 
     def prepare(self, claim: dra_v1_pb2.Claim) -> dra_v1_pb2.NodePrepareResourceResponse:
-        with grpc.insecure_channel(f"unix:{self.sockets.dra}") as channel:
-            response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-                dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim]), timeout=RPC_TIMEOUT_S
-            )
-        return response.claims[claim.uid]
+        return kubelet.prepare(self.sockets.dra, claim)[claim.uid]
 
     def unprepare(self, claim: dra_v1_pb2.Claim) -> dra_v1_pb2.NodeUnprepareResourceResponse:
-        with grpc.insecure_channel(f"unix:{self.sockets.dra}") as channel:
-            response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodeUnprepareResources(
-                dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim]), timeout=RPC_TIMEOUT_S
-            )
-        return response.claims[claim.uid]
+        return kubelet.unprepare(self.sockets.dra, claim)[claim.uid]
 
 
 @dataclasses.dataclass(slots=True)

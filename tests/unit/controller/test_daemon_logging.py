@@ -9,7 +9,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import structlog
@@ -22,12 +21,6 @@ class _Terminal(io.StringIO):
 
     def isatty(self) -> bool:
         return True
-
-
-@pytest.fixture(autouse=True)
-def _structlog_defaults() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 def _log_both(log_format: config.LogFormat | None, out: io.StringIO) -> list[str]:
@@ -54,9 +47,10 @@ def test_json_lines_carry_the_traceback_as_a_field(
     log_format: config.LogFormat | None, stream: type[io.StringIO]
 ) -> None:
     """Guards: JSON (asked for, or unset on a stream that is not a terminal) makes every line of both loggers one
-    JSON object, the traceback in its `exception` field."""
+    JSON object with its event, level and timestamp, the traceback in its `exception` field."""
     lines = [json.loads(line) for line in _log_both(log_format, stream())]
-    assert [line["event"] for line in lines] == ["from structlog", "from logging"]
+    assert [(line["event"], line["level"]) for line in lines] == [("from structlog", "info"), ("from logging", "error")]
+    assert all("timestamp" in line for line in lines)
     assert lines[0]["claim"] == "ns/c"
     assert "ValueError: bad" in lines[1]["exception"]
 

@@ -16,15 +16,13 @@ import queue
 import re
 import socket
 import threading
-import urllib.error
-import urllib.request
 from typing import Any
 
 import controlplane
 import prometheus_client
 import pytest
-import structlog
 from click.testing import CliRunner
+from support import observe
 
 from dractl import cli, config, daemon
 from dractl.controller import run
@@ -50,12 +48,6 @@ FLAGS = {
     "--health-port": "DRACTL_HEALTH_PORT",
     "--log-format": "DRACTL_LOG_FORMAT",
 }
-
-
-@pytest.fixture(autouse=True)
-def _reset_structlog() -> collections.abc.Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture
@@ -293,7 +285,7 @@ def test_identity_is_unique_per_process_start() -> None:
 def test_api_errors_are_counted_by_verb_resource_and_code(tmp_path: pathlib.Path) -> None:
     """Guards: a request that gets no answer is counted once per call in api_errors{verb, resource, code="0"}."""
     metrics = run.ProcessMetrics.create(standard=False)
-    base = kube_client.connect(_unreachable_kubeconfig(tmp_path), attempts=1)
+    base = kube_client.connect(controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"), attempts=1)
     api = run.CountingClient(base, errors=metrics.api_errors, timeout=2)
     try:
         for _ in range(2):
@@ -598,32 +590,6 @@ def test_stdlib_logs_come_out_in_the_same_json_lines_and_undo_removes_the_handle
     assert second["level"] == "error" and "ValueError: bad" in second["exception"]
 
 
-def _unreachable_kubeconfig(tmp_path: pathlib.Path) -> pathlib.Path:
-    """A kubeconfig naming a closed local port: building a client from it works, no request ever answers."""
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{controlplane.free_ports(1)[0]}"}}],
-                "users": [{"name": "u", "user": {}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            }
-        )
-    )
-    return path
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
 def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0(tmp_path: pathlib.Path) -> None:
     """Guards: run() wires factories, metrics and probes: with --metrics-port equal to --health-port one listener
     answers /metrics, /healthz and /readyz; the controllers get the settings; setting `stop` exits 0."""
@@ -636,7 +602,7 @@ def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0
 
     [port] = controlplane.free_ports(1)
     settings = config.ControllerConfig(
-        kubeconfig=_unreachable_kubeconfig(tmp_path),
+        kubeconfig=controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"),
         leader_elect=False,
         metrics_port=port,
         health_port=port,
@@ -653,12 +619,12 @@ def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0
     thread.start()
     try:
         controlplane.wait_until(lambda: "start claims" in log, what="the controller started", timeout=20)
-        controlplane.wait_until(lambda: _get(port, "/readyz")[0] == 200, what="ready", timeout=20)
-        assert _get(port, "/readyz") == (200, "running: claims synced\n")
-        assert _get(port, "/healthz") == (200, "ok\n")
-        status, text = _get(port, "/metrics")
+        controlplane.wait_until(lambda: observe.get(port, "/readyz")[0] == 200, what="ready", timeout=20)
+        assert observe.get(port, "/readyz") == (200, "running: claims synced\n")
+        assert observe.get(port, "/healthz") == (200, "ok\n")
+        status, text = observe.get(port, "/metrics")
         assert status == 200 and "dractl_controller_leader 1.0" in text
-        assert _get(port, "/nothing")[0] == 404
+        assert observe.get(port, "/nothing")[0] == 404
         assert seen[0].settings is settings and seen[0].registry is not None
     finally:
         stop.set()
@@ -676,7 +642,7 @@ def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: pathlib.Path) -> None:
         taken.listen(1)
         port = taken.getsockname()[1]
         settings = config.ControllerConfig(
-            kubeconfig=_unreachable_kubeconfig(tmp_path),
+            kubeconfig=controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"),
             metrics_port=-1,
             health_port=port,
             log_format=config.LogFormat.JSON,
@@ -690,7 +656,7 @@ def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: pathlib.Path) -> None:
 def test_the_real_elector_steps_its_heartbeat_even_while_the_api_is_away(tmp_path: pathlib.Path) -> None:
     """Guards: leader.Elector.run calls on_step(leading=False) after each failed attempt, so /healthz sees a live
     loop (not a wedged one) while the API server is unreachable, and the elector never claims to lead."""
-    base = kube_client.connect(_unreachable_kubeconfig(tmp_path), attempts=1)
+    base = kube_client.connect(controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"), attempts=1)
     elector = leader.Elector(
         base,
         leader.Config(

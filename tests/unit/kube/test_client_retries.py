@@ -3,13 +3,12 @@ and write fence every attempt goes through. No API server: answers are scripted,
 
 from __future__ import annotations
 
-import json
 import pathlib
 from collections.abc import Callable
-from typing import Any
 
 import controlplane
 import pytest
+from support.scripted_client import Response, scripted
 
 from dractl.kube import client
 
@@ -71,33 +70,12 @@ def test_retry_after_header_parsing(header: str | None, seconds: float | None) -
     assert client.retry_after_seconds(header) == seconds
 
 
-class _Response:
-    def __init__(self, document: dict[str, Any]) -> None:
-        self.data = json.dumps(document).encode()
-
-    def read(self) -> bytes:
-        return self.data
-
-    def release_conn(self) -> None:
-        return None
-
-
 def _scripted(
-    answers: list[_Response | client.ApiError], monkeypatch: pytest.MonkeyPatch, *, attempts: int = 5
+    answers: list[Response | client.ApiError], monkeypatch: pytest.MonkeyPatch, *, attempts: int = 5
 ) -> tuple[client.Client, list[str], list[float]]:
     """A client whose attempts take `answers` in order; the methods sent and the waits between attempts."""
-    sent: list[str] = []
     waits: list[float] = []
-    made = client.Client(None, attempts=attempts, sleep=waits.append)  # type: ignore[arg-type]
-
-    def send(method: str, path: str, **_: Any) -> _Response:
-        sent.append(method)
-        answer = answers.pop(0)
-        if isinstance(answer, client.ApiError):
-            raise answer
-        return answer
-
-    monkeypatch.setattr(made, "_send", send)
+    made, sent = scripted(answers, monkeypatch, attempts=attempts, sleep=waits.append)
     return made, sent, waits
 
 
@@ -108,7 +86,7 @@ def test_a_create_whose_answer_broke_off_is_sent_once(monkeypatch: pytest.Monkey
     """Guards: a POST (generateName) that hit a reset or a 5xx is not sent again, even when the server asked for a
     retry: the first may have created the claim, and a second would make another."""
     for error in (_BROKEN, _status(500), _status(503, retry_after=1)):
-        api, sent, waits = _scripted([error, _Response({})], monkeypatch)
+        api, sent, waits = _scripted([error, Response({})], monkeypatch)
         with pytest.raises(client.Transient):
             api.create(client.RESOURCE_CLAIMS, _CLAIM)
         assert (sent, waits) == (["POST"], [])
@@ -118,7 +96,7 @@ def test_a_429_is_retried_after_the_retry_after_it_asked_for(monkeypatch: pytest
     """Guards: a create turned away with 429 is sent again once the server's Retry-After has passed, and the
     answer of the retry is returned."""
     api, sent, waits = _scripted(
-        [_status(429, retry_after=3), _Response({"metadata": {"name": "pod-gpu-x"}})], monkeypatch
+        [_status(429, retry_after=3), Response({"metadata": {"name": "pod-gpu-x"}})], monkeypatch
     )
     assert api.create(client.RESOURCE_CLAIMS, _CLAIM)["metadata"]["name"] == "pod-gpu-x"
     assert sent == ["POST", "POST"]
@@ -127,7 +105,7 @@ def test_a_429_is_retried_after_the_retry_after_it_asked_for(monkeypatch: pytest
 
 def test_a_retry_after_is_honoured_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guards: a Retry-After longer than MAX_RETRY_AFTER waits that bound, not for hours."""
-    api, _, waits = _scripted([_status(503, retry_after=3600), _Response({})], monkeypatch)
+    api, _, waits = _scripted([_status(503, retry_after=3600), Response({})], monkeypatch)
     api.get(client.PODS, "p", namespace="ns")
     assert waits == [client.MAX_RETRY_AFTER]
 
@@ -139,25 +117,6 @@ def test_reads_are_retried_with_backoff_until_the_attempts_run_out(monkeypatch: 
         api.get(client.PODS, "p", namespace="ns")
     assert sent == ["GET"] * 3
     assert len(waits) == 2 and all(0 < wait <= 2.05 for wait in waits)
-
-
-def _unreachable(tmp_path: pathlib.Path) -> pathlib.Path:
-    """A kubeconfig naming a local port nothing listens on: every connection is refused."""
-    path = tmp_path / "kubeconfig"
-    server = f"http://127.0.0.1:{controlplane.free_ports(1)[0]}"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": server}}],
-                "users": [{"name": "u", "user": {}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            }
-        )
-    )
-    return path
 
 
 class _Limiter:
@@ -193,7 +152,7 @@ def unreachable(tmp_path: pathlib.Path) -> Callable[..., tuple[client.Client, li
     def build(*, attempts: int = 3) -> tuple[client.Client, list[str], list[float]]:
         log: list[str] = []
         waits: list[float] = []
-        base = client.connect(_unreachable(tmp_path), attempts=attempts)
+        base = client.connect(controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"), attempts=attempts)
         api = client.Client(
             base.api_client, attempts=attempts, limiter=_Limiter(log), fence=_Fence(log), sleep=waits.append
         )

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import collections.abc
 import pathlib
 import re
-import shutil
-import tempfile
 
 import pytest
-import structlog
 from click.testing import CliRunner
 
 from dractl import cli
@@ -35,28 +31,20 @@ FLAGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _reset_structlog() -> collections.abc.Iterator[None]:
-    yield
-    structlog.reset_defaults()
-
-
 @pytest.fixture
-def dirs() -> collections.abc.Iterator[list[str]]:
-    path = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    yield [
+def dirs(sock_dir: pathlib.Path) -> list[str]:
+    return [
         "--kubelet-registrar-dir",
-        str(path / "reg"),
+        str(sock_dir / "reg"),
         "--kubelet-plugins-dir",
-        str(path / "plugins"),
+        str(sock_dir / "plugins"),
         "--cdi-root",
-        str(path / "cdi"),
+        str(sock_dir / "cdi"),
         "--health-port",
         "-1",
         "--metrics-port",
         "-1",
     ]
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_every_flag_states_its_default_and_env_var() -> None:

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import pathlib
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
 
 import click.testing
-import grpc
 import pytest
-from support import cdi_rules
+from support import cdi_rules, kubelet
 from support.state_inputs import Claims, claim, result
 
-from dractl import cli, config, model
-from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc
+from dractl import cli, config
 from dractl.node import agent, cdi, driverfiles, fakegpu
 
 VERSION = "580.126.20"
@@ -231,54 +227,19 @@ def test_the_fake_nvidia_smi_lists_the_gpus_a_container_was_given(root: pathlib.
 # --- through the agent ----------------------------------------------------------------------------------
 
 
-class _Publisher:
-    def publish(self, desired: Sequence[model.ResourceSlice]) -> None:
-        pass
-
-
-@pytest.fixture
-def sockets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pathlib.Path]:
-    # Unix socket paths are short: a directory under /tmp, not pytest's long tmp_path.
-    path = pathlib.Path(os.path.realpath(os.path.join("/tmp", f"dcdi-{os.getpid()}")))
-    path.mkdir(exist_ok=True)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _settings(tmp_path: pathlib.Path, sockets: pathlib.Path, **changes: object) -> config.NodeAgent:
-    base = config.NodeAgent(
-        node_name="node-a",
-        device_source=config.DeviceSource.FAKE,
-        cdi_root=tmp_path / "cdi",
-        kubelet_registrar_dir=sockets / "reg",
-        kubelet_plugins_dir=sockets / "plugins",
-        state_dir=tmp_path / "state",
-        health_port=-1,
-        metrics_port=-1,
-    )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
-
-
 def _prepare(a: agent.Agent, claims: Claims) -> dict[str, object]:
     ref = claims.put(claim("train", UID, [result("gpu-3")]))
-    with grpc.insecure_channel(f"unix:{a.sockets.dra}") as channel:
-        response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-            dra_v1_pb2.NodePrepareResourcesRequest(
-                claims=[dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=UID)]
-            ),
-            timeout=10,
-        )
-    assert response.claims[UID].error == ""
+    assert kubelet.prepare(a.sockets.dra, ref)[UID].error == ""
     return cdi_rules.check_file(a.settings.cdi_root / f"k8s.gpu.nvidia.com-claim_{UID}.yaml")  # type: ignore[no-any-return]
 
 
 def test_a_fake_node_mounts_its_fake_driver_root_and_names_no_device_node(
-    tmp_path: pathlib.Path, sockets: pathlib.Path, gpus: fakegpu.FakeGpus
+    tmp_path: pathlib.Path, sock_dir: pathlib.Path, gpus: fakegpu.FakeGpus
 ) -> None:
     """Guards: with fake GPUs the agent lays out a fake driver root in its state directory and the claim's spec
     mounts its files (every hostPath exists on the host, as containerd requires) and names no device node."""
     claims = Claims()
-    a = agent.Agent(_settings(tmp_path, sockets), gpus=gpus, claims=claims, publisher=_Publisher())
+    a = agent.Agent(kubelet.agent_settings(tmp_path, sock_dir), gpus=gpus, claims=claims, publisher=kubelet.Slices())
     a.start()
     try:
         spec = _prepare(a, claims)
@@ -293,19 +254,19 @@ def test_a_fake_node_mounts_its_fake_driver_root_and_names_no_device_node(
 
 
 def test_a_gpu_node_names_host_paths_of_the_driver_root_it_reads_elsewhere(
-    tmp_path: pathlib.Path, sockets: pathlib.Path, gpus: fakegpu.FakeGpus, root: pathlib.Path
+    tmp_path: pathlib.Path, sock_dir: pathlib.Path, gpus: fakegpu.FakeGpus, root: pathlib.Path
 ) -> None:
     """Guards: --driver-root is what specs name and --container-driver-root where the agent reads the files: a
     driver container's root mounted into the agent at another path still gives host paths."""
     claims = Claims()
-    settings = _settings(
+    settings = kubelet.agent_settings(
         tmp_path,
-        sockets,
+        sock_dir,
         device_source=config.DeviceSource.NVML,
         driver_root=pathlib.Path("/run/nvidia/driver"),
         container_driver_root=root,
     )
-    a = agent.Agent(settings, gpus=gpus, claims=claims, publisher=_Publisher())
+    a = agent.Agent(settings, gpus=gpus, claims=claims, publisher=kubelet.Slices())
     a.start()
     try:
         spec = _prepare(a, claims)
@@ -336,7 +297,7 @@ def test_a_gpu_node_names_host_paths_of_the_driver_root_it_reads_elsewhere(
 )
 def test_a_driver_root_that_cannot_give_specs_stops_the_start_with_one_line(
     tmp_path: pathlib.Path,
-    sockets: pathlib.Path,
+    sock_dir: pathlib.Path,
     gpus: fakegpu.FakeGpus,
     changes: dict[str, object],
     message: str,
@@ -344,8 +305,8 @@ def test_a_driver_root_that_cannot_give_specs_stops_the_start_with_one_line(
 ) -> None:
     """Guards: a wrong --driver-root or a missing nvidia-ctk is one line and exit 1 before the sockets go up."""
     monkeypatch.setenv("PATH", str(tmp_path))
-    settings = _settings(tmp_path, sockets, device_source=config.DeviceSource.NVML, **changes)
-    a = agent.Agent(settings, gpus=gpus, claims=Claims(), publisher=_Publisher())
+    settings = kubelet.agent_settings(tmp_path, sock_dir, device_source=config.DeviceSource.NVML, **changes)
+    a = agent.Agent(settings, gpus=gpus, claims=Claims(), publisher=kubelet.Slices())
     err = io.StringIO()
     assert agent.run(settings, err=err, agent=a) == agent.EXIT_FAILED
     assert err.getvalue().splitlines()[-1].startswith(message)

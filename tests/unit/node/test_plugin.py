@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import collections.abc
 import pathlib
-import shutil
 import socket
-import tempfile
 import threading
 import time
 
@@ -74,14 +72,6 @@ class FakePreparer:
                 raise self.errors[claim.uid]
         finally:
             self._leave()
-
-
-@pytest.fixture
-def sock_dir() -> collections.abc.Iterator[pathlib.Path]:
-    # pytest's tmp_path can exceed the 108-byte AF_UNIX limit once the socket names are added.
-    path = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
