@@ -381,11 +381,16 @@ def consumer(pod: PodInfo) -> dict[str, str]:
 
 
 def needs_finalizer(claim: model.ResourceClaim) -> bool:
-    """Whether the delete-protection finalizer is still to be added before the claim is allocated. Pure.
-
-    It is written with `kube.finalizers.change` (a protobuf read-modify-write at the claim's
-    resourceVersion), never with a patch: see that module for why."""
+    """Whether the delete-protection finalizer is still to be added before the claim is allocated. Pure."""
     return claims.DELETE_PROTECTION_FINALIZER not in claim.meta.finalizers
+
+
+def finalizer_by_patch(claim: model.ResourceClaim) -> bool:
+    """Whether the finalizer may be added with a merge patch (`kube.finalizers.add_with_patch`, one request): the
+    claim has no opaque configuration, the only part of a claim the API server keeps as raw bytes, which a patch's
+    JSON round trip would re-encode (then the API server refuses the write: spec is immutable). Otherwise it is
+    written with `kube.finalizers.change` (a protobuf read and PUT that keep every stored byte). Pure."""
+    return not claim.spec.config
 
 
 def allocation_patch(

@@ -113,7 +113,7 @@ COMPONENTS: tuple[Component, ...] = (
             Rule(kube_client.PODS, ("patch",), subresource="status"),
             Rule(kube_client.PODS, ("create",), subresource="binding"),
             Rule(kube_client.NODES, ("list", "watch")),
-            Rule(kube_client.RESOURCE_CLAIMS, ("get", "list", "watch", "update")),
+            Rule(kube_client.RESOURCE_CLAIMS, ("get", "list", "watch", "update", "patch")),
             Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="status"),
             Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="binding"),
             Rule(kube_client.RESOURCE_SLICES, ("list", "watch")),

@@ -438,9 +438,10 @@ def _granted(components: list[str]) -> set[tuple[str, str, str]]:
 
 # Rules the scenarios below cannot reach, each with the call that needs it (the access test finds the call site).
 NODE_AGENT_UNREACHED = {
-    ("", "events", "patch"): "the same Event twice in one agent process (a repeated NodeStateReset)"
+    ("", "events", "patch"): "the same Event twice in one agent process (a repeated NodeStateReset)",
 }
 CONTROLLER_UNREACHED = {
+    ("", "pods", "get"): "a pod that changed between the scheduler's decision and its Binding (read live only then)",
     ("", "events", "patch"): "the same Event twice in one process (the scheduler warns only when its message changes)",
     ("resource.k8s.io", "resourceclaimtemplates", "get"): "a template the claim controller's cache does not hold yet",
 }

@@ -11,7 +11,7 @@ import faultproxy
 import pytest
 
 from dractl import model
-from dractl.kube import client
+from dractl.kube import client, finalizers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,6 +98,69 @@ def test_merge_patch_with_a_stale_resource_version_is_a_conflict(kube_client: cl
             "mp",
             namespace=namespace,
             patch={"metadata": {"resourceVersion": first["metadata"]["resourceVersion"], "labels": {"x": "2"}}},
+        )
+
+
+def test_a_finalizer_added_with_a_patch_keeps_the_spec_bytes_and_a_stale_version_writes_nothing(
+    kube_client: client.Client, namespace: str
+) -> None:
+    """Guards: `finalizers.add_with_patch` on a claim without opaque configuration (selectors, a capacity request):
+    the finalizer is appended to the ones there, the stored spec is the same bytes after the API server's JSON round
+    trip, a second call finds it there and sends nothing, and a call at a stale resourceVersion is a Conflict that
+    changes nothing."""
+    body = _claim("fin", namespace)
+    body["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"memory": "8Gi"}}
+    body["metadata"]["finalizers"] = ["example.com/first"]
+    created = kube_client.create(client.RESOURCE_CLAIMS, body)
+    version = created["metadata"]["resourceVersion"]
+    before = finalizers.read(kube_client.get_protobuf(client.RESOURCE_CLAIMS, "fin", namespace=namespace))
+    wanted = "resource.kubernetes.io/delete-protection"
+    stored = finalizers.add_with_patch(
+        kube_client,
+        client.RESOURCE_CLAIMS,
+        "fin",
+        namespace=namespace,
+        resource_version=version,
+        finalizers=before.finalizers,
+        add=wanted,
+    )
+    assert stored is not None and stored["metadata"]["finalizers"] == ["example.com/first", wanted]
+    after = finalizers.read(kube_client.get_protobuf(client.RESOURCE_CLAIMS, "fin", namespace=namespace))
+    assert after.sections[2] == before.sections[2]
+    assert (
+        finalizers.add_with_patch(
+            kube_client,
+            client.RESOURCE_CLAIMS,
+            "fin",
+            namespace=namespace,
+            resource_version=after.resource_version,
+            finalizers=after.finalizers,
+            add=wanted,
+        )
+        is None
+    )
+    with pytest.raises(client.Conflict):
+        finalizers.add_with_patch(
+            kube_client,
+            client.RESOURCE_CLAIMS,
+            "fin",
+            namespace=namespace,
+            resource_version=version,
+            finalizers=("example.com/first",),
+            add="example.com/second",
+        )
+    final = kube_client.get(client.RESOURCE_CLAIMS, "fin", namespace=namespace)
+    assert final["metadata"]["finalizers"] == ["example.com/first", wanted]
+    assert final["metadata"]["resourceVersion"] == after.resource_version
+    for name in final["metadata"]["finalizers"]:  # Let the namespace go.
+        latest = kube_client.get(client.RESOURCE_CLAIMS, "fin", namespace=namespace)
+        finalizers.change(
+            kube_client,
+            client.RESOURCE_CLAIMS,
+            "fin",
+            namespace=namespace,
+            resource_version=latest["metadata"]["resourceVersion"],
+            remove=name,
         )
 
 

@@ -287,7 +287,7 @@ def test_the_pod_says_why_each_attempt_failed_and_a_retry_replaces_it(
     group.pod("told", claims=[kube_objects.of_claim("c")])
     make_scheduler()
     assert group.wait_condition("told")["reason"] == "Unschedulable"
-    fault_proxy.add(faultproxy.respond(500, method="PUT", path="/resourceclaims/c", count=None))
+    fault_proxy.add(faultproxy.respond(500, method="PATCH", path=r"/resourceclaims/c\?", count=None))
     group.publish("t4-node-01", node)
     failed = controlplane.wait_until(
         lambda: (
@@ -314,9 +314,9 @@ def test_a_pod_that_records_another_claim_before_its_binding_is_bound_with_that_
     make_scheduler: Callable[..., sched.Scheduler],
 ) -> None:
     """Guards: the issue's lost pods: the scheduler allocated claim a, the pod's record, but before the binding the
-    pod records claim b (as when kube-controller-manager records its own claim late): the pod read just before the
-    binding shows it, a is taken back (allocation, reservation, finalizer), the pod says why, and the retry binds
-    the pod with b allocated and reserved for it."""
+    pod records claim b (as when kube-controller-manager records its own claim late): the binding, made at the
+    pod's version the decision saw, is refused, the live read then shows b, a is taken back (allocation,
+    reservation, finalizer), the pod says why, and the retry binds the pod with b allocated and reserved for it."""
     node = group.node("t4-node-01")
     pod = group.pod("late", claims=[kube_objects.from_template("one-gpu")])
     annotations = {"resource.kubernetes.io/pod-claim-name": "gpu"}
@@ -327,8 +327,8 @@ def test_a_pod_that_records_another_claim_before_its_binding_is_bound_with_that_
         )
     record = {"status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "a"}]}}
     kube_client.patch(client.PODS, "late", namespace=group.namespace, subresource="status", patch=record)
-    # The scheduler's read of the pod before the binding waits 3 s at the proxy; meanwhile the record changes.
-    fault_proxy.add(faultproxy.latency(3.0, method="GET", path=rf"/namespaces/{group.namespace}/pods/late$"))
+    # The scheduler's first binding waits 3 s at the proxy; meanwhile the record changes.
+    fault_proxy.add(faultproxy.latency(3.0, method="POST", path=rf"/namespaces/{group.namespace}/pods/late/binding"))
     make_scheduler()
     controlplane.wait_until(lambda: _devices(group.get_claim("a")), what="the scheduler allocated claim a")
     record["status"]["resourceClaimStatuses"][0]["resourceClaimName"] = "b"

@@ -12,6 +12,7 @@ import pytest
 from support import kube_objects
 from support import scheduler_inputs as raw
 
+from dractl.controller import nodefit
 from dractl.controller import scheduler as sched
 from dractl.kube import client, finalizers, informer, workqueue
 
@@ -226,18 +227,21 @@ def _reserved(body: dict[str, Any]) -> list[str]:
 
 
 def test_a_decision_writes_the_finalizer_the_allocation_and_the_binding_and_a_resync_writes_nothing() -> None:
-    """Guards: the exact writes of one decision, in order (finalizer by a protobuf PUT, status with allocation and
-    reservedFor, binding at the version of the pod read just before), the metrics, and that syncing the converged
-    pod again writes nothing."""
+    """Guards: the exact requests of one decision, in order and nothing else (finalizer by a merge patch at the
+    claim's version, status with allocation and reservedFor, binding at the version of the pod the decision was
+    made from; no read), the metrics, and that syncing the converged pod again writes nothing."""
     cluster = Cluster()
     cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
     cluster.scheduler.open_ledger()
+    cluster.api.fail("GET", "", client.ApiError(500, "Unexpected", "the decision read something"))
     cluster.sync("trainer")
+    cluster.api.faults.clear()
     assert cluster.api.writes == [
-        ("PUT", "ns/resourceclaims/c"),
+        ("PATCH", "ns/resourceclaims/c"),
         ("PATCH", "ns/resourceclaims/c/status"),
         ("POST", "ns/pods/trainer/binding"),
     ]
+    assert cluster.api.bodies[0] == {"metadata": {"resourceVersion": "3", "finalizers": [raw.FINALIZER]}}
     assert cluster.api.bodies[-1]["metadata"]["resourceVersion"] == "5"
     stored = cluster.api.claim("c")
     assert stored["metadata"]["finalizers"] == [raw.FINALIZER]
@@ -252,6 +256,24 @@ def test_a_decision_writes_the_finalizer_the_allocation_and_the_binding_and_a_re
     assert len(cluster.api.writes) == 3
 
 
+def test_a_claim_with_opaque_configuration_gets_its_finalizer_by_a_protobuf_read_and_put() -> None:
+    """Guards: a claim whose spec holds opaque parameters (stored as raw bytes, which a patch's JSON round trip would
+    re-encode) gets the finalizer through `finalizers.change`: a protobuf GET and PUT at the claim's version, then
+    the status and the binding as for any claim."""
+    cluster = Cluster()
+    sharing = {"apiVersion": "gpu.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}
+    cluster.add(raw.claim("c", opaque=sharing), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.sync("trainer")
+    assert cluster.api.writes == [
+        ("PUT", "ns/resourceclaims/c"),
+        ("PATCH", "ns/resourceclaims/c/status"),
+        ("POST", "ns/pods/trainer/binding"),
+    ]
+    assert cluster.api.bodies[0] == {"finalizers": [raw.FINALIZER]}
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+
+
 def test_pods_bound_but_not_yet_seen_bound_count_on_their_node() -> None:
     """Guards: decisions are assumed: a second pod does not get the CPUs the first (bound, cache behind) took."""
     cluster = Cluster(cpu="8")
@@ -262,6 +284,41 @@ def test_pods_bound_but_not_yet_seen_bound_count_on_their_node() -> None:
     assert cluster.api.pod("first")["spec"]["nodeName"] == "n1"
     condition = cluster.api.condition("second")
     assert condition["message"] == "0/1 nodes are available: 1 Insufficient cpu."
+
+
+def test_the_node_filters_remembered_answers_follow_every_change_of_usage_and_nodes() -> None:
+    """Guards: the node filter's answers, kept per pod shape and brought up to date from the nodes changed since,
+    equal `nodefit` computed afresh over every node after each change: pods bound and finished, a pod assumed by a
+    decision, a node added, changed (cordoned) and deleted, and a second pod shape used in between."""
+    cluster = Cluster(nodes=3, cpu="4")
+    cluster.scheduler.open_ledger()
+    needs = {size: nodefit.PodNeeds.from_raw(raw.pod(f"probe-{size}", cpu=size)) for size in ("1", "3")}
+
+    def agrees() -> None:
+        for size, probe in needs.items():
+            feasible, reasons, infos = cluster.scheduler._filter(probe)
+            fresh = nodefit.filter_nodes(probe, infos, cluster.scheduler._node_used)
+            assert (sorted(feasible), reasons) == fresh, size
+            assert list(feasible) == sorted(feasible)
+
+    agrees()
+    cluster.add(raw.pod("a", node="n1", cpu="2"), raw.pod("b", node="n2", cpu="3"))
+    agrees()
+    cluster.add(raw.pod("c", cpu="2"))
+    cluster.sync("c")  # Assumed on a node before the cache sees it bound.
+    agrees()
+    _delete(cluster.scheduler.pods, raw.pod("b", node="n2", cpu="3"))
+    agrees()
+    _feed(cluster.scheduler.nodes, raw.node("n4", cpu="2"))
+    agrees()
+    _feed(cluster.scheduler.nodes, {**raw.node("n1", cpu="4"), "spec": {"unschedulable": True}})
+    agrees()
+    _delete(cluster.scheduler.nodes, raw.node("n3", cpu="4"))
+    agrees()
+    finished = raw.pod("a", node="n1", cpu="2")
+    finished["status"]["phase"] = "Succeeded"
+    _feed(cluster.scheduler.pods, finished)
+    agrees()
 
 
 def test_a_conflict_on_the_allocation_takes_back_the_finalizer_and_gives_back_the_devices() -> None:
@@ -275,7 +332,7 @@ def test_a_conflict_on_the_allocation_takes_back_the_finalizer_and_gives_back_th
     with pytest.raises(client.Conflict):
         cluster.sync("trainer")
     assert cluster.api.writes == [
-        ("PUT", "ns/resourceclaims/c"),
+        ("PATCH", "ns/resourceclaims/c"),
         ("PATCH", "ns/resourceclaims/c/status"),
         ("PUT", "ns/resourceclaims/c"),
         ("POST", "ns/events"),
@@ -316,10 +373,10 @@ def test_a_failed_binding_takes_back_the_allocation_and_the_reservation() -> Non
 
 
 def test_a_pod_recording_another_claim_before_its_binding_is_not_bound_and_the_allocation_is_taken_back() -> None:
-    """Guards: the cache says the pod records claim `ours`, but the pod read just before the binding records
-    `theirs` (kube-controller-manager recorded its own claim meanwhile): no binding, `ours` is deallocated and
-    unprotected again, the pod says why (SchedulerError naming both claims); once the cache shows `theirs`, the
-    retry allocates and binds with it."""
+    """Guards: the cache says the pod records claim `ours`, but the API's pod records `theirs` (kube-controller-manager
+    recorded its own claim meanwhile): the binding at the decision's version is refused, the live read shows
+    `theirs`, so the pod is not bound, `ours` is deallocated and unprotected again, the pod says why (SchedulerError
+    naming both claims); once the cache shows `theirs`, the retry allocates and binds with it."""
     cluster = Cluster()
     cluster.add(
         raw.claim("ours", owner="trainer"),
@@ -330,13 +387,14 @@ def test_a_pod_recording_another_claim_before_its_binding_is_not_bound_and_the_a
     cluster.api.put(raw.pod(templates={"gpu": "one-gpu"}, recorded={"gpu": "theirs"}, version="6"))
     with pytest.raises(sched.PodChanged, match="records theirs for spec.resourceClaims.gpu. now, not ours"):
         cluster.sync("trainer")
-    assert ("POST", "ns/pods/trainer/binding") not in cluster.api.writes
+    assert cluster.api.writes.count(("POST", "ns/pods/trainer/binding")) == 1
+    assert not cluster.api.pod("trainer")["spec"].get("nodeName")
     ours = cluster.api.claim("ours")
     assert _devices(ours) == [] and _reserved(ours) == [] and not ours["metadata"].get("finalizers")
     assert cluster.scheduler.allocator.held("uid-ours") is None
     condition = cluster.api.condition("trainer")
     assert condition["reason"] == "SchedulerError"
-    assert "failed while reading the pod before its binding: pod ns/trainer records theirs" in condition["message"]
+    assert "failed while binding to node n1: pod ns/trainer records theirs" in condition["message"]
 
     cluster.seen()
     cluster.sync("trainer")
@@ -344,12 +402,27 @@ def test_a_pod_recording_another_claim_before_its_binding_is_not_bound_and_the_a
     assert _reserved(cluster.api.claim("theirs")) == ["trainer"] and _devices(cluster.api.claim("ours")) == []
 
 
-def test_a_pod_changed_between_its_read_and_its_binding_is_refused_by_the_precondition() -> None:
-    """Guards: the binding carries the version of the pod read just before it, so a pod changed in between (its
-    claims recorded anew) is not bound (409) and the allocation is taken back."""
+def test_a_pod_changed_in_something_else_is_bound_at_the_version_a_live_read_gives() -> None:
+    """Guards: a pod written by someone else since the decision (not its claims) makes the binding at the decision's
+    version fail (409); the live read shows the same claims, and the binding at the read's version binds it."""
     cluster = Cluster()
     cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
     cluster.scheduler.open_ledger()
+    cluster.api._bump(cluster.api.objects[("pods", "ns", "trainer")])  # A label written by someone else, say.
+    cluster.sync("trainer")
+    bindings = [body for body in cluster.api.bodies if isinstance(body, dict) and body.get("kind") == "Binding"]
+    assert [binding["metadata"]["resourceVersion"] for binding in bindings] == ["5", "101"]
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+    assert _devices(cluster.api.claim("c")) == ["gpu-0"]
+
+
+def test_a_pod_changed_between_its_read_and_its_binding_is_refused_by_the_precondition() -> None:
+    """Guards: the binding carries the version of the pod it is sure of (the decision's, then the live read's), so a
+    pod changed again between that read and the binding is not bound (409) and the allocation is taken back."""
+    cluster = Cluster()
+    cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.api._bump(cluster.api.objects[("pods", "ns", "trainer")])
     real_get = cluster.api.get
 
     def get_then_change(resource: client.Resource, name: str, *, namespace: str = "") -> dict[str, Any]:

@@ -38,8 +38,9 @@ _TYPED = {
 _CONSTANTS = {name: value for name, value in vars(kube_client).items() if isinstance(value, kube_client.Resource)}
 # These take the resource from their callers (whose call sites are read instead).
 _GENERIC = {"dractl.kube.client", "dractl.kube.informer", "dractl.kube.access", "dractl.kube.finalizers"}
-# `finalizers.change(client, RESOURCE, ...)` reads the object and writes it back (protobuf GET and PUT).
-_FINALIZER_VERBS = ("get", "update")
+# `finalizers.change(client, RESOURCE, ...)` reads the object and writes it back (protobuf GET and PUT);
+# `finalizers.add_with_patch(client, RESOURCE, ...)` patches it.
+_FINALIZER_VERBS = {"change": ("get", "update"), "add_with_patch": ("patch",)}
 _HELPERS = {cls for part in access.COMPONENTS for cls in part.provides}
 
 
@@ -99,9 +100,9 @@ def scan(source: str, module: str) -> Uses:
         elif called in _TYPED:
             verb, resource = _TYPED[called]
             uses.add(resource, verb, "", where)
-        elif called == "change" and len(node.args) >= 2 and (resource := constant(node.args[1])) is not None:
+        elif called in _FINALIZER_VERBS and len(node.args) >= 2 and (resource := constant(node.args[1])) is not None:
             understood.add(id(node.args[1]))
-            for verb in _FINALIZER_VERBS:
+            for verb in _FINALIZER_VERBS[called]:
                 uses.add(resource, verb, "", where)
         elif called == "Informer" and len(node.args) >= 2 and (resource := constant(node.args[1])) is not None:
             understood.add(id(node.args[1]))
@@ -242,7 +243,7 @@ def test_a_mode_gets_its_helpers_rules_merged_per_resource() -> None:
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceclaims"],
-            "verbs": ["get", "list", "watch", "create", "update", "delete"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
         }
     ]
 
