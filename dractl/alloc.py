@@ -467,6 +467,7 @@ class Allocator:
         self._index = index
         self._node_ids = {name: i for i, name in enumerate(index.node_names) if name is not None}
         self._all_nodes = array.array("i", range(len(index.node_names)))
+        self._last_nodes: tuple[tuple[str, ...], array.array[int]] | None = None
         self._class_masks: dict[str, _ClassMask] = {}
         self._expr_keys: dict[str, dict[Hashable, int]] = {}
         self._groups: dict[cel.sharing.Footprint, list[Hashable]] = {}
@@ -529,9 +530,7 @@ class Allocator:
             return Outcome(node=None, allocations=None, reasons=tuple(reasons)), []
         encoded = plans[0].encoded if len(plans) == 1 else _encode(plans)
         assert encoded is not None
-        node_array = None
-        if nodes is not None:
-            node_array = array.array("i", sorted({self._node_ids[n] for n in nodes if n in self._node_ids}))
+        node_array = None if nodes is None else self._node_array(nodes)
         status, node, alts, devices, requests, stats = self._core.search(
             encoded, node_array, policy=self._policy_code, limit=self._limit, commit=True
         )
@@ -542,6 +541,18 @@ class Allocator:
             explained = self._explain(claims, plans, status=status, stats=stats, node_array=node_array)
             return Outcome(node=None, allocations=None, reasons=explained), []
         return self._success(claims, plans, node=node, alts=alts, devices=devices, requests=requests)
+
+    def _node_array(self, nodes: Sequence[str]) -> array.array[int]:
+        """The core's ids of `nodes` (those it knows), sorted. The last answer for a tuple is kept and given again
+        for the same tuple object: the scheduler passes one tuple per pod shape until its node filter's answer
+        changes, so a burst of like pods converts it once. Rebuilt inventories start over (`_build`)."""
+        last = self._last_nodes
+        if last is not None and last[0] is nodes:
+            return last[1]
+        found = array.array("i", sorted({self._node_ids[n] for n in nodes if n in self._node_ids}))
+        if isinstance(nodes, tuple):
+            self._last_nodes = (nodes, found)
+        return found
 
     # --- plans -----------------------------------------------------------------------------
 

@@ -87,13 +87,30 @@ def _together(*decorators: Callable[[_F], _F]) -> Callable[[_F], _F]:
     return apply
 
 
-def _kubeconfig(command: _F) -> _F:
-    """`--kubeconfig`, how the modes that talk to the API server find it."""
-    return _option(
-        "--kubeconfig",
-        type=click.Path(dir_okay=False, path_type=pathlib.Path),
-        default=None,
-        help="Kubeconfig file (default: the in-cluster config, else $KUBECONFIG or ~/.kube/config).",
+def _kube_client(command: _F) -> _F:
+    """The flags of every mode that talks to the API server: `--kubeconfig` (how it finds the server),
+    `--kube-api-qps` and `--kube-api-burst` (its client-side rate limit, as kube's components have)."""
+    return _together(
+        _option(
+            "--kubeconfig",
+            type=click.Path(dir_okay=False, path_type=pathlib.Path),
+            default=None,
+            help="Kubeconfig file (default: the in-cluster config, else $KUBECONFIG or ~/.kube/config).",
+        ),
+        _option(
+            "--kube-api-qps",
+            type=click.FloatRange(min=0, min_open=True),
+            default=config.DEFAULT_KUBE_API_QPS,
+            help=f"Client-side limit: requests per second to the API server on average (default: "
+            f"{config.DEFAULT_KUBE_API_QPS:g}).",
+        ),
+        _option(
+            "--kube-api-burst",
+            type=click.IntRange(min=1),
+            default=config.DEFAULT_KUBE_API_BURST,
+            help=f"Client-side limit: requests sent at once after a quiet spell, above the average (default: "
+            f"{config.DEFAULT_KUBE_API_BURST}).",
+        ),
     )(command)
 
 
@@ -400,6 +417,27 @@ _DIR = click.Path(file_okay=False, path_type=pathlib.Path)
     help=f"Directory the per-claim CDI specs are written to (default: {config.DEFAULT_CDI_ROOT}).",
 )
 @_option(
+    "--cdi-generator",
+    type=_choice(config.CdiGenerator),
+    default=config.CdiGenerator.NATIVE.value,
+    help="Where the driver's files in CDI specs come from: native (read from --driver-root) or nvidia-ctk "
+    "(nvidia-ctk cdi generate, must be on PATH) (default: native).",
+)
+@_option(
+    "--driver-root",
+    type=_DIR,
+    default=config.DEFAULT_DRIVER_ROOT,
+    help="Where the host has the NVIDIA driver's files, e.g. /run/nvidia/driver under a driver container "
+    f"(default: {config.DEFAULT_DRIVER_ROOT}).",
+)
+@_option(
+    "--container-driver-root",
+    type=_DIR,
+    default=None,
+    help="Where this agent sees --driver-root when it is mounted elsewhere in its container "
+    "(default: the --driver-root path).",
+)
+@_option(
     "--kubelet-registrar-dir",
     type=_DIR,
     default=config.DEFAULT_KUBELET_REGISTRAR_DIR,
@@ -418,7 +456,14 @@ _DIR = click.Path(file_okay=False, path_type=pathlib.Path)
     default=None,
     help="Directory of the checkpoint and MPS state (default: <kubelet-plugins-dir>/<driver-name>).",
 )
-@_kubeconfig
+@_option(
+    "--pod-uid",
+    more_envvars=["POD_UID"],
+    default="",
+    help="This pod's UID (downward API): the sockets get names of their own, so a new agent can start beside this "
+    "one in a rolling update (default: none: fixed names, one agent per node).",
+)
+@_kube_client
 @_port(
     "--health-port",
     default=config.DEFAULT_HEALTH_PORT,
@@ -429,15 +474,33 @@ _DIR = click.Path(file_okay=False, path_type=pathlib.Path)
     default=config.DEFAULT_METRICS_PORT,
     what="TCP port of the Prometheus endpoint GET /metrics; -1 turns it off",
 )
+@_option(
+    "--health-address",
+    default=config.DEFAULT_HEALTH_ADDRESS,
+    help=f"IP address /healthz listens on; 0.0.0.0 for all (default: {config.DEFAULT_HEALTH_ADDRESS}).",
+)
+@_option(
+    "--metrics-address",
+    default=None,
+    help="IP address /metrics listens on; 0.0.0.0 for all (default: the Node's InternalIP, else 127.0.0.1).",
+)
 @_log_format
 def node_agent_command(
     cdi_root: pathlib.Path,
+    cdi_generator: str,
+    driver_root: pathlib.Path,
+    container_driver_root: pathlib.Path | None,
     kubelet_registrar_dir: pathlib.Path,
     kubelet_plugins_dir: pathlib.Path,
     state_dir: pathlib.Path | None,
+    pod_uid: str,
     kubeconfig: pathlib.Path | None,
+    kube_api_qps: float,
+    kube_api_burst: int,
     health_port: int,
     metrics_port: int,
+    health_address: str,
+    metrics_address: str | None,
     log_format: str | None,
     **device: Any,
 ) -> None:
@@ -455,13 +518,21 @@ def node_agent_command(
         mig_mode=devices.mig_mode,
         consumable_memory=devices.consumable_memory,
         cdi_root=cdi_root,
+        cdi_generator=config.CdiGenerator(cdi_generator),
+        driver_root=driver_root,
+        container_driver_root=container_driver_root,
         kubelet_registrar_dir=kubelet_registrar_dir,
         kubelet_plugins_dir=kubelet_plugins_dir,
         state_dir=state_dir,
         kubeconfig=kubeconfig,
+        kube_api_qps=kube_api_qps,
+        kube_api_burst=kube_api_burst,
         health_port=health_port,
         metrics_port=metrics_port,
+        health_address=health_address,
+        metrics_address=metrics_address,
         log_format=config.LogFormat(log_format) if log_format is not None else None,
+        pod_uid=pod_uid,
     )
     from dractl.node import agent  # imported here: it brings gRPC and the Kubernetes client
 
@@ -494,11 +565,14 @@ class _OneLineErrorsCommand(click.Command):
     cls=_OneLineErrorsCommand,
     short_help="Run the claim lifecycle controller and the GPU-aware allocator (leader-elected).",
 )
-@_kubeconfig
+@_kube_client
 @_option(
     "--controllers",
     default=",".join(config.DEFAULT_CONTROLLERS),
-    help=f"Comma-separated controllers to run: claims, scheduler (default: {','.join(config.DEFAULT_CONTROLLERS)}).",
+    help=(
+        "Comma-separated controllers to run: scheduler, claims (only where kube-controller-manager's "
+        f"resource-claim-controller is off) (default: {','.join(config.DEFAULT_CONTROLLERS)})."
+    ),
 )
 @_option(
     "--scheduler-name",
@@ -550,6 +624,8 @@ class _OneLineErrorsCommand(click.Command):
 @_log_format
 def controller_command(
     kubeconfig: pathlib.Path | None,
+    kube_api_qps: float,
+    kube_api_burst: int,
     controllers: str,
     scheduler_name: str,
     policy: str,
@@ -575,6 +651,8 @@ def controller_command(
 
     settings = config.ControllerConfig(
         kubeconfig=kubeconfig,
+        kube_api_qps=kube_api_qps,
+        kube_api_burst=kube_api_burst,
         controllers=run.parse_names(controllers),
         scheduler_name=scheduler_name,
         policy=config.Policy(policy),
@@ -607,7 +685,7 @@ def _explain_options(command: _F) -> _F:
     """The flags shared by `explain claim` and `explain pod`: the target and how to read and print it."""
     return _together(
         click.argument("target", metavar="NS/NAME"),
-        _kubeconfig,
+        _kube_client,
         _policy("Allocation policy for pending claims: first-fit as upstream, or binpack"),
         _output(
             config.ExplainOutput,
@@ -617,9 +695,7 @@ def _explain_options(command: _F) -> _F:
     )(command)
 
 
-def _explain(
-    kind: config.ExplainKind, *, target: str, kubeconfig: pathlib.Path | None, policy: str, output: str
-) -> None:
+def _explain(kind: config.ExplainKind, *, target: str, policy: str, output: str, **kube: Any) -> None:
     from dractl import explain  # imported here: it brings the Kubernetes client
 
     try:
@@ -630,25 +706,25 @@ def _explain(
         kind=kind,
         namespace=namespace,
         name=name,
-        kubeconfig=kubeconfig,
         policy=config.Policy(policy),
         output=config.ExplainOutput(output),
+        **kube,
     )
     _exit_writing(lambda: explain.run(settings, out=sys.stdout, err=sys.stderr))
 
 
 @explain_group.command("claim", short_help="Explain one ResourceClaim: where it is allocated, or why not.")
 @_explain_options
-def explain_claim_command(target: str, kubeconfig: pathlib.Path | None, policy: str, output: str) -> None:
+def explain_claim_command(target: str, policy: str, output: str, **kube: Any) -> None:
     """Explain ResourceClaim NS/NAME: its node, devices per request and consumers when allocated;
     otherwise whether it fits now, and if not, per request what stopped it."""
-    _explain(config.ExplainKind.CLAIM, target=target, kubeconfig=kubeconfig, policy=policy, output=output)
+    _explain(config.ExplainKind.CLAIM, target=target, policy=policy, output=output, **kube)
 
 
 @explain_group.command("pod", short_help="Explain a pod's claims together on one node, as a scheduler would.")
 @_explain_options
-def explain_pod_command(target: str, kubeconfig: pathlib.Path | None, policy: str, output: str) -> None:
+def explain_pod_command(target: str, policy: str, output: str, **kube: Any) -> None:
     """Explain the claims of Pod NS/NAME together: all on one node the pod may use (its
     spec.nodeName and spec.nodeSelector, the nodes its allocated claims pin); a claim still to
     be made from a template is explained from the template."""
-    _explain(config.ExplainKind.POD, target=target, kubeconfig=kubeconfig, policy=policy, output=output)
+    _explain(config.ExplainKind.POD, target=target, policy=policy, output=output, **kube)

@@ -90,16 +90,34 @@ class Discover:
     output: OutputFormat = OutputFormat.YAML
 
 
+DEFAULT_KUBE_API_QPS = 50.0
+"""Requests per second each mode's API client sends at most on average: kube-scheduler's and the kubelet's default."""
+DEFAULT_KUBE_API_BURST = 100
+"""Requests a mode's API client may send at once above the QPS: kube-scheduler's and the kubelet's default."""
+
+
 class LogFormat(enum.Enum):
     JSON = "json"  # one JSON object per line, for the cluster's log collection
     CONSOLE = "console"  # aligned key=value lines for a person at a terminal
 
 
+class CdiGenerator(enum.Enum):
+    """Where the CDI edits every claim spec shares (driver libraries, binaries) come from."""
+
+    NATIVE = "native"  # dractl reads the driver root itself
+    NVIDIA_CTK = "nvidia-ctk"  # `nvidia-ctk cdi generate`
+
+
 DEFAULT_CDI_ROOT = pathlib.Path("/var/run/cdi")
+DEFAULT_DRIVER_ROOT = pathlib.Path("/")
 DEFAULT_KUBELET_REGISTRAR_DIR = pathlib.Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_KUBELET_PLUGINS_DIR = pathlib.Path("/var/lib/kubelet/plugins")
 DEFAULT_HEALTH_PORT = 51515
-DEFAULT_METRICS_PORT = 8080
+# Not 8080: an agent on the host's network shares the host's ports, where 8080 is the first one anything else takes.
+DEFAULT_METRICS_PORT = 51516
+# Loopback: the kubelet probes a host-network pod from the host's network namespace, which it shares. The chart runs
+# the agent on the pod network and passes 0.0.0.0, since the probe then comes to the pod's own address.
+DEFAULT_HEALTH_ADDRESS = "127.0.0.1"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,8 +125,13 @@ class NodeAgent:
     """Settings of `dractl node-agent`. The device fields mean what they mean for `Discover`.
 
     `state_dir` None means `<kubelet_plugins_dir>/<driver_name>` (beside the DRA socket);
-    `kubeconfig` None means the in-cluster config; a port of -1 turns that endpoint off;
-    `log_format` None means console on a terminal and JSON otherwise.
+    `driver_root` is where the host has the NVIDIA driver's files (what CDI specs name) and
+    `container_driver_root` where the agent reads them, None meaning the same path;
+    `kubeconfig` None means the in-cluster config; `kube_api_qps` and `kube_api_burst` limit its
+    client's requests; a port of -1 turns that endpoint off; `metrics_address` None means the
+    Node's InternalIP (loopback when it has none); `log_format` None means console on a terminal
+    and JSON otherwise; `pod_uid` "" means the sockets have fixed names (one agent per node),
+    otherwise names of their own (rolling updates).
     """
 
     node_name: str
@@ -118,17 +141,29 @@ class NodeAgent:
     mig_mode: MigMode = MigMode.STATIC
     consumable_memory: bool = False
     cdi_root: pathlib.Path = DEFAULT_CDI_ROOT
+    cdi_generator: CdiGenerator = CdiGenerator.NATIVE
+    driver_root: pathlib.Path = DEFAULT_DRIVER_ROOT
+    container_driver_root: pathlib.Path | None = None
     kubelet_registrar_dir: pathlib.Path = DEFAULT_KUBELET_REGISTRAR_DIR
     kubelet_plugins_dir: pathlib.Path = DEFAULT_KUBELET_PLUGINS_DIR
     state_dir: pathlib.Path | None = None
     kubeconfig: pathlib.Path | None = None
+    kube_api_qps: float = DEFAULT_KUBE_API_QPS
+    kube_api_burst: int = DEFAULT_KUBE_API_BURST
     health_port: int = DEFAULT_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
+    health_address: str = DEFAULT_HEALTH_ADDRESS
+    metrics_address: str | None = None
     log_format: LogFormat | None = None
+    pod_uid: str = ""
 
     @property
     def plugin_state_dir(self) -> pathlib.Path:
         return self.state_dir if self.state_dir is not None else self.kubelet_plugins_dir / self.driver_name
+
+    @property
+    def agent_driver_root(self) -> pathlib.Path:
+        return self.container_driver_root if self.container_driver_root is not None else self.driver_root
 
 
 class ExplainKind(enum.Enum):
@@ -149,21 +184,29 @@ class ExplainOutput(enum.Enum):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Explain:
     """Settings of `dractl explain claim|pod NS/NAME`; `kubeconfig` None means the in-cluster
-    config, else $KUBECONFIG or ~/.kube/config."""
+    config, else $KUBECONFIG or ~/.kube/config; `kube_api_qps` and `kube_api_burst` limit its
+    client's requests."""
 
     kind: ExplainKind
     namespace: str
     name: str
     kubeconfig: pathlib.Path | None = None
+    kube_api_qps: float = DEFAULT_KUBE_API_QPS
+    kube_api_burst: int = DEFAULT_KUBE_API_BURST
     policy: Policy = Policy.BINPACK
     output: ExplainOutput = ExplainOutput.TEXT
     search_limit: int = DEFAULT_SEARCH_LIMIT
 
 
-DEFAULT_CONTROLLERS = ("claims", "scheduler")
-"""`--controllers` by default: the claim lifecycle controller and dractl's scheduler."""
+DEFAULT_CONTROLLERS = ("scheduler",)
+"""`--controllers` by default: dractl's scheduler only. kube-controller-manager's resourceclaim controller makes the
+claims in every cluster with DRA on; `claims` is for clusters where it is off (two claim controllers would both
+write pods' resourceClaimStatuses)."""
 DEFAULT_SCHEDULER_NAME = "dractl"
-DEFAULT_CONTROLLER_WORKERS = 4
+DEFAULT_CONTROLLER_WORKERS = 16
+"""Worker threads per controller by default. A scheduling worker spends nearly all its time waiting for the API
+server (three writes in a row per pod); with 4, pods queued for tens of seconds behind a busy server while the
+process used under a core (benchmarks/controller.py)."""
 DEFAULT_LEASE_NAME = "dractl-controller"
 DEFAULT_LEASE_DURATION = 15.0  # seconds; client-go's defaults, as kube-controller-manager uses them
 DEFAULT_RENEW_DEADLINE = 10.0
@@ -181,11 +224,15 @@ class ControllerConfig:
     in a cluster, else `default`; durations are seconds; a port of -1 turns that endpoint off, 0
     picks a free one, and equal metrics and health ports serve every path on one listener;
     `kubeconfig` None means the in-cluster config, else $KUBECONFIG or ~/.kube/config;
-    `log_format` None means console on a terminal and JSON otherwise. Values are checked by
+    `kube_api_qps` and `kube_api_burst` limit the controllers' requests (the leader election has
+    a limiter of its own, so a busy controller never delays a renewal); `log_format` None means
+    console on a terminal and JSON otherwise. Values are checked by
     `dractl.controller.run.check`, not here.
     """
 
     kubeconfig: pathlib.Path | None = None
+    kube_api_qps: float = DEFAULT_KUBE_API_QPS
+    kube_api_burst: int = DEFAULT_KUBE_API_BURST
     controllers: tuple[str, ...] = DEFAULT_CONTROLLERS
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
     policy: Policy = Policy.BINPACK

@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.server
 import logging
 import signal
+import socket
 import sys
 import threading
 import weakref
@@ -68,8 +69,24 @@ def configure_logging(log_format: config.LogFormat | None, *, stream: TextIO | N
     )
 
 
-class _StdlibHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The handler `capture_stdlib_logging` installs (its own class, so it is found and removed exactly)."""
+class _StdlibHandler(logging.Handler):
+    """The handler `capture_stdlib_logging` installs (its own class, so it is found and removed exactly).
+
+    It writes each formatted record through structlog's logger for the stream, which holds
+    structlog's lock for that stream while it writes the line and its newline: a record from
+    another thread can never land between a structlog line and its newline (two JSON objects on
+    one line, which no log collector reads).
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._out = structlog.PrintLogger(stream)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._out.msg(self.format(record))
+        except Exception:  # noqa: BLE001 (logging's rule: a record that cannot be written never raises)
+            self.handleError(record)
 
 
 def capture_stdlib_logging(log_format: config.LogFormat | None, *, stream: TextIO | None = None) -> Callable[[], None]:
@@ -117,7 +134,8 @@ class HttpEndpoint:
 
     def __init__(self, *, port: int, routes: Mapping[str, Route], name: str, host: str = "0.0.0.0") -> None:
         handler = _handler_for(routes)
-        self._server = http.server.ThreadingHTTPServer((host, port), handler)
+        server_class = _ThreadingHTTPServer6 if ":" in host else http.server.ThreadingHTTPServer
+        self._server = server_class((host, port), handler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"dractl-{name}", daemon=True)
@@ -128,6 +146,12 @@ class HttpEndpoint:
             self._server.shutdown()
             self._thread.join(timeout=5)
         self._server.server_close()
+
+
+class _ThreadingHTTPServer6(http.server.ThreadingHTTPServer):
+    """The same server on an IPv6 address (the standard one binds IPv4 only)."""
+
+    address_family = socket.AF_INET6
 
 
 def _handler_for(routes: Mapping[str, Route]) -> type[http.server.BaseHTTPRequestHandler]:
@@ -150,6 +174,13 @@ def _handler_for(routes: Mapping[str, Route]) -> type[http.server.BaseHTTPReques
             return
 
     return Handler
+
+
+def standard_collectors(registry: prometheus_client.CollectorRegistry) -> None:
+    """Add the `process_*`, `python_gc_*` and `python_info` metrics to `registry`; once per registry."""
+    prometheus_client.ProcessCollector(registry=registry)
+    prometheus_client.PlatformCollector(registry=registry)
+    prometheus_client.GCCollector(registry=registry)
 
 
 def metrics_page(registry: prometheus_client.CollectorRegistry) -> Answer:

@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite: a real control plane for the session, clients, namespaces, the fault proxy.
+"""Fixtures shared by the whole suite: a real control plane for the session, clients, namespaces, the fault proxy,
+short directories for unix sockets, and structlog's defaults back after every test.
 
 One kube-apiserver serves the whole test session (it starts in about 4 s); tests isolate
 themselves by namespace and object names. A test that needs the control plane skips with one
@@ -8,6 +9,9 @@ line saying how to get the binaries when they are absent.
 from __future__ import annotations
 
 import contextlib
+import pathlib
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
@@ -15,6 +19,7 @@ from typing import Protocol, TypeVar
 import controlplane
 import faultproxy
 import pytest
+import structlog
 from support import kube_objects
 
 from dractl.kube import client
@@ -59,6 +64,14 @@ def upstream(control_plane: controlplane.ControlPlane) -> Iterator[controlplane.
         yield started
 
 
+@pytest.fixture
+def upstream_without_claims(control_plane: controlplane.ControlPlane) -> Iterator[controlplane.Components]:
+    """kube-controller-manager with its resourceclaim controller off (a cluster where dractl's claim controller makes
+    the claims) and kube-scheduler, beside the session's API server for one test, stopped after it."""
+    with _running(lambda: control_plane.start_components(resource_claim_controller=False)) as started:
+        yield started
+
+
 @pytest.fixture(scope="session")
 def kube_client(control_plane: controlplane.ControlPlane) -> Iterator[client.Client]:
     """A `dractl.kube.client.Client` with the admin identity, talking to the server directly."""
@@ -95,3 +108,22 @@ def proxied_client(fault_proxy: faultproxy.FaultProxy) -> Iterator[client.Client
         yield connected
     finally:
         connected.close()
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[pathlib.Path]:
+    """A fresh directory under /tmp for a test's unix sockets, removed after it: a socket's path is limited to 107
+    bytes, which pytest's tmp_path and the socket names (`<driver>/dra-<pod uid>.sock`) together can exceed."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> Iterator[None]:
+    """structlog's defaults again after every test: a test that runs a process's `run()` configures logging for the
+    whole interpreter, and the next test must not write in its format or to its stream."""
+    yield
+    structlog.reset_defaults()

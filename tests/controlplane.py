@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 K8S_VERSION = "1.36.2"
@@ -38,13 +38,20 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_ARCHIVES = ROOT.parent / "shared" / "k8s"
 REQUIRED = ("etcd", "kube-apiserver")
 OPTIONAL = ("kube-controller-manager", "kube-scheduler")
+# A real node (../shared/k8s/REAL-NODE.md): the kubelet, containerd with its runc shim and CLI, and runc.
+NODE = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
 
-# The pins of ../shared/k8s/README.md, used when the archive directory has no README to read them from.
+# The pins of ../shared/k8s/README.md and REAL-NODE.md, used when the archive directory has no README to read them from.
 _PINNED_SHA256 = {
     "kube-apiserver": "a3adacf3d5a9ec1e83974a9c86c4e59dfef72e06004ca7161854d6fe003a41e4",
     "kube-controller-manager": "b2484ca1f7933aea42903a3ffe15cdb9fd4a483d6a054246c95a1c138b739289",
     "kube-scheduler": "f0800a6fe8df0e0c005fcd72c130f35980abbebb95d97e4b688a50c8c7b51d89",
     "etcd": "c395ce223b4cc8a85642fcf3b4935903966a52826ca1a0f317d5978dfb8951ca",
+    "kubelet": "1c5f01e8a992d2ff1cf1a7728bb88830a857a2505806382a8ba9eb9a47434438",
+    "containerd": "589a73d2025ea6f04f3a592d3e5c1db9f3be0600cedf45d313de9dc6a7c845a0",
+    "containerd-shim-runc-v2": "ae68c02eed01aac748467a9fbb3018e4437d3ae5a4fe68aec22c17681e9dee31",
+    "ctr": "a5fd6c32aa24bbcd132d1b8f6e40c4156837a058723e2fffb5c282c5d0a35d1c",
+    "runc": "9a87d5bcdd630ec420ec56a6c21b70aa6960edcefe1cf4bb181cee290bdd6b98",
 }
 
 FEATURE_GATES = ",".join(
@@ -95,14 +102,21 @@ def archive_dir() -> pathlib.Path:
 
 
 def pinned_sha256(archives: pathlib.Path) -> dict[str, str]:
-    """The sha256 of each unpacked binary, from the README table beside the archives (else the built-in pins)."""
-    readme = archives / "README.md"
-    if not readme.is_file():
+    """The sha256 of each unpacked binary, from the tables of README.md and REAL-NODE.md beside the archives (else
+    the built-in pins). A row names one or more `<name>.xz` in its first cell and as many sha256s in its third."""
+    tables = [archives / name for name in ("README.md", "REAL-NODE.md") if (archives / name).is_file()]
+    if not tables:
         return dict(_PINNED_SHA256)
     pins = {}
-    row = re.compile(r"^\|\s*`([a-z-]+)\.xz`\s*\|[^|]*\|\s*([0-9a-f]{64})\s*\|", re.MULTILINE)
-    for match in row.finditer(readme.read_text()):
-        pins[match.group(1)] = match.group(2)
+    for table in tables:
+        for line in table.read_text().splitlines():
+            cells = line.split("|")
+            if not line.startswith("|") or len(cells) < 5:
+                continue
+            names = re.findall(r"`([a-z0-9-]+)\.xz`", cells[1])
+            digests = re.findall(r"\b[0-9a-f]{64}\b", cells[3])
+            if names and len(names) == len(digests):
+                pins.update(zip(names, digests, strict=True))
     return pins
 
 
@@ -252,19 +266,41 @@ class CertificateAuthority:
 
 
 def write_kubeconfig(
-    path: pathlib.Path, *, server: str, ca: pathlib.Path, cert: pathlib.Path, key: pathlib.Path
+    path: pathlib.Path,
+    *,
+    server: str,
+    ca: pathlib.Path | None = None,
+    cert: pathlib.Path | None = None,
+    key: pathlib.Path | None = None,
+    token: str = "",
 ) -> pathlib.Path:
-    """A kubeconfig with one cluster, user and context (`test`), certificates by path. JSON is valid YAML."""
+    """A kubeconfig with one cluster, user and context (`test`): the server's CA, the user's client certificate and
+    key by path, or its bearer `token` (none of them: an anonymous user, e.g. of a closed port). JSON is valid
+    YAML."""
+    cluster: dict[str, str] = {"server": server}
+    if ca is not None:
+        cluster["certificate-authority"] = str(ca)
+    user: dict[str, str] = {}
+    if cert is not None and key is not None:
+        user = {"client-certificate": str(cert), "client-key": str(key)}
+    if token:
+        user["token"] = token
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
-        "users": [{"name": "test", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+        "clusters": [{"name": "test", "cluster": cluster}],
+        "users": [{"name": "test", "user": user}],
         "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
     }
     path.write_text(json.dumps(config, indent=2))
     return path
+
+
+def unreachable_kubeconfig(path: pathlib.Path) -> pathlib.Path:
+    """A kubeconfig naming a local port nothing listens on: a client builds from it, and every connection it makes
+    is refused."""
+    return write_kubeconfig(path, server=f"http://127.0.0.1:{free_ports(1)[0]}")
 
 
 # --- Processes -----------------------------------------------------------------------------
@@ -306,10 +342,21 @@ def stop_process(popen: subprocess.Popen[bytes], *, grace: float) -> None:
         popen.wait(timeout=grace)
 
 
-def _start(name: str, args: list[str], *, directory: pathlib.Path) -> Process:
+def start_process(
+    name: str, args: Sequence[str], *, directory: pathlib.Path, env: Mapping[str, str] | None = None
+) -> Process:
+    """Start `args` in `directory` with stdout and stderr in `<directory>/<name>.log` (appended to, so a restarted
+    process keeps its predecessor's log); `env` replaces the environment when given. Stop it with `Process.stop()`."""
     log = directory / f"{name}.log"
-    with open(log, "wb") as sink:
-        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, cwd=directory)
+    with open(log, "ab") as sink:
+        popen = subprocess.Popen(
+            list(args),
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=directory,
+            env=None if env is None else dict(env),
+        )
     return Process(name, popen, log)
 
 
@@ -397,7 +444,7 @@ class ControlPlane:
                     key=admin_key,
                 ),
             )
-            etcd = _start(
+            etcd = start_process(
                 "etcd",
                 [
                     str(binaries / "etcd"),
@@ -424,7 +471,7 @@ class ControlPlane:
             plane.processes.append(etcd)
             deadline = time.monotonic() + READY_DEADLINE
             _wait_healthy(etcd, port=etcd_client, path="/health", context=None, deadline=deadline)
-            apiserver = _start(
+            apiserver = start_process(
                 "kube-apiserver",
                 [
                     str(binaries / "kube-apiserver"),
@@ -488,14 +535,21 @@ class ControlPlane:
         self.processes.clear()
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def start_components(self) -> Components:
+    def start_components(self, *, resource_claim_controller: bool = True, api_qps: int = 0) -> Components:
         """Start kube-controller-manager and kube-scheduler against this plane; wait until both are healthy.
 
         Each has its own identity (`system:kube-controller-manager`, `system:kube-scheduler`), the
         DRA feature gates, `--leader-elect=false`; the node lifecycle controller is off since no
-        kubelet runs. Stop them with `Components.stop()`.
+        kubelet runs, and the resourceclaim controller too without `resource_claim_controller` (as in
+        a cluster where dractl's claim controller makes the claims). `api_qps` > 0 raises both
+        clients' limits (`--kube-api-qps`, burst twice that) from their defaults (20 and 50 QPS).
+        Stop them with `Components.stop()`.
         """
         binaries = find_binaries(OPTIONAL)
+        controllers = "*,-node-lifecycle-controller" + (
+            "" if resource_claim_controller else ",-resource-claim-controller"
+        )
+        limits = ["--kube-api-qps", str(api_qps), "--kube-api-burst", str(2 * api_qps)] if api_qps > 0 else []
         components = Components()
         try:
             deadline = time.monotonic() + READY_DEADLINE
@@ -504,7 +558,7 @@ class ControlPlane:
                 self.directory / "kcm.kubeconfig", server=self.url, ca=self.ca.cert, cert=kcm_cert, key=kcm_key
             )
             kcm_port, scheduler_port = free_ports(2)
-            kcm = _start(
+            kcm = start_process(
                 "kube-controller-manager",
                 [
                     str(binaries / "kube-controller-manager"),
@@ -520,7 +574,8 @@ class ControlPlane:
                     str(kcm_port),
                     "--leader-elect=false",
                     "--controllers",
-                    "*,-node-lifecycle-controller",
+                    controllers,
+                    *limits,
                     "--use-service-account-credentials",
                     "--service-account-private-key-file",
                     str(self.directory / "sa.key"),
@@ -542,7 +597,7 @@ class ControlPlane:
                 cert=scheduler_cert,
                 key=scheduler_key,
             )
-            scheduler = _start(
+            scheduler = start_process(
                 "kube-scheduler",
                 [
                     str(binaries / "kube-scheduler"),
@@ -557,6 +612,7 @@ class ControlPlane:
                     "--secure-port",
                     str(scheduler_port),
                     "--leader-elect=false",
+                    *limits,
                     "--feature-gates",
                     FEATURE_GATES,
                     "--cert-dir",

@@ -4,10 +4,11 @@ What it does: listens on 127.0.0.1 with its own serving certificate (issued by t
 plane's test CA, so the same kubeconfig CA trusts it), forwards every request to the API
 server with the admin client certificate over a few kept-alive connections (a watch gets one of
 its own, cut when its client goes), streams watch responses line by line, records every
-request, and injects faults by rule: an HTTP status (409 Conflict, 5xx, ...) instead of the
-answer, a 410 Gone ERROR event on a watch, a watch dropped mid-stream after N events, or added
-latency. A rule matches by method and a regex searched in the request target (path and query)
-and fires `count` times (None: forever).
+request, and injects faults by rule: an HTTP status (409 Conflict, 5xx, 429, with Retry-After
+if asked) instead of the answer, an answer cut off after the server acted on the request, a 410
+Gone ERROR event on a watch, a watch dropped mid-stream after N events, or added latency. A rule
+matches by method and a regex searched in the request target (path and query) and fires
+`count` times (None: forever).
 
 What it must not do: change requests or answers it has no rule for, send a write twice (only a
 GET or HEAD is sent again when a kept-alive connection breaks under it), or listen beyond
@@ -28,6 +29,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from typing import Any
 
 import controlplane
@@ -58,9 +60,11 @@ _STOP_TIMEOUT = 10.0
 class Rule:
     """One fault: which requests it matches and what it does instead of (or to) the real answer.
 
-    Exactly one action: `status` (answer with it and a Status body), `watch_gone` (answer a watch
-    with an ERROR event carrying 410), `drop_after` (forward a watch, then cut the connection
-    after that many events), or only `delay` (seconds added before forwarding; also combinable).
+    Exactly one action: `status` (answer with it and a Status body, and a Retry-After header when
+    `retry_after` is set), `cut_answer` (forward the request, wait for the server's whole answer,
+    then close the client's connection without a byte of it), `watch_gone` (answer a watch with an
+    ERROR event carrying 410), `drop_after` (forward a watch, then cut the connection after that
+    many events), or only `delay` (seconds added before forwarding; also combinable).
     """
 
     method: str = ""  # empty: any method
@@ -68,6 +72,8 @@ class Rule:
     count: int | None = 1
     status: int = 0
     reason: str = ""
+    retry_after: int | None = None
+    cut_answer: bool = False
     watch_gone: bool = False
     drop_after: int | None = None
     delay: float = 0.0
@@ -81,9 +87,25 @@ class Rule:
         return not self.path or re.search(self.path, target) is not None
 
 
-def respond(status: int, *, method: str = "", path: str = "", count: int | None = 1, reason: str = "") -> Rule:
-    """Answer matching requests with `status` (e.g. 409, 500, 503) and a Status body, not forwarding them."""
-    return Rule(method=method, path=path, count=count, status=status, reason=reason)
+def respond(
+    status: int,
+    *,
+    method: str = "",
+    path: str = "",
+    count: int | None = 1,
+    reason: str = "",
+    retry_after: int | None = None,
+) -> Rule:
+    """Answer matching requests with `status` (e.g. 409, 429, 500, 503) and a Status body, not forwarding them; with
+    `retry_after`, the answer carries `Retry-After: <seconds>` (as the API server's 429s do)."""
+    return Rule(method=method, path=path, count=count, status=status, reason=reason, retry_after=retry_after)
+
+
+def cut_answer(*, method: str = "", path: str = "", count: int | None = 1) -> Rule:
+    """Forward matching requests and let the server act on them, then close the client's connection before a byte
+    of the answer reaches it: the client cannot tell whether its request was carried out (a create whose answer is
+    lost)."""
+    return Rule(method=method, path=path, count=count, cut_answer=True)
 
 
 def watch_gone(*, path: str = "", count: int | None = 1) -> Rule:
@@ -107,12 +129,14 @@ def latency(seconds: float, *, method: str = "", path: str = "", count: int | No
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Request:
-    """One request the proxy saw, with the status the client got and the fault applied (or "")."""
+    """One request the proxy saw: when it arrived (`received`, time.monotonic() in the test process), the status
+    the server (or the fault) gave and the fault applied (or "")."""
 
     method: str
     target: str
     status: int
     fault: str
+    received: float
 
     @property
     def is_write(self) -> bool:
@@ -189,6 +213,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._rules: list[Rule] = []
         self._requests: list[Request] = []
+        self._holding: list[tuple[str, str]] = []  # (method, target) of the requests latency rules hold now
         self._upstreams: set[http.client.HTTPSConnection] = set()  # every open one, idle or in use
         self._idle: list[http.client.HTTPSConnection] = []
         self._clients: set[socket.socket] = set()  # the connections of the clients being served
@@ -288,6 +313,13 @@ class FaultProxy:
         with self._lock:
             return len(self._upstreams) - len(self._idle)
 
+    @property
+    def holding(self) -> list[tuple[str, str]]:
+        """The (method, target) of each request a latency rule holds right now (received, not yet forwarded): its
+        client is waiting for the answer."""
+        with self._lock:
+            return list(self._holding)
+
     def writes(self) -> list[Request]:
         """The write requests (POST, PUT, PATCH, DELETE) seen so far."""
         return [request for request in self.requests if request.is_write]
@@ -325,20 +357,29 @@ class FaultProxy:
                     return rule
         return None
 
-    def _record(self, handler: _Handler, status: int, fault: str) -> None:
+    def _record(self, handler: _Handler, status: int, fault: str, *, received: float) -> None:
         with self._lock:
-            self._requests.append(Request(handler.command, handler.path, status, fault))
+            self._requests.append(Request(handler.command, handler.path, status, fault, received))
 
     def _handle(self, handler: _Handler) -> None:
+        received = time.monotonic()
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
         rule = self._take_rule(handler.command, handler.path)
         if rule is not None and rule.delay:
-            self._stopped.wait(rule.delay)  # `stop` ends the delay; the request is then not forwarded.
+            held = (handler.command, handler.path)
+            with self._lock:
+                self._holding.append(held)
+            try:
+                self._stopped.wait(rule.delay)  # `stop` ends the delay; the request is then not forwarded.
+            finally:
+                with self._lock:
+                    self._holding.remove(held)
         if rule is not None and rule.status:
             reason = rule.reason or _REASONS.get(rule.status, "Error")
             # Recorded before answering, so a client that got its answer always finds it in the log.
-            self._record(handler, rule.status, f"status {rule.status}")
+            self._record(handler, rule.status, f"status {rule.status}", received=received)
+            headers = {} if rule.retry_after is None else {"Retry-After": str(rule.retry_after)}
             _send_json(
                 handler,
                 rule.status,
@@ -350,10 +391,11 @@ class FaultProxy:
                     "reason": reason,
                     "message": f"injected by the fault proxy: {rule.status} {reason}",
                 },
+                headers=headers,
             )
             return
         if rule is not None and rule.watch_gone:
-            self._record(handler, 200, "watch gone")
+            self._record(handler, 200, "watch gone", received=received)
             handler.send_response(200)
             handler.send_header("Content-Type", "application/json")
             handler.send_header("Transfer-Encoding", "chunked")
@@ -372,7 +414,7 @@ class FaultProxy:
             _send_chunk(handler, json.dumps(event).encode() + b"\n")
             _send_chunk(handler, b"")
             return
-        self._forward(handler, body, rule)
+        self._forward(handler, body, rule, received=received)
 
     def _connect(self) -> http.client.HTTPSConnection:
         """A new upstream connection, connected. Raises ConnectionRefusedError once stopped: `_stopped` is checked
@@ -437,7 +479,7 @@ class FaultProxy:
                 if not (reused and replayable and isinstance(error, (OSError, http.client.HTTPException))):
                     raise
 
-    def _forward(self, handler: _Handler, body: bytes | None, rule: Rule | None) -> None:
+    def _forward(self, handler: _Handler, body: bytes | None, rule: Rule | None, *, received: float) -> None:
         watch = _WATCH.search(handler.path) is not None
         try:
             upstream, response = self._send(handler, body, watch=watch)
@@ -446,6 +488,14 @@ class FaultProxy:
             return
         held: http.client.HTTPSConnection | None = upstream
         try:
+            if rule is not None and rule.cut_answer:
+                response.read()  # The whole answer: the server has acted on the request.
+                held = None
+                self._release(upstream, reusable=not response.will_close)
+                self._record(handler, response.status, "cut answer", received=received)
+                handler.close_connection = True
+                _shutdown(handler.connection)
+                return
             is_stream = watch and response.getheader("Transfer-Encoding", "").lower() == "chunked"
             handler.send_response(response.status)
             for key, value in response.getheaders():
@@ -456,7 +506,7 @@ class FaultProxy:
                 # Back to the pool before the client has its answer: its next request finds it there.
                 held = None
                 self._release(upstream, reusable=not watch and not response.will_close)
-                self._record(handler, response.status, "delay" if rule is not None else "")
+                self._record(handler, response.status, "delay" if rule is not None else "", received=received)
                 # A HEAD answer has no body but the Content-Length a GET's would have: passed on as it came.
                 length = response.getheader("Content-Length") if handler.command == "HEAD" else str(len(data))
                 if length is not None:
@@ -470,6 +520,7 @@ class FaultProxy:
                 "drop watch"
                 if rule is not None and rule.drop_after is not None
                 else ("delay" if rule is not None else ""),
+                received=received,
             )
             handler.send_header("Transfer-Encoding", "chunked")
             handler.end_headers()
@@ -531,9 +582,13 @@ class _ClientWatch:
             _shutdown(self._upstream.sock)
 
 
-def _send_json(handler: _Handler, status: int, document: dict[str, Any]) -> None:
+def _send_json(
+    handler: _Handler, status: int, document: dict[str, Any], *, headers: dict[str, str] | None = None
+) -> None:
     data = json.dumps(document).encode()
     handler.send_response(status)
+    for key, value in (headers or {}).items():
+        handler.send_header(key, value)
     handler.send_header("Content-Type", "application/json")
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()

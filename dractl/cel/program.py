@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import threading
 import typing
 
 from dractl import model
@@ -43,33 +44,44 @@ class EvalError(ValueError):
 
 
 class DeviceInput:
-    """The `device` variable of one device, converted once and reused for every program.
+    """The `device` variable of one device, converted once per thread and reused for every program.
 
     The library converts the maps lazily on first use and keeps them, so the first evaluation
-    on an input costs more than the next ones. Whether one input may be evaluated from two
-    threads at once is not documented by the library: keep each input within one thread.
-    `bounds` is None when the device is within the API's validation limits.
+    on an input costs more than the next ones. It also ties what it converts to the thread that
+    converted it: evaluated in another thread, an expression calling a function defined here
+    (`quantity()`, `semver()`) fails with "No PyCelArena found for google::protobuf::Arena", and
+    so does an input evaluated from two threads at once. So each thread gets its own conversion
+    (the scheduler's workers take turns deciding). `bounds` is None when the device is within the
+    API's validation limits.
     """
 
-    __slots__ = ("_activation", "bounds", "driver", "name")
+    __slots__ = ("_device", "_local", "bounds", "driver", "name")
 
-    def __init__(self, *, driver: str, name: str, activation: typing.Any, bounds: cost.Bounds | None = None) -> None:
+    def __init__(self, *, driver: str, device: model.Device, bounds: cost.Bounds | None = None) -> None:
         self.driver = driver
-        self.name = name
+        self.name = device.name
         self.bounds = bounds
-        self._activation = activation
+        self._device = device
+        self._local = threading.local()
+
+    def activation(self) -> typing.Any:
+        """The library's activation of this device for the calling thread (made on its first call there)."""
+        found = getattr(self._local, "activation", None)
+        if found is None:
+            found = self._local.activation = environment.activation(self.driver, self._device)
+        return found
 
     def __repr__(self) -> str:
         return f"DeviceInput({self.driver}/{self.name})"
 
 
 def device_input(driver: str, device: model.Device) -> DeviceInput:
-    """Convert one device for evaluation: pure, about 20 µs, so build it once per device."""
+    """The input of one device for evaluation: pure; its conversion (about 20 µs) is made per thread on first use, so
+    build it once per device."""
     bounds = _bounds(driver, device)
     return DeviceInput(
         driver=driver,
-        name=device.name,
-        activation=environment.activation(driver, device),
+        device=device,
         bounds=None if cost.DEFAULT.covers(bounds) else bounds.widened(cost.DEFAULT),
     )
 
@@ -137,7 +149,7 @@ class Program:
                     self.expression, f"refused on this device, whose values exceed the API's limits: {verdict}"
                 )
         try:
-            result = self._compiled.eval(device._activation)
+            result = self._compiled.eval(device.activation())
         except RuntimeError as error:
             # The library raises (rather than returning an error value) when its
             # comprehension iteration budget runs out.

@@ -1,8 +1,9 @@
 """The control-plane operator: level-triggered controllers over the Kubernetes API.
 
 What it does: `claims.ClaimController` is the claim lifecycle controller, speaking the same
-protocol as kube-controller-manager's resourceclaim controller so that both can run side by
-side: it creates ResourceClaims from ResourceClaimTemplates for pods and records them in
+protocol as kube-controller-manager's resourceclaim controller, for clusters where that one is
+off (it stops writing when it sees the other at work; `run` starts only the scheduler by
+default): it creates ResourceClaims from ResourceClaimTemplates for pods and records them in
 `pod.status.resourceClaimStatuses` (adopting claims that already exist rather than making a
 second one), keeps `status.reservedFor` current (removes pods that are gone or finished, adds
 bound pods), deallocates claims carrying the `resource.kubernetes.io/delete-protection`

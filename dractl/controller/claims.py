@@ -15,26 +15,36 @@ kube-controller-manager).
 
 Deallocation rule (decided as upstream): only a claim with the finalizer
 `resource.kubernetes.io/delete-protection` is ever deallocated. kube-scheduler adds it before
-it writes an allocation, and dractl's own allocator will do the same, so "has the finalizer" is
+it writes an allocation, and dractl's scheduler does the same, so "has the finalizer" is
 exactly "allocated by a scheduler that expects the claim controller to clean up". A claim that
 something else allocated without it is never deallocated here.
 
 How it writes: desired states come from pure functions (`plan_pod`, `status_entries`,
 `reservations_to_add`, `plan_claim`); the sync methods only gather inputs and write the
-difference. Every write of an existing object is a merge patch carrying the resourceVersion it
-was computed from, so a concurrent change fails with 409, the key is requeued with backoff, and
-the next sync decides again from fresh state. Creates are preceded by a search for an existing
-claim (the informer's cache, plus the claims this process made that the cache has not shown
-yet), so a restart between "claim created" and "status written" (the first list has the claim)
-or a retry after a failed status write leads to adoption, not a second claim. A claim
-kube-controller-manager makes at the same moment as dractl's is a duplicate, which the claim
-sync deletes, as upstream, once a live read of the pod confirms that it records the other claim
-(the pod cache may lag behind a status kube-controller-manager has just written). A second sync
-over unchanged state writes nothing.
+difference. Every write of an existing object carries the resourceVersion it was computed from
+(a merge patch of the status subresource, or for the finalizer `kube.finalizers`, which leaves
+the claim's spec byte for byte as stored), so a concurrent change fails with 409, the key is
+requeued with backoff, and the next sync decides again from fresh state. Creates are preceded
+by a search for an existing claim (the informer's cache, plus the claims this process made that
+the cache has not shown yet), so a restart between "claim created" and "status written" (the
+first list has the claim) or a retry after a failed status write leads to adoption, not a
+second claim. A claim kube-controller-manager makes at the same moment as dractl's is a
+duplicate, which the claim sync deletes, as upstream, once a live read of the pod confirms that
+it records the other claim (the pod cache may lag behind a status kube-controller-manager has
+just written). A second sync over unchanged state writes nothing.
+
+Beside another claim controller: kube-controller-manager runs its own resourceclaim controller
+unless started with `--controllers=*,-resource-claim-controller`. Two controllers recording claims
+for one pod can leave it bound to a claim that is not the one allocated (one records its claim
+after the other's was scheduled), so this controller only runs where that one is off. It watches
+for the proof that it is not: a pod whose `status.resourceClaimStatuses` another field manager
+wrote while this controller runs (kube-controller-manager's is `ResourceClaimController`; what
+the first list shows is history, e.g. from before the switch, and does not count). It then stops
+writing for good, with one warning log line and `dractl_claim_controller_deferring` at 1.
 
 What it must not do: import `dractl.node`, talk to the API except through `dractl.kube`, write
-fields it does not own, deallocate claims without the finalizer, or delete a claim that is
-reserved or not controlled by a pod.
+anything once another claim controller was seen, write fields it does not own, deallocate
+claims without the finalizer, or delete a claim that is reserved or not controlled by a pod.
 """
 
 from __future__ import annotations
@@ -51,7 +61,7 @@ import prometheus_client
 from dractl import daemon, model
 from dractl.controller import loop
 from dractl.kube import client as kube_client
-from dractl.kube import events, informer, workqueue
+from dractl.kube import events, finalizers, informer, workqueue
 from dractl.model import limits, podclaims
 
 log = logging.getLogger(__name__)
@@ -70,6 +80,11 @@ class RetryLater(Exception):
     """A sync could not finish for a reason that may go away (a missing template, a full claim); retry with backoff."""
 
 
+class Deferred(Exception):
+    """Another claim controller was seen at work: this one writes nothing more (raised before a write, ends the
+    sync quietly)."""
+
+
 class InvalidInput(Exception):
     """User input the controller cannot use (a template the model refuses). Reported by a Warning Event and not
     retried: fixing the object is an informer event that syncs the pod again."""
@@ -84,11 +99,14 @@ class PodState:
 
     `claim_statuses` maps a pod claim name to the recorded claim name, or to None when the
     pod recorded that no claim is needed; a pod claim absent from it has no claim yet.
+    `claim_status_writers` holds (manager, time) of each `metadata.managedFields` entry that
+    owns part of `status.resourceClaimStatuses`: who recorded the claims, and when.
     """
 
     pod: model.Pod
     phase: str = ""
     claim_statuses: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    claim_status_writers: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def namespace(self) -> str:
@@ -120,8 +138,8 @@ def decode_pod(raw: Mapping[str, Any]) -> PodState | None:
     """One raw pod as a `PodState`, or None (logged by the kube layer) when the model refuses it. Pure.
 
     The model's Pod carries what allocation needs; the two status fields this controller
-    also reads (`phase`, `resourceClaimStatuses`) are taken from the raw object here, leniently:
-    entries without a name are ignored.
+    also reads (`phase`, `resourceClaimStatuses`) and who wrote the second (`managedFields`) are
+    taken from the raw object here, leniently: entries without a name are ignored.
     """
     pod = kube_client.decode(raw)
     if not isinstance(pod, model.Pod):
@@ -134,7 +152,39 @@ def decode_pod(raw: Mapping[str, Any]) -> PodState | None:
         if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
             claim_name = entry.get("resourceClaimName")
             recorded[entry["name"]] = claim_name if isinstance(claim_name, str) and claim_name else None
-    return PodState(pod=pod, phase=phase if isinstance(phase, str) else "", claim_statuses=recorded)
+    return PodState(
+        pod=pod,
+        phase=phase if isinstance(phase, str) else "",
+        claim_statuses=recorded,
+        claim_status_writers=_claim_status_writers(raw),
+    )
+
+
+def _claim_status_writers(raw: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
+    """(manager, time) of the managedFields entries owning part of `status.resourceClaimStatuses`. Pure."""
+    meta = raw.get("metadata")
+    entries = meta.get("managedFields") if isinstance(meta, Mapping) else None
+    writers: set[tuple[str, str]] = set()
+    for entry in entries if isinstance(entries, list) else ():
+        fields = entry.get("fieldsV1") if isinstance(entry, Mapping) else None
+        status = fields.get("f:status") if isinstance(fields, Mapping) else None
+        if isinstance(status, Mapping) and "f:resourceClaimStatuses" in status:
+            writers.add((str(entry.get("manager") or ""), str(entry.get("time") or "")))
+    return frozenset(writers)
+
+
+def other_claim_writer(old: PodState | None, new: PodState, *, ours: str) -> str | None:
+    """The field manager, other than `ours`, that wrote `new`'s `status.resourceClaimStatuses` since `old` (None:
+    a pod not seen before), or None. Pure.
+
+    Another manager's entry that is new or has a newer time is a write by another claim
+    controller (kube-controller-manager's resourceclaim controller applies it as
+    `ResourceClaimController`). An entry that shrank or vanished is not: dractl's own write takes
+    the fields over.
+    """
+    seen = old.claim_status_writers if old is not None else frozenset()
+    others = sorted(manager for manager, _ in new.claim_status_writers - seen if manager != ours)
+    return others[0] if others else None
 
 
 def _decode_claim(raw: Mapping[str, Any]) -> model.ResourceClaim | None:
@@ -425,6 +475,7 @@ class _Metrics:
     deallocations: prometheus_client.Counter
     errors: prometheus_client.Counter
     depth: prometheus_client.Gauge
+    deferring: prometheus_client.Gauge
 
 
 def _metrics_for(registry: prometheus_client.CollectorRegistry) -> _Metrics:
@@ -455,6 +506,12 @@ def _build_metrics(registry: prometheus_client.CollectorRegistry) -> _Metrics:
             "Keys waiting in the claim controller's work queue.",
             registry=registry,
         ),
+        deferring=prometheus_client.Gauge(
+            "dractl_claim_controller_deferring",
+            "1 once another claim controller (kube-controller-manager's resourceclaim controller) was seen recording "
+            "claims in pods' status.resourceClaimStatuses: this controller then writes nothing.",
+            registry=registry,
+        ),
     )
 
 
@@ -470,8 +527,9 @@ class ClaimController:
     Constructor:
     - `client`: the API client (every request the controller makes goes through it).
     - `registry`: the prometheus registry for its metrics (a private one when None):
-      `dractl_claim_controller_creates_total{status}`, `dractl_claim_controller_sync_errors_total{kind}`,
-      `dractl_claim_controller_queue_depth`.
+      `dractl_claim_controller_creates_total{status}`, `dractl_claim_controller_deallocations_total`,
+      `dractl_claim_controller_sync_errors_total{kind}`, `dractl_claim_controller_queue_depth`,
+      `dractl_claim_controller_deferring`.
     - `recorder`: where Warning Events go (a `events.Recorder` on `client` when None).
     - `namespace`: watch one namespace only ("" = all).
     - `workers`: worker threads (keys are never processed by two at once).
@@ -502,13 +560,16 @@ class ClaimController:
         self.registry = prometheus_client.CollectorRegistry() if registry is None else registry
         self.metrics = _metrics_for(self.registry)
         self.metrics.depth.set_function(lambda: float(len(self.queue)))
+        self.metrics.deferring.set(0)
         self.pods: informer.Informer[PodState] = informer.Informer(
             client,
             kube_client.PODS,
             decode=decode_pod,
             namespace=namespace,
             handlers=informer.Handlers(
-                on_add=self._pod_changed, on_update=lambda _, new: self._pod_changed(new), on_delete=self._pod_deleted
+                on_add=lambda new: self._pod_changed(None, new),
+                on_update=self._pod_changed,
+                on_delete=self._pod_deleted,
             ),
         )
         self.claims: informer.Informer[model.ResourceClaim] = informer.Informer(
@@ -539,6 +600,9 @@ class ClaimController:
         self._owned: dict[str, set[str]] = {}
         # Claims this controller created, by (pod UID, pod claim), until the informer shows them.
         self._made: dict[tuple[str, str], str] = {}
+        # The field manager of another claim controller seen recording claims in pods' status: from then on this
+        # controller writes nothing (two controllers recording claims for one pod leave it bound to the wrong one).
+        self._deferring_to: str | None = None
         self._loop = loop.Loop(
             name="the claim controller",
             thread_name="claim-controller",
@@ -576,9 +640,13 @@ class ClaimController:
 
     # --- Event handlers: they only enqueue keys ---------------------------------------------
 
-    def _pod_changed(self, pod: PodState) -> None:
+    def _pod_changed(self, old: PodState | None, pod: PodState) -> None:
         if not pod.pod.resource_claims:
             return
+        if old is not None or self.pods.has_synced():  # The first list is history, not activity.
+            other = other_claim_writer(old, pod, ours=self.client.field_manager)
+            if other is not None:
+                self._defer(other, pod)
         self.queue.add(POD_PREFIX + pod.key)
         # Its claims too: a finished pod releases them, and a new record may leave a duplicate behind.
         self._enqueue_claims_of(pod)
@@ -640,18 +708,51 @@ class ClaimController:
             ):
                 self.queue.add(POD_PREFIX + pod.key)
 
+    def _defer(self, manager: str, pod: PodState) -> None:
+        """Another claim controller records claims: stop writing for good, and say so once (log line and metric)."""
+        with self._lock:
+            if self._deferring_to is not None:
+                return
+            self._deferring_to = manager
+        self.metrics.deferring.set(1)
+        log.warning(
+            "claim controller: %r recorded claims in pod %s's status.resourceClaimStatuses, so another claim "
+            "controller (kube-controller-manager's resourceclaim controller) is running: dractl's claim controller "
+            "stops writing; leave claims out of --controllers, or run kube-controller-manager with "
+            "--controllers=*,-resource-claim-controller",
+            manager,
+            pod.key,
+        )
+
+    def _writable(self) -> None:
+        """Raise `Deferred` once another claim controller was seen: checked before every write, so a sync under way
+        when it is seen stops before its next write."""
+        if self.deferring_to is not None:
+            raise Deferred(self.deferring_to)
+
+    @property
+    def deferring_to(self) -> str | None:
+        """The field manager of the other claim controller this one stopped writing for, or None."""
+        with self._lock:
+            return self._deferring_to
+
     # --- Syncs ------------------------------------------------------------------------------
 
     def sync(self, key: str) -> None:
-        """Sync one queue key (`pod:<ns>/<name>` or `claim:<ns>/<name>`). Raises to have the key retried."""
+        """Sync one queue key (`pod:<ns>/<name>` or `claim:<ns>/<name>`). Raises to have the key retried. Writes
+        nothing once another claim controller was seen (`deferring_to`)."""
         kind, _, rest = key.partition(":")
         namespace, name = _split(rest)
-        if kind == "pod":
-            self.sync_pod(namespace, name)
-        elif kind == "claim":
-            self.sync_claim(namespace, name)
-        else:
-            log.error("claim controller: ignoring the malformed queue key %r", key)
+        try:
+            self._writable()
+            if kind == "pod":
+                self.sync_pod(namespace, name)
+            elif kind == "claim":
+                self.sync_claim(namespace, name)
+            else:
+                log.error("claim controller: ignoring the malformed queue key %r", key)
+        except Deferred:
+            return
 
     def _claims_of(self, pod: PodState) -> dict[str, model.ResourceClaim]:
         """By name, the cached claims the pod's plan reads: those it names or records, and those it controls."""
@@ -668,7 +769,8 @@ class ClaimController:
         """Create and record the pod's template claims, and reserve allocated claims for it if it is bound.
 
         Idempotent: over unchanged state it writes nothing. Raises `RetryLater` (a template is
-        missing, a claim is full) or `ApiError` (a write failed, e.g. 409) to be retried. A
+        missing, a claim is full) or `ApiError` (a write failed, e.g. 409) to be retried, and
+        `Deferred` instead of any write once another claim controller was seen. A
         template the model refuses gets a Warning Event and no retry (fixing it syncs the pod).
         """
         pod = self.pods.store.get(f"{namespace}/{name}")
@@ -702,6 +804,7 @@ class ClaimController:
                     self._made[(pod.uid, item.pod_claim_name)] = claim_name
         entries = status_entries(pod, recorded)
         if entries is not None:
+            self._writable()
             self.client.patch(
                 kube_client.PODS,
                 name,
@@ -749,6 +852,7 @@ class ClaimController:
         template = self._template(pod.namespace, item.template_name, pod=pod, pod_claim_name=item.pod_claim_name)
         body = claim_body(pod, pod_claim_name=item.pod_claim_name, template=template)
         try:
+            self._writable()
             created = self.client.create(kube_client.RESOURCE_CLAIMS, body, namespace=pod.namespace)
         except kube_client.ApiError as error:
             self.metrics.creates.labels(status="error").inc()
@@ -777,6 +881,7 @@ class ClaimController:
             return message
         entries = [consumer_entry(ref) for ref in claim.reserved_for]
         entries.append({"resource": "pods", "name": pod.name, "uid": pod.uid})
+        self._writable()
         self.client.patch(
             kube_client.RESOURCE_CLAIMS,
             claim.meta.name,
@@ -787,6 +892,7 @@ class ClaimController:
         return None
 
     def _warn(self, pod: PodState, reason: str, message: str) -> None:
+        self._writable()
         ref = events.ObjectRef.of(pod.pod.meta, api_version="v1", kind="Pod")
         self.recorder.event(ref, type=events.WARNING, reason=reason, message=message)
 
@@ -816,7 +922,8 @@ class ClaimController:
         """Clean up one claim: drop reservations of gone or finished pods, deallocate, unprotect, delete.
 
         Idempotent: over unchanged state it writes nothing. Raises `ApiError` (409 when the
-        claim changed since it was read) to be retried.
+        claim changed since it was read) to be retried, and `Deferred` instead of any write once
+        another claim controller was seen.
         """
         claim = self.claims.store.get(f"{namespace}/{name}")
         if claim is None:
@@ -850,6 +957,7 @@ class ClaimController:
                 # Devices' status entries describe allocated devices: they go with the allocation.
                 status["allocation"] = None
                 status["devices"] = None
+            self._writable()
             stored = self.client.patch(
                 kube_client.RESOURCE_CLAIMS,
                 name,
@@ -864,18 +972,22 @@ class ClaimController:
         if plan.remove_finalizer:
             with self._lock:
                 self._finalizer_pending.add(claim.meta.uid)
-            finalizers = [item for item in claim.meta.finalizers if item != DELETE_PROTECTION_FINALIZER]
-            stored = self.client.patch(
+            self._writable()
+            unprotected = finalizers.change(
+                self.client,
                 kube_client.RESOURCE_CLAIMS,
                 name,
                 namespace=namespace,
-                patch={"metadata": {"resourceVersion": version, "finalizers": finalizers or None}},
+                resource_version=version,
+                remove=DELETE_PROTECTION_FINALIZER,
             )
-            version = str(stored["metadata"]["resourceVersion"])
+            if unprotected is not None:
+                version = str(unprotected["metadata"]["resourceVersion"])
             with self._lock:
                 self._finalizer_pending.discard(claim.meta.uid)
         if plan.delete:
             try:
+                self._writable()
                 self.client.delete(
                     kube_client.RESOURCE_CLAIMS, name, namespace=namespace, uid=claim.meta.uid, resource_version=version
                 )

@@ -4,16 +4,24 @@ What it does: checks the settings (one line naming the flag, exit 2), builds the
 (`--kubeconfig`, else in-cluster, else the default kubeconfig), a Prometheus registry with the
 process-level metrics, an Event recorder, and then campaigns for a Lease (`dractl.kube.leader`).
 While it leads, the controllers named by `--controllers` run (`CONTROLLERS` maps each name to
-a factory). Losing the lease stops them and exits 1, as client-go's processes do, so the
+a factory). Their API client is fenced by the elector (`leader.Fence`): no write is sent once
+the renew deadline has passed without a successful renewal, nor after another holder was seen
+on the Lease, even in the moment before the process notices. Losing the lease
+ends the process at once with exit 1, as kube-scheduler and kube-controller-manager do (the
+controllers get `LOST_STOP_TIMEOUT_S` to stop; their writes are refused meanwhile, and what
+they had in hand is taken over by the next leader's resync, as after a crash), so the
 Deployment restarts the replica as a clean candidate; SIGTERM/SIGINT stops them (bounded),
-releases the lease so a standby takes over at once, and exits 0. Two HTTP endpoints serve
-`/metrics`, and `/healthz` + `/readyz` (one listener when both ports are equal).
+releases the lease so a standby takes over at once, and exits 0. The controllers' requests
+are paced by a token bucket (`--kube-api-qps`, `--kube-api-burst`); the elector has a bucket of
+its own, so a busy controller never delays a renewal. Two HTTP endpoints serve `/metrics`, and
+`/healthz` + `/readyz` (one listener when both ports are equal).
 
 Process-level metrics (the controllers add their own): `dractl_controller_leader` (1 while
 this replica leads), `dractl_controller_api_errors_total{verb,resource,code}` (every request
 the API server refused or did not answer, retries included; code 0 is no answer),
-`dractl_controller_queue_depth{controller}` (keys waiting in each running controller's work
-queue), and the standard `process_*` and `python_*` collectors.
+`dractl_controller_api_throttle_seconds_total` (seconds the controllers' requests waited for
+the client-side rate limit), `dractl_controller_queue_depth{controller}` (keys waiting in each
+running controller's work queue), and the standard `process_*` and `python_*` collectors.
 
 What it must not do: decide anything about claims, pods or devices (the controllers do), talk
 to the API except through `dractl.kube`, import `dractl.node`, or start a controller while
@@ -39,7 +47,7 @@ import structlog
 
 from dractl import config, daemon
 from dractl.kube import client as kube_client
-from dractl.kube import events, leader
+from dractl.kube import events, leader, ratelimit
 from dractl.model.decode import common as model_names
 
 _log = structlog.get_logger(__name__)
@@ -50,6 +58,8 @@ EXIT_USAGE = 2
 
 STOP_TIMEOUT_S = 10.0
 """How long the controllers get to finish the keys in hand at shutdown (all of them together)."""
+LOST_STOP_TIMEOUT_S = 1.0
+"""How long the controllers get to stop once the lease is lost (their writes are fenced: nothing is left to finish)."""
 SERVICE_ACCOUNT_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 JITTER_FACTOR = 1.2
 """client-go's leader election jitter: the renew deadline must exceed retry period x 1.2."""
@@ -150,6 +160,10 @@ def check(settings: config.ControllerConfig, known: Mapping[str, Factory] | None
         return f"--controllers: unknown controller {unknown[0]!r} (known: {listing})"
     if settings.workers < 1:
         return f"--workers: must be at least 1, got {settings.workers}"
+    if not settings.kube_api_qps > 0:
+        return f"--kube-api-qps: must be more than 0 requests per second, got {settings.kube_api_qps:g}"
+    if settings.kube_api_burst < 1:
+        return f"--kube-api-burst: must be at least 1 request, got {settings.kube_api_burst}"
     for flag, value, rule in (
         ("--scheduler-name", settings.scheduler_name, model_names.dns_subdomain),
         ("--lease-name", settings.lease_name, model_names.dns_subdomain),
@@ -229,6 +243,7 @@ class ProcessMetrics:
     registry: prometheus_client.CollectorRegistry
     leader: prometheus_client.Gauge
     api_errors: prometheus_client.Counter
+    api_throttle: prometheus_client.Counter
 
     @classmethod
     def create(
@@ -242,9 +257,7 @@ class ProcessMetrics:
         the queue depth; `standard` adds the `process_*`, `python_gc_*` and `python_info` collectors."""
         registry = prometheus_client.CollectorRegistry() if registry is None else registry
         if standard:
-            prometheus_client.ProcessCollector(registry=registry)
-            prometheus_client.PlatformCollector(registry=registry)
-            prometheus_client.GCCollector(registry=registry)
+            daemon.standard_collectors(registry)
         registry.register(_QueueDepth(running))
         return cls(
             registry=registry,
@@ -259,15 +272,22 @@ class ProcessMetrics:
                 ["verb", "resource", "code"],
                 registry=registry,
             ),
+            api_throttle=prometheus_client.Counter(
+                "dractl_controller_api_throttle_seconds",
+                "Seconds the controllers' requests waited for the client-side rate limit (--kube-api-qps, "
+                "--kube-api-burst); steady growth means the limit holds them back.",
+                registry=registry,
+            ),
         )
 
 
 class CountingClient(kube_client.Client):
     """A `kube.client.Client` that counts every failed request in `api_errors{verb, resource, code}`.
 
-    It shares `base`'s connection pool, auth and field manager; `attempts` and `timeout` may differ
-    (the leader elector's requests are short and not retried, so a renewal cannot outlive its
-    deadline). Errors raised while a watch streams are the informers' business and not counted.
+    It shares `base`'s connection pool, auth, field manager and (unless given `limiter`) rate
+    limiter; `attempts` and `timeout` may differ (the leader elector's requests are short and not
+    retried, so a renewal cannot outlive its deadline), and `fence` guards its writes (None:
+    unguarded). Errors raised while a watch streams are the informers' business and not counted.
     Its `on_error` is the counter alone: a hook `base` has is not called.
     """
 
@@ -278,6 +298,8 @@ class CountingClient(kube_client.Client):
         errors: prometheus_client.Counter,
         attempts: int | None = None,
         timeout: float | None = None,
+        limiter: kube_client.RateLimiter | None = None,
+        fence: kube_client.WriteFence | None = None,
     ) -> None:
         def count(verb: str, resource: kube_client.Resource, error: kube_client.ApiError) -> None:
             errors.labels(verb=verb, resource=resource.plural, code=str(error.status)).inc()
@@ -288,6 +310,9 @@ class CountingClient(kube_client.Client):
             attempts=base.attempts if attempts is None else attempts,
             timeout=base.timeout if timeout is None else timeout,
             on_error=count,
+            limiter=base.limiter if limiter is None else limiter,
+            fence=fence,
+            sleep=base.sleep,
         )
 
 
@@ -316,7 +341,8 @@ class Supervisor:
     controller start never delays a renewal. Invariants: controllers are built at most once per
     process (losing the lease ends the process); they are stopped before the lease is released,
     so a successor never runs beside them; `stop` (or `request_stop`) stops them within about
-    `stop_timeout` seconds and exits 0; losing the lease, a controller that cannot start, or an
+    `stop_timeout` seconds and exits 0; losing the lease (the controllers get `LOST_STOP_TIMEOUT_S`
+    then: the fence refuses their writes already), a controller that cannot start, or an
     elector that dies exits 1. `healthz` and `readyz` may be called from any thread.
     """
 
@@ -453,6 +479,7 @@ class Supervisor:
             self._elector_thread = threading.Thread(target=self._campaign, name="leader-election", daemon=True)
             self._elector_thread.start()
         code = EXIT_OK
+        stop_timeout = self._stop_timeout
         try:
             while True:
                 self._wake.clear()  # Cleared before reading the state: a wake-up after this is never missed.
@@ -464,6 +491,7 @@ class Supervisor:
                 if lost:
                     _log.error("leader election lost; stopping the controllers and exiting so the replica restarts")
                     code = EXIT_FAILED
+                    stop_timeout = LOST_STOP_TIMEOUT_S
                     break
                 if leading and phase == "waiting":
                     if not self._start_all():
@@ -472,7 +500,7 @@ class Supervisor:
                     continue
                 self._wake.wait(self._poll)
         finally:
-            self._shutdown()
+            self._shutdown(stop_timeout)
         return code
 
     def _start_all(self) -> bool:
@@ -494,12 +522,13 @@ class Supervisor:
         _log.info("controllers started", controllers=self._names())
         return True
 
-    def _shutdown(self) -> None:
-        """Stop the controllers (bounded, last started first), then the elector, which releases the lease."""
+    def _shutdown(self, timeout: float) -> None:
+        """Stop the controllers (within about `timeout` seconds, last started first), then the elector, which
+        releases the lease if it still holds it."""
         with self._lock:
             self._phase = "stopping"
             running = list(self._running)
-        deadline = self._clock() + self._stop_timeout
+        deadline = self._clock() + timeout
         for name, controller in reversed(running):
             remaining = max(0.1, (deadline - self._clock()) / max(1, len(running)))
             try:
@@ -554,8 +583,16 @@ def run(
 def _run(
     settings: config.ControllerConfig, *, known: Mapping[str, Factory], out: TextIO, stop: threading.Event | None
 ) -> int:
+    me = identity()
+    holder: list[Supervisor] = []
+    metrics = ProcessMetrics.create(running=lambda: holder[0].running() if holder else [])
     try:
-        base = kube_client.connect(settings.kubeconfig)
+        base = kube_client.connect(
+            settings.kubeconfig,
+            limiter=ratelimit.TokenBucket(
+                settings.kube_api_qps, settings.kube_api_burst, on_wait=metrics.api_throttle.inc
+            ),
+        )
     except Exception as error:  # noqa: BLE001 (whatever the kubeconfig's problem, it is one line)
         where = (
             f"kubeconfig {settings.kubeconfig}"
@@ -564,25 +601,20 @@ def _run(
         )
         print(f"dractl controller: error: cannot build a Kubernetes client from {where}: {_one_line(error)}", file=out)
         return EXIT_FAILED
-    me = identity()
-    holder: list[Supervisor] = []
-    metrics = ProcessMetrics.create(running=lambda: holder[0].running() if holder else [])
-    api = CountingClient(base, errors=metrics.api_errors)
-    context = Context(
-        client=api,
-        registry=metrics.registry,
-        recorder=events.Recorder(api, host=socket.gethostname()),
-        settings=settings,
-    )
     elector: leader.Elector | None = None
     lease = ""
     if settings.leader_elect:
         namespace = lease_namespace(settings)
         lease = f"{namespace}/{settings.lease_name}"
         # Short, unretried requests: a renewal that hangs must not outlive the renew deadline (client-go
-        # bounds it the same way), or this replica would go on leading after a successor took over.
+        # bounds it the same way), or this replica would go on leading after a successor took over. Its own
+        # bucket, as client-go's leader election has its own client: the controllers' requests never delay it.
         elector_client = CountingClient(
-            base, errors=metrics.api_errors, attempts=1, timeout=max(0.5, settings.renew_deadline / 2)
+            base,
+            errors=metrics.api_errors,
+            attempts=1,
+            timeout=max(0.5, settings.renew_deadline / 2),
+            limiter=ratelimit.TokenBucket(settings.kube_api_qps, settings.kube_api_burst),
         )
         elector = leader.Elector(
             elector_client,
@@ -595,6 +627,14 @@ def _run(
                 retry_period=settings.retry_period,
             ),
         )
+    # Every write of the controllers (Events included) is checked against the lease just before it is sent.
+    api = CountingClient(base, errors=metrics.api_errors, fence=elector.fence if elector is not None else None)
+    context = Context(
+        client=api,
+        registry=metrics.registry,
+        recorder=events.Recorder(api, host=socket.gethostname()),
+        settings=settings,
+    )
     supervisor = Supervisor(
         controllers=[(name, _bind(known[name], context)) for name in settings.controllers],
         elector=elector,

@@ -7,8 +7,9 @@ claim exists); splits them into claims already allocated (they pin the node and 
 added to `reservedFor`) and claims to allocate (`split_claims`); filters nodes (`feasible_nodes`:
 `nodefit`, then `pin` to the node selectors of allocated claims); words the explanation of an
 unschedulable pod (`unschedulable_message`); and builds every body the scheduler writes (the
-finalizer, the allocation with `reservedFor`, a reservation, the undo of those, the
-`PodScheduled` condition, the Binding).
+allocation with `reservedFor`, a reservation, the undo of those, the `PodScheduled` condition,
+the Binding), whether the finalizer is still needed, and whether a pod read just before its
+binding still records the claims it was scheduled with (`changed_since`).
 
 What it must not do: talk to the API, touch the allocator, read a clock other than through its
 arguments, or keep state. Every function here is pure and may be called any number of times.
@@ -27,6 +28,8 @@ from dractl.model import encode, limits, nodes
 
 POD_SCHEDULED = "PodScheduled"
 UNSCHEDULABLE = "Unschedulable"
+SCHEDULER_ERROR = "SchedulerError"
+"""PodScheduled reason when an attempt failed for another reason than fit: a write failed (kube-scheduler's)."""
 FAILED_SCHEDULING = "FailedScheduling"
 """Warning Event reason on a pod that could not be scheduled (kube-scheduler's reason)."""
 CANNOT_ALLOCATE = "cannot allocate all claims"
@@ -101,6 +104,19 @@ class PodInfo:
     def pending_for(self, scheduler_name: str) -> bool:
         """Waiting to be scheduled by `scheduler_name`: its pod, not bound, not finished, not being deleted."""
         return self.scheduler_name == scheduler_name and not self.node_name and not self.done and not self.deleting
+
+
+def scheduling_changed(old: PodInfo, new: PodInfo) -> bool:
+    """Whether `new` differs from `old` in anything scheduling reads, not only in its status conditions (such as
+    the scheduler's own `PodScheduled` write, which must not undo the backoff of a failed attempt) and its
+    resourceVersion. Pure."""
+
+    def read(info: PodInfo) -> tuple[object, ...]:
+        pod = info.state.pod
+        unversioned = dataclasses.replace(pod, meta=dataclasses.replace(pod.meta, resource_version=""))
+        return (dataclasses.replace(info.state, pod=unversioned), info.scheduler_name, info.needs, info.invalid)
+
+    return read(old) != read(new)
 
 
 def _scheduled_condition(conditions: Sequence[Mapping[str, Any]]) -> Condition | None:
@@ -364,16 +380,17 @@ def consumer(pod: PodInfo) -> dict[str, str]:
     return {"resource": "pods", "name": pod.name, "uid": pod.uid}
 
 
-def finalizer_patch(claim: model.ResourceClaim) -> dict[str, Any] | None:
-    """The merge patch adding the delete-protection finalizer (with the claim's resourceVersion), or None. Pure."""
-    if claims.DELETE_PROTECTION_FINALIZER in claim.meta.finalizers:
-        return None
-    return {
-        "metadata": {
-            "resourceVersion": claim.meta.resource_version,
-            "finalizers": [*claim.meta.finalizers, claims.DELETE_PROTECTION_FINALIZER],
-        }
-    }
+def needs_finalizer(claim: model.ResourceClaim) -> bool:
+    """Whether the delete-protection finalizer is still to be added before the claim is allocated. Pure."""
+    return claims.DELETE_PROTECTION_FINALIZER not in claim.meta.finalizers
+
+
+def finalizer_by_patch(claim: model.ResourceClaim) -> bool:
+    """Whether the finalizer may be added with a merge patch (`kube.finalizers.add_with_patch`, one request): the
+    claim has no opaque configuration, the only part of a claim the API server keeps as raw bytes, which a patch's
+    JSON round trip would re-encode (then the API server refuses the write: spec is immutable). Otherwise it is
+    written with `kube.finalizers.change` (a protobuf read and PUT that keep every stored byte). Pure."""
+    return not claim.spec.config
 
 
 def allocation_patch(
@@ -397,14 +414,15 @@ def reservation_patch(claim: model.ResourceClaim, pod: PodInfo) -> dict[str, Any
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Undo:
-    """How to take back what scheduling wrote to one claim: a status patch and a metadata patch (each optional).
+    """How to take back what scheduling wrote to one claim: a status patch (optional), then whether the
+    delete-protection finalizer goes.
 
     `deallocates` is true when the status patch clears the allocation, so the allocator can
     give the devices back once it succeeded.
     """
 
     status: dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
+    remove_finalizer: bool = False
     deallocates: bool = False
 
 
@@ -423,29 +441,30 @@ def undo(claim: model.ResourceClaim, pod_uid: str, *, allocated_here: bool, fina
         status = {"allocation": None, "reservedFor": None, "devices": None}
     elif len(keep) != len(claim.reserved_for):
         status = {"reservedFor": [claims.consumer_entry(ref) for ref in keep] or None}
-    metadata: dict[str, Any] | None = None
     unallocated_after = claim.allocation is None or deallocate
-    if finalizer_added and unallocated_after and claims.DELETE_PROTECTION_FINALIZER in claim.meta.finalizers:
-        remaining = [item for item in claim.meta.finalizers if item != claims.DELETE_PROTECTION_FINALIZER]
-        metadata = {"finalizers": remaining or None}
-    return Undo(status=status, metadata=metadata, deallocates=deallocate)
+    remove = finalizer_added and unallocated_after and claims.DELETE_PROTECTION_FINALIZER in claim.meta.finalizers
+    return Undo(status=status, remove_finalizer=remove, deallocates=deallocate)
 
 
-def condition_patch(pod: PodInfo, message: str, *, now: str) -> dict[str, Any] | None:
-    """The status merge patch setting `PodScheduled=False, Unschedulable, message`, or None when it is set already.
+def condition_patch(pod: PodInfo, message: str, *, now: str, reason: str = UNSCHEDULABLE) -> dict[str, Any] | None:
+    """The status merge patch setting `PodScheduled=False, reason, message`, or None when it is set already.
+
+    `reason` is `Unschedulable` when no node can take the pod and `SchedulerError` when an
+    attempt failed otherwise (a write failed, the pod changed under it); each attempt's outcome
+    replaces the one before.
 
     The whole `status.conditions` list is written (a merge patch replaces lists), with the
     pod's resourceVersion as precondition so a concurrent change of another condition fails
     with 409 instead of being lost. `now` (RFC 3339) is the transition time when the status
     changes. Pure.
     """
-    wanted = Condition(status="False", reason=UNSCHEDULABLE, message=message)
+    wanted = Condition(status="False", reason=reason, message=message)
     if pod.scheduled == wanted:
         return None
     entry: dict[str, Any] = {
         "type": POD_SCHEDULED,
         "status": "False",
-        "reason": UNSCHEDULABLE,
+        "reason": reason,
         "message": message,
         "lastProbeTime": None,
         "lastTransitionTime": now,
@@ -468,11 +487,49 @@ def condition_patch(pod: PodInfo, message: str, *, now: str) -> dict[str, Any] |
     }
 
 
-def binding(pod: PodInfo, node: str) -> dict[str, Any]:
-    """The core/v1 Binding that assigns `pod` to `node` (with the pod's UID as precondition). Pure."""
+def binding(pod: PodInfo, node: str, *, resource_version: str) -> dict[str, Any]:
+    """The core/v1 Binding that assigns `pod` to `node`, with the pod's UID and `resource_version` as preconditions:
+    the API server refuses it (409) if the pod changed since that version, so the pod is bound exactly as it was
+    read then (with the claims it recorded then). Pure."""
     return {
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+        "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid, "resourceVersion": resource_version},
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
+
+
+def pod_claims(pod: claims.PodState) -> dict[str, str | None]:
+    """Per pod claim, the claim it uses now: the name it gives, or the one its status records (None: recorded as
+    not needed); a pod claim with no record yet is left out. Pure."""
+    used: dict[str, str | None] = {}
+    for entry in pod.pod.resource_claims:
+        if entry.resource_claim_name:
+            used[entry.name] = entry.resource_claim_name
+        elif entry.name in pod.claim_statuses:
+            used[entry.name] = pod.claim_statuses[entry.name]
+    return used
+
+
+def changed_since(decided: claims.PodState, live: claims.PodState | None) -> str | None:
+    """Why the pod as the API has it now (`live`, None when it cannot be read) voids a decision made for `decided`,
+    or None when it may be bound: the same pod (UID), not bound, not being deleted, recording exactly the claims
+    the decision used. Pure."""
+    if live is None:
+        return f"pod {decided.key} can no longer be read"
+    if live.uid != decided.uid:
+        return f"pod {decided.key} was replaced (UID {live.uid}, not {decided.uid})"
+    if live.deleting:
+        return f"pod {decided.key} is being deleted"
+    if live.pod.node_name:
+        return f"pod {decided.key} is already bound to node {live.pod.node_name}"
+    before, now = pod_claims(decided), pod_claims(live)
+    for name in sorted(before.keys() | now.keys()):
+        if before.get(name, "") != now.get(name, ""):
+            was = before.get(name) or "no claim"
+            is_now = now.get(name) or "no claim"
+            return (
+                f"pod {decided.key} records {is_now} for spec.resourceClaims[{name}] now, not {was} "
+                "(another controller recorded its claim meanwhile)"
+            )
+    return None

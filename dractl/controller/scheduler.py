@@ -16,10 +16,16 @@ deallocated or deleted), so nothing is given twice. Per pod (`sync_pod`):
 3. the decision is held in memory (the allocator holds the devices, the pod counts on its
    node: "assumed"), then written: per claim the delete-protection finalizer, then
    `status.allocation` with the pod in `status.reservedFor`, each with a resourceVersion
-   precondition; allocated claims get the pod added to `reservedFor`; then the pod is bound
-   (`pods/binding`). If any write fails, what was written is taken back (the pod's entry, the
-   allocation and the finalizer this attempt added), the allocator gives the devices back, and
-   the pod is retried with backoff: no claim stays allocated for a pod that was not bound.
+   precondition (the finalizer through `kube.finalizers`, which leaves the claim's spec as
+   stored); allocated claims get the pod added to `reservedFor`; then the pod is bound
+   (`pods/binding`) at the resourceVersion the decision was made from, so the API server refuses
+   the Binding if the pod changed since; if it did, the pod is read live and bound at that
+   version only if it still records exactly the claims the decision used. If any write fails or
+   the pod no longer matches, what was written is taken back (the pod's entry, the allocation and
+   the finalizer this attempt added), the
+   allocator gives the devices back, the pod's `PodScheduled` condition (`SchedulerError`) and a
+   Warning Event say which step failed, and the pod is retried with backoff: no claim stays
+   allocated for a pod that was not bound, and no pod is bound with a claim it does not record.
 
 A pod no node can take gets `PodScheduled=False` (reason `Unschedulable`, kube-scheduler's
 node summary plus the allocator's explanation per claim) and a Warning Event
@@ -54,7 +60,7 @@ import prometheus_client
 from dractl import alloc, daemon, model
 from dractl.controller import claims, loop, nodefit, schedplan
 from dractl.kube import client as kube_client
-from dractl.kube import events, informer, workqueue
+from dractl.kube import events, finalizers, informer, workqueue
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +72,10 @@ WAIT_RETRY = 1.0
 ROLLBACK_ATTEMPTS = 5
 """How often taking back one claim's writes is tried when the claim keeps changing underneath (409)."""
 FIT_CACHE_LIMIT = 200_000
-"""Remembered node-filter answers (pod shape x node); past this the cache starts over."""
+"""Remembered node-filter answers (pod shapes x nodes); past this the cache starts over."""
+CHANGE_LOG_LIMIT = 100_000
+"""Node changes remembered for bringing the node filter's answers up to date; past this the log starts over (and
+every pod shape's answers are computed afresh once)."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -202,6 +211,17 @@ class _ClaimView(Mapping[str, model.ResourceClaim]):
         return sum(1 for _ in self)
 
 
+@dataclasses.dataclass(slots=True)
+class _ShapeFit:
+    """The node filter's answers for one pod shape over `infos`, current up to change number `epoch`: the nodes
+    that fail with their reasons, and the others in `infos` order."""
+
+    infos: tuple[nodefit.NodeInfo, ...]
+    epoch: int
+    unfit: dict[str, str]
+    feasible: tuple[str, ...]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Attempt:
     """A claim this decision started writing: whether it allocated it and whether it added the finalizer."""
@@ -282,9 +302,14 @@ def _version(stored: Mapping[str, Any], fallback: str) -> str:
     return str((stored.get("metadata") or {}).get("resourceVersion") or fallback)
 
 
+class PodChanged(Exception):
+    """The pod, read live when its Binding was refused, is not the one the decision was made for (another claim
+    recorded, replaced, bound, being deleted): the decision is taken back and the pod retried."""
+
+
 def _failed(key: str, error: Exception) -> None:
     """Log a scheduling attempt that raised; the loop retries the pod with backoff."""
-    if isinstance(error, kube_client.ApiError):
+    if isinstance(error, (kube_client.ApiError, PodChanged)):
         log.info("pod %s: %s; retrying with backoff", key, error)
     else:
         log.exception("pod %s: scheduling failed; retrying with backoff", key)
@@ -358,12 +383,16 @@ class Scheduler:
         self._placed: dict[str, _Placed] = {}
         self._node_pods: dict[str, dict[str, nodefit.PodNeeds]] = {}
         self._node_used: dict[str, nodefit.Usage] = {}
-        # The node filter's answers per (pod shape, node), valid while the node's epoch is unchanged: a
-        # node's epoch moves (to a value never used before) whenever its usage or its object changes.
+        # The node filter's answers per pod shape (`_ShapeFit`), brought up to date by re-checking only the
+        # nodes changed since: `_changes` logs the name of each node whose usage or object changed, change
+        # number `_epoch` being the last (`_changes[i]` is change number `_changes_base + i + 1`). A burst of
+        # pods of one shape then costs one `nodefit` check per placed pod, not one per node per pod.
         self._epoch = 0
-        self._node_epoch: dict[str, int] = {}
-        self._fit_cache: dict[tuple[Hashable, str], tuple[int, str | None]] = {}
+        self._changes: list[str] = []
+        self._changes_base = 0
+        self._fits: dict[Hashable, _ShapeFit] = {}
         self._node_infos: tuple[nodefit.NodeInfo, ...] | None = None
+        self._info_by_name: dict[str, nodefit.NodeInfo] = {}
         self._unschedulable: set[str] = set()  # pod keys retried when the cluster changes
         self._refused: set[str] = set()  # pod keys refused until they change
         self._waiting: dict[str, str] = {}  # pod key -> the claim key it waits for ("": its own status)
@@ -460,7 +489,8 @@ class Scheduler:
 
     def _pod_changed(self, old: schedplan.PodInfo | None, pod: schedplan.PodInfo) -> None:
         if pod.pending_for(self.scheduler_name):
-            self.queue.add(pod.key)
+            if old is None or schedplan.scheduling_changed(old, pod):
+                self.queue.add(pod.key)
         else:
             self._forget_pending(pod.key)
         with self._lock:
@@ -487,8 +517,11 @@ class Scheduler:
 
     def _bump(self, node: str) -> None:
         """The node's usage or object changed: the node filter's answers for it are stale. Under `_lock`."""
+        if len(self._changes) >= CHANGE_LOG_LIMIT:
+            self._changes.clear()
+            self._changes_base = self._epoch
         self._epoch += 1
-        self._node_epoch[node] = self._epoch
+        self._changes.append(node)
 
     def _place(self, key: str, placed: _Placed) -> None:
         """Count a pod on its node (replacing how it was counted before). Under `_lock`."""
@@ -688,34 +721,51 @@ class Scheduler:
             len(decided.reserve),
         )
 
-    def _filter(self, needs: nodefit.PodNeeds) -> tuple[list[str], dict[str, str], tuple[nodefit.NodeInfo, ...]]:
-        """`nodefit` over every node (feasible names, reasons for the rest, the nodes), with answers remembered per
-        pod shape and node until the node's usage or object changes. Usage counts the pods bound to each node and
-        the pods this scheduler bound that the cache still shows unbound."""
+    def _filter(self, needs: nodefit.PodNeeds) -> tuple[Sequence[str], dict[str, str], tuple[nodefit.NodeInfo, ...]]:
+        """`nodefit` over every node: the feasible names (in node order), the reasons of the rest (a fresh dict the
+        caller may change), the nodes. Answers are remembered per pod shape and brought up to date by checking again
+        only the nodes whose usage or object changed since (all of them when the nodes themselves changed). Usage
+        counts the pods bound to each node and the pods this scheduler bound that the cache still shows unbound."""
         shape = _shape(needs)
-        feasible: list[str] = []
-        reasons: dict[str, str] = {}
         with self._lock:
             infos = self._node_infos
             if infos is None:
                 infos = self._node_infos = tuple(
                     state.info for state in self.nodes.store.values() if state.info is not None
                 )
-            if len(self._fit_cache) > FIT_CACHE_LIMIT:
-                self._fit_cache.clear()
-            for info in infos:
-                epoch = self._node_epoch.get(info.name, 0)
-                hit = self._fit_cache.get((shape, info.name))
-                if hit is not None and hit[0] == epoch:
-                    reason = hit[1]
-                else:
+                self._info_by_name = {info.name: info for info in infos}
+            fit = self._fits.get(shape)
+            if fit is None or fit.infos is not infos or fit.epoch < self._changes_base:
+                if fit is None and (len(self._fits) + 1) * len(infos) > FIT_CACHE_LIMIT:
+                    self._fits.clear()
+                unfit: dict[str, str] = {}
+                for info in infos:
                     reason = nodefit.fit(needs, info, self._node_used.get(info.name, nodefit.EMPTY))
-                    self._fit_cache[(shape, info.name)] = (epoch, reason)
-                if reason is None:
-                    feasible.append(info.name)
-                else:
-                    reasons[info.name] = reason
-        return feasible, reasons, infos
+                    if reason is not None:
+                        unfit[info.name] = reason
+                fit = self._fits[shape] = _ShapeFit(
+                    infos=infos,
+                    epoch=self._epoch,
+                    unfit=unfit,
+                    feasible=tuple(info.name for info in infos if info.name not in unfit),
+                )
+            elif fit.epoch != self._epoch:
+                flipped = False
+                for name in set(self._changes[fit.epoch - self._changes_base :]):
+                    changed = self._info_by_name.get(name)
+                    if changed is None:
+                        continue  # Not a node the filter reads (gone, or left out as invalid).
+                    reason = nodefit.fit(needs, changed, self._node_used.get(name, nodefit.EMPTY))
+                    was = fit.unfit.get(name)
+                    if reason is None:
+                        fit.unfit.pop(name, None)
+                    else:
+                        fit.unfit[name] = reason
+                    flipped = flipped or (was is None) != (reason is None)
+                if flipped:
+                    fit.feasible = tuple(info.name for info in infos if info.name not in fit.unfit)
+                fit.epoch = self._epoch
+            return fit.feasible, dict(fit.unfit), infos
 
     def _decide(self, pod: schedplan.PodInfo, resolved: Sequence[model.ResourceClaim]) -> Decision | Refusal | Wait:
         """Pick the node and the devices, and assume them (allocator holds, pod counted on the node). Under the
@@ -759,22 +809,46 @@ class Scheduler:
     # --- Writes -----------------------------------------------------------------------------
 
     def _commit(self, pod: schedplan.PodInfo, decision: Decision) -> None:
-        """Write the decision: finalizer and allocation per claim, reservations, then the binding.
+        """Write the decision: finalizer and allocation per claim, reservations, then the binding, which the API
+        server accepts only while the pod records the claims the decision used (`_bind`).
 
-        On any failure everything written is taken back (`_roll_back`) and the error is raised.
+        On any failure everything written is taken back (`_roll_back`), the pod's `PodScheduled` condition and a
+        Warning Event say which step failed and why, and the error is raised.
         """
         attempts: list[_Attempt] = []
         ids = {alloc.claim_id(claim) for claim, _ in decision.allocate}
+        step = ""
         try:
             for claim, allocation in decision.allocate:
-                patch = schedplan.finalizer_patch(claim)
-                attempts.append(_Attempt(claim, allocated_here=True, finalizer_added=patch is not None))
+                added = schedplan.needs_finalizer(claim)
+                attempts.append(_Attempt(claim, allocated_here=True, finalizer_added=added))
                 version = claim.meta.resource_version
-                if patch is not None:
-                    stored = self.client.patch(
-                        kube_client.RESOURCE_CLAIMS, claim.meta.name, namespace=claim.meta.namespace, patch=patch
-                    )
-                    version = _version(stored, version)
+                if added:
+                    step = f"adding the finalizer to ResourceClaim {claim.key}"
+                    if schedplan.finalizer_by_patch(claim):
+                        stored = finalizers.add_with_patch(
+                            self.client,
+                            kube_client.RESOURCE_CLAIMS,
+                            claim.meta.name,
+                            namespace=claim.meta.namespace,
+                            resource_version=version,
+                            finalizers=claim.meta.finalizers,
+                            add=claims.DELETE_PROTECTION_FINALIZER,
+                        )
+                    else:
+                        stored = finalizers.change(
+                            self.client,
+                            kube_client.RESOURCE_CLAIMS,
+                            claim.meta.name,
+                            namespace=claim.meta.namespace,
+                            resource_version=version,
+                            add=claims.DELETE_PROTECTION_FINALIZER,
+                        )
+                    if stored is None:  # Someone else added it meanwhile: it is not ours to take back.
+                        attempts[-1] = _Attempt(claim, allocated_here=True, finalizer_added=False)
+                    else:
+                        version = _version(stored, version)
+                step = f"writing the allocation of ResourceClaim {claim.key}"
                 self.client.patch(
                     kube_client.RESOURCE_CLAIMS,
                     claim.meta.name,
@@ -784,6 +858,7 @@ class Scheduler:
                 )
             for claim in decision.reserve:
                 attempts.append(_Attempt(claim, allocated_here=False, finalizer_added=False))
+                step = f"reserving ResourceClaim {claim.key}"
                 self.client.patch(
                     kube_client.RESOURCE_CLAIMS,
                     claim.meta.name,
@@ -791,35 +866,48 @@ class Scheduler:
                     subresource="status",
                     patch=schedplan.reservation_patch(claim, pod),
                 )
+            step = f"binding to node {decision.node}"
             self._bind(pod, decision.node)
         except Exception as error:
-            self._warn(pod, f"binding to node {decision.node} failed: {error}")
             self._roll_back(pod, decision, attempts)
+            self._report_failure(pod, f"scheduling on node {decision.node} failed while {step}: {error}")
             raise
         finally:
             with self._lock:
                 self._in_flight.difference_update(ids)
 
     def _bind(self, pod: schedplan.PodInfo, node: str) -> None:
-        try:
-            self.client.create(
-                kube_client.PODS,
-                schedplan.binding(pod, node),
-                namespace=pod.namespace,
-                name=pod.name,
-                subresource="binding",
-            )
-        except kube_client.ApiError:
-            # A binding retried after a lost answer is refused as a conflict although the first one
-            # landed: what counts is where the pod is now.
+        """Bind the pod at the resourceVersion the decision was made from, so the API server refuses the Binding if
+        the pod changed since (a claim recorded anew by kube-controller-manager, for one): no extra read when
+        nothing changed. When the Binding is refused, the pod is read live: bound to `node` already (a Binding whose
+        answer was lost), done; refused as a conflict (the pod changed), the Binding is sent once more at the live
+        version if the pod is still the same, unbound, not being deleted and records exactly the claims the
+        decision used, else `PodChanged` is raised. Raises `ApiError` otherwise."""
+        version = pod.state.pod.meta.resource_version
+        for retry in (False, True):
             try:
-                live = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
-            except kube_client.ApiError:
-                live = {}
-            meta, spec = live.get("metadata") or {}, live.get("spec") or {}
-            if meta.get("uid") == pod.uid and spec.get("nodeName") == node:
+                self.client.create(
+                    kube_client.PODS,
+                    schedplan.binding(pod, node, resource_version=version),
+                    namespace=pod.namespace,
+                    name=pod.name,
+                    subresource="binding",
+                )
                 return
-            raise
+            except kube_client.ApiError as error:
+                try:
+                    live = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
+                except kube_client.ApiError:
+                    live = {}
+                meta, spec = live.get("metadata") or {}, live.get("spec") or {}
+                if meta.get("uid") == pod.uid and spec.get("nodeName") == node:
+                    return
+                if retry or not live or not isinstance(error, kube_client.Conflict):
+                    raise
+                problem = schedplan.changed_since(pod.state, claims.decode_pod(live))
+                if problem is not None:
+                    raise PodChanged(problem) from error
+                version = str(meta.get("resourceVersion") or "")
 
     def _roll_back(self, pod: schedplan.PodInfo, decision: Decision, attempts: Sequence[_Attempt]) -> None:
         """Take back the claim writes of a failed decision and give back the devices no longer allocated in the API.
@@ -910,13 +998,15 @@ class Scheduler:
             except kube_client.ApiError as error:
                 log.error("ResourceClaim %s: could not take back pod %s: %s", claim.key, pod.key, error)
                 return False
-            if plan.metadata is not None:
+            if plan.remove_finalizer:
                 try:
-                    self.client.patch(
+                    finalizers.change(
+                        self.client,
                         kube_client.RESOURCE_CLAIMS,
                         claim.meta.name,
                         namespace=claim.meta.namespace,
-                        patch={"metadata": {"resourceVersion": version, **plan.metadata}},
+                        resource_version=version,
+                        remove=claims.DELETE_PROTECTION_FINALIZER,
                     )
                 except kube_client.ApiError as error:
                     # The finalizer alone blocks nothing but deletion, and the claim controller removes it then.
@@ -944,6 +1034,37 @@ class Scheduler:
             log.info("pod %s is unschedulable: %s", pod.key, refusal.message)
         if refusal.retry:
             self.queue.add_after(pod.key, UNSCHEDULABLE_RETRY)
+
+    def _report_failure(self, pod: schedplan.PodInfo, message: str) -> None:
+        """Say on the pod why this attempt failed: `PodScheduled=False, SchedulerError` and a Warning Event, replacing
+        what an earlier attempt said. The condition is written at the cached pod's version, else (409: the pod
+        changed, as it often has when an attempt fails) once more at the version a live read gives. Never raises:
+        the attempt's own error is what the loop retries on."""
+        self._warn(pod, message)
+        current = pod
+        for _ in range(2):
+            patch = schedplan.condition_patch(current, message, now=_now(), reason=schedplan.SCHEDULER_ERROR)
+            if patch is None:
+                return
+            try:
+                self.client.patch(
+                    kube_client.PODS, pod.name, namespace=pod.namespace, subresource="status", patch=patch
+                )
+                return
+            except kube_client.Conflict:
+                try:
+                    raw = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
+                except kube_client.ApiError as error:
+                    log.info("pod %s: could not read it to say why scheduling failed: %s", pod.key, error)
+                    return
+                live = schedplan.decode_pod(raw, scheduler_name=self.scheduler_name)
+                if live is None or live.uid != pod.uid or live.node_name:
+                    return  # Replaced or bound meanwhile: nothing to say on it.
+                current = live
+            except kube_client.ApiError as error:
+                log.info("pod %s: could not write why scheduling failed: %s", pod.key, error)
+                return
+        log.info("pod %s: it kept changing while the scheduler wrote why scheduling failed", pod.key)
 
     def _wait(self, pod: schedplan.PodInfo, wait: Wait) -> None:
         with self._lock:

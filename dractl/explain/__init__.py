@@ -25,6 +25,7 @@ from typing import TextIO
 from dractl import config
 from dractl.explain import cluster, output, reasoning
 from dractl.kube import client as kube_client
+from dractl.kube import ratelimit
 
 # Namespaces are DNS-1123 labels; pod and claim names DNS-1123 subdomains (as the API server checks).
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -49,7 +50,11 @@ Connect = Callable[[config.Explain], cluster.Reader]
 
 
 def _connect(settings: config.Explain) -> cluster.Reader:
-    return kube_client.connect(settings.kubeconfig, attempts=3)
+    return kube_client.connect(
+        settings.kubeconfig,
+        attempts=3,
+        limiter=ratelimit.TokenBucket(settings.kube_api_qps, settings.kube_api_burst),
+    )
 
 
 def explain(

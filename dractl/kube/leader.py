@@ -6,8 +6,12 @@ holder has not renewed for `lease_duration` seconds *as observed by this elector
 (clocks of different machines are never compared, as in client-go); otherwise report not
 leading. Every write is an update with the Lease's resourceVersion as precondition, so two
 electors never both win. `run()` loops over that step until stopped, calls `on_started` on
-becoming leader and `on_stopped` on losing the lease (renewal failing for `renew_deadline`) or
-stopping, and releases the Lease on a clean stop so a successor need not wait.
+becoming leader and `on_stopped` on losing the lease (renewal failing for `renew_deadline`, or
+another holder seen on it) or stopping, and releases the Lease on a clean stop so a successor
+need not wait. Each elector has a `Fence`, which the process's writes check just before they
+are sent: it lets them through only while the last successful renewal began less than
+`renew_deadline` ago. A leader that was paused (SIGSTOP, a stalled VM) past its deadline thus
+sends no write when it goes on, even before its loop notices that it lost.
 
 What it must not do: decide anything but who leads, or trust the holder's timestamps for
 expiry. Time comes from an injectable `Clock`.
@@ -62,8 +66,69 @@ class Config:
     retry_period: float = 2.0
 
 
+class Fence:
+    """Whether this replica may still write: it leads, and its last successful renewal began less than
+    `renew_deadline` seconds ago (`kube.client.WriteFence`). Thread-safe.
+
+    Why that is safe: a standby takes the Lease over no sooner than the lease duration after it
+    saw the last renewal, which it saw after that renewal began. So a write let through here
+    reaches the server before any successor acts, with lease duration - renew deadline (5 s by
+    default) to spare for its way there. The client asks again just before each piece of a write
+    goes to the socket; what no check in the process can stop is a pause that falls between that
+    last check and the socket: that one write goes out when the process goes on.
+
+    The elector moves it: `renewed(began)` after each successful acquire or renewal, `close()`
+    when leadership ends. It starts closed.
+    """
+
+    def __init__(self, *, lease: str, renew_deadline: float, clock: Clock) -> None:
+        self.lease = lease
+        self.renew_deadline = renew_deadline
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._renewed: float | None = None  # when the last successful renewal began; None: closed
+
+    def renewed(self, began: float) -> None:
+        """A renewal (or the acquisition) that began at `began` (monotonic) succeeded."""
+        with self._lock:
+            self._renewed = began
+
+    def close(self) -> None:
+        """Leadership ended: no write passes any more (until a new acquisition)."""
+        with self._lock:
+            self._renewed = None
+
+    def expired(self) -> bool:
+        """True when closed or past the renew deadline."""
+        return self._problem() is not None
+
+    def check(self, what: str) -> None:
+        """Raise `kube_client.Fenced` naming `what` and why when no write may be sent now."""
+        problem = self._problem()
+        if problem is not None:
+            raise kube_client.Fenced(0, "Fenced", f"{what}: not sent: {problem}")
+
+    def _problem(self) -> str | None:
+        with self._lock:
+            renewed = self._renewed
+        if renewed is None:
+            return f"this replica does not hold the Lease {self.lease}"
+        age = self._clock.monotonic() - renewed
+        if age >= self.renew_deadline:
+            return (
+                f"the Lease {self.lease} was last renewed {age:.1f}s ago, past the renew deadline "
+                f"({self.renew_deadline:g}s): another replica may lead"
+            )
+        return None
+
+
 class Elector:
-    """One candidate. `try_acquire_or_renew` is safe to call from one thread at a time."""
+    """One candidate. `try_acquire_or_renew` is safe to call from one thread at a time.
+
+    `leading` is whether it holds the Lease as far as it knows: set by a successful step, cleared
+    when it gives up (the renew deadline passed, or another holder is on the Lease) or releases.
+    A failed renewal within the deadline leaves it set. `fence` lets writes through while it leads.
+    """
 
     def __init__(self, client: kube_client.Client, config: Config, *, clock: Clock | None = None) -> None:
         self._client = client
@@ -71,8 +136,11 @@ class Elector:
         self._clock: Clock = clock or SystemClock()
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen on the Lease
         self._observed_at = 0.0
-        self._last_renewal = 0.0
+        self._holder = ""  # the holder the last step saw, when another candidate holds the Lease
         self.leading = False
+        self.fence = Fence(
+            lease=f"{config.namespace}/{config.name}", renew_deadline=config.renew_deadline, clock=self._clock
+        )
 
     def _spec(self, *, acquire_time: str, transitions: int) -> dict[str, Any]:
         return {
@@ -84,19 +152,31 @@ class Elector:
         }
 
     def try_acquire_or_renew(self) -> bool:
-        """One protocol step; returns whether this elector holds the Lease afterwards. API failures count as not."""
+        """One protocol step; returns whether this elector holds the Lease afterwards. API failures count as not.
+
+        Success sets `leading` and moves the fence (from when the step began). Finding the Lease
+        held by another candidate while leading ends leadership at once (fence closed).
+        """
+        began = self._clock.monotonic()
+        self._holder = ""
         try:
-            leading = self._step()
+            held = self._step(began)
         except kube_client.ApiError as error:
             log.info("lease %s/%s: %s", self.config.namespace, self.config.name, error)
-            leading = False
-        self.leading = leading
-        if leading:
-            self._last_renewal = self._clock.monotonic()
-        return leading
+            held = False
+        if held:
+            self.leading = True
+            self.fence.renewed(began)
+        elif self.leading and self._holder:
+            self._give_up(f"the Lease is held by {self._holder}")
+        return held
 
-    def _step(self) -> bool:
-        now = self._clock.monotonic()
+    def _give_up(self, why: str) -> None:
+        self.leading = False
+        self.fence.close()
+        log.warning("lease %s/%s: no longer leading: %s", self.config.namespace, self.config.name, why)
+
+    def _step(self, now: float) -> bool:
         try:
             lease = self._client.get(kube_client.LEASES, self.config.name, namespace=self.config.namespace)
         except kube_client.NotFound:
@@ -123,6 +203,7 @@ class Elector:
         if holder and holder != self.config.identity:
             duration = float(spec.get("leaseDurationSeconds") or self.config.lease_duration)
             if now < self._observed_at + duration:
+                self._holder = holder
                 return False  # Held, and renewed within its duration as far as we can tell.
         transitions = int(spec.get("leaseTransitions") or 0)
         acquire_time = str(spec.get("acquireTime") or "")
@@ -131,6 +212,8 @@ class Elector:
             acquire_time = _micro_time(self._clock.wall())
         updated = dict(lease)
         updated["spec"] = {**spec, **self._spec(acquire_time=acquire_time, transitions=transitions)}
+        if self.leading and self.fence.expired():
+            return False  # Paused past the deadline since the read: give up rather than renew late.
         try:
             stored = self._client.update(kube_client.LEASES, updated)
         except kube_client.Conflict:
@@ -145,6 +228,7 @@ class Elector:
         if not self.leading:
             return
         self.leading = False
+        self.fence.close()
         try:
             lease = self._client.get(kube_client.LEASES, self.config.name, namespace=self.config.namespace)
             spec = lease.get("spec") or {}
@@ -169,23 +253,28 @@ class Elector:
         on_stopped: Callable[[], None],
         on_step: Callable[[bool], None] | None = None,
     ) -> None:
-        """Campaign until `stop` is set; lead while renewals succeed within `renew_deadline`; release on stop.
+        """Campaign until `stop` is set or leadership is lost; lead while renewals succeed within `renew_deadline`;
+        release on stop.
 
-        `on_step(leading)` is called after every protocol step (a heartbeat for liveness probes:
-        a loop that stops calling it is wedged). Callbacks run on this loop's thread, so they must
-        return quickly: a slow one delays the next renewal.
+        Leadership is lost, `on_stopped` called and the loop ended (as client-go's `Run` ends) when
+        the renew deadline passes without a successful renewal (checked before each step too, so a
+        process that was paused past it gives up without sending anything) or another holder is
+        seen on the Lease. `on_step(leading)` is called after every protocol step (a heartbeat for
+        liveness probes: a loop that stops calling it is wedged). Callbacks run on this loop's
+        thread, so they must return quickly: a slow one delays the next renewal.
         """
         try:
             while not stop.is_set():
                 was_leading = self.leading
-                leading = self.try_acquire_or_renew()
-                if leading and not was_leading:
+                if not (was_leading and self.fence.expired()):
+                    self.try_acquire_or_renew()
+                if was_leading and self.leading and self.fence.expired():
+                    self._give_up(f"not renewed within the renew deadline ({self.config.renew_deadline:g}s)")
+                if was_leading and not self.leading:
+                    on_stopped()
+                    return
+                if self.leading and not was_leading:
                     on_started()
-                elif was_leading and not leading:
-                    if self._clock.monotonic() - self._last_renewal < self.config.renew_deadline:
-                        self.leading = True  # A failed renewal inside the deadline: keep leading, retry.
-                    else:
-                        on_stopped()
                 if on_step is not None:
                     on_step(self.leading)
                 stop.wait(self.config.retry_period)

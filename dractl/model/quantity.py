@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import fractions
+import functools
 import math
 import re
 
@@ -80,11 +81,19 @@ def parse(raw: object) -> Quantity:
     the input: values of 10^100 or more (thousands of digits, or an exponent like `1e999999`)
     are refused without building the number.
     """
+    if type(raw) is str:
+        return _parse_text(raw)
     if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
         raise QuantityError(f'must be a quantity string such as "40Gi", got {type(raw).__name__}')
     if isinstance(raw, float) and not math.isfinite(raw):
         raise QuantityError(f"{raw!r} is not a quantity (a finite number with an optional suffix such as Gi)")
-    text = raw if isinstance(raw, str) else repr(raw)
+    return _parse_text(raw if isinstance(raw, str) else repr(raw))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Quantity:
+    """`parse` of a text, remembered: the API's objects repeat a few quantities ("100m", "1Gi") in every pod and
+    node, and a `Quantity` is immutable. A text that raises is not remembered."""
     match = _PATTERN.match(text.strip())
     if match is None:
         raise QuantityError(

@@ -1,12 +1,21 @@
 """`dractl node-agent`: the kubelet DRA plugin's process, wiring every node piece together.
 
 What it does: opens the GPU backend (NVML or the fake), computes the node's ResourceSlices
-(`inventory`, `slices`) and publishes them (`publish`, over `dractl.kube`), builds the claim
-state (`state`), starts the health monitor (`health`; its taints republish the slices), the
-kubelet plugin (`plugin`), Prometheus metrics and a liveness endpoint that makes one gRPC
-call over each socket, then waits for SIGTERM/SIGINT and shuts down: sockets removed, slices
-left in place (the kubelet wipes them 30 s after the driver is gone, and a restart within
-that window keeps them).
+(`inventory`, `slices`) in the layout the API server's version takes, checks that the server
+keeps every field the flags need, and publishes them (`publish`, over `dractl.kube`); watches
+this node's slices and its Node, so a slice deleted or edited by someone else (or a Node
+registered again) is republished within seconds; builds the claim state (`state`), starts the
+health monitor (`health`; its taints republish the slices), the kubelet plugin (`plugin`),
+Prometheus metrics and a liveness endpoint (`liveness`: one gRPC call over each socket, no
+call stuck, the Node exists, the API holds the node's slices), both bound before anything else
+so a taken port is one line naming its flag. Then it waits for SIGTERM/SIGINT and shuts down:
+sockets removed, slices left in place (the kubelet wipes them 30 s after the driver is gone,
+and a restart within that window keeps them).
+
+It refuses to start, with one line on stderr, when a running agent serves its sockets (two
+agents on one node need `--pod-uid`, which gives each its own sockets: a rolling update) or a
+newer agent wrote the checkpoint (then also with a Warning Event on the Node); two agents with
+their own sockets share the state directory, its checkpoint and its locks.
 
 What it must not do: prepare anything itself, import grpc (the plugin does) or the Kubernetes
 client (dractl.kube does), or let a missing GPU driver end in a traceback: that is one line
@@ -16,7 +25,10 @@ on stderr and exit code 1.
 from __future__ import annotations
 
 import dataclasses
+import enum
+import ipaddress
 import pathlib
+import shutil
 import sys
 import threading
 import time
@@ -30,13 +42,17 @@ from dractl import config, daemon, model
 from dractl.kube import claims as kube_claims
 from dractl.kube import client as kube_client
 from dractl.kube import events as kube_events
+from dractl.kube import ratelimit
 from dractl.node import (
     backend,
     cdi,
+    checkpoint,
     discover,
+    driverfiles,
     fakegpu,
     health,
     inventory,
+    liveness,
     plugin,
     publish,
     sharing,
@@ -52,16 +68,21 @@ EXIT_FAILED = 1
 # A sweep at start-up catches what a crash left behind; the periodic one catches claims deleted
 # while their pods were gone from the kubelet's view (the NVIDIA driver sweeps every 10 min).
 SWEEP_INTERVAL_S = 600.0
+# The claim locks the plugins of every agent on the node share (two during a rolling update).
+CLAIM_LOCK_FILE = "claims.lock"
 # How long stop() waits for the publisher thread: a publish hanging on the API server must not
 # hold up the shutdown (the thread is a daemon, and ends when that publish returns).
 PUBLISHER_JOIN_S = 5.0
-
-
-# --- logging ---------------------------------------------------------------------------------------
-
-
-# Shared with `dractl controller`; the node's name for it is kept (its tests and callers use it).
-configure_logging = daemon.configure_logging
+# /healthz fails when the API has not held this node's slices for this long: a repair takes seconds,
+# so this long means publishing keeps failing.
+SLICES_DIFFER_GRACE_S = 60.0
+# Repairs in a row back off from 0.5 s, doubling, to this: a server that keeps changing what the agent writes
+# must not turn every write into the next one.
+REPAIR_BACKOFF_MAX_S = 300.0
+# /healthz fails when a prepare or unprepare has run this long (the kubelet gave up on it long before).
+STUCK_CALL_S = 120.0
+# The oldest Kubernetes whose API server serves resource.k8s.io/v1, the only version dractl writes.
+MIN_KUBERNETES = (1, 34)
 
 
 # --- metrics ---------------------------------------------------------------------------------------
@@ -79,10 +100,14 @@ class Metrics:
     published_devices: prometheus_client.Gauge
     unhealthy_devices: prometheus_client.Gauge
     registered: prometheus_client.Gauge
+    publish_failures: prometheus_client.Counter
+    slice_repairs: prometheus_client.Counter
+    slices_in_sync: prometheus_client.Gauge
 
     @classmethod
     def create(cls) -> Metrics:
         registry = prometheus_client.CollectorRegistry()
+        daemon.standard_collectors(registry)
         return cls(
             registry=registry,
             requests=prometheus_client.Counter(
@@ -121,6 +146,21 @@ class Metrics:
             registered=prometheus_client.Gauge(
                 "dractl_node_registered", "1 when the kubelet accepted the plugin's registration.", registry=registry
             ),
+            publish_failures=prometheus_client.Counter(
+                "dractl_node_publish_failures",
+                "Attempts to publish the node's ResourceSlices that failed (the API server refused or did not answer).",
+                registry=registry,
+            ),
+            slice_repairs=prometheus_client.Counter(
+                "dractl_node_slice_repairs",
+                "Publishes that rewrote slices someone else had deleted or changed in the API.",
+                registry=registry,
+            ),
+            slices_in_sync=prometheus_client.Gauge(
+                "dractl_node_slices_in_sync",
+                "1 while the API holds exactly the ResourceSlices this node publishes, 0 while they differ.",
+                registry=registry,
+            ),
         )
 
     def observe(self, call: plugin.Call) -> None:
@@ -135,16 +175,23 @@ class Metrics:
 # --- HTTP endpoints -----------------------------------------------------------------------------------
 
 
-def liveness(sockets: plugin.Sockets) -> tuple[int, str, str]:
-    """200 when both sockets answer a gRPC call, else 503 naming each failure."""
-    problems = plugin.probe(sockets)
+def health_answer(problems: Sequence[str]) -> daemon.Answer:
+    """200 "ok" when there is no problem, else 503 with one line per problem (each logged)."""
     if problems:
-        _log.warning("liveness: a socket does not answer", problems=problems)
-        return 503, "text/plain; charset=utf-8", "".join(f"{p}\n" for p in problems)
-    return 200, "text/plain; charset=utf-8", "ok\n"
+        _log.warning("liveness: unhealthy", problems=list(problems))
+        return 503, daemon.TEXT, "".join(f"{p}\n" for p in problems)
+    return 200, daemon.TEXT, "ok\n"
 
 
 # --- the agent ---------------------------------------------------------------------------------------
+
+
+class _Outcome(enum.Enum):
+    """What one publish did: failed, published (nothing to repair), or repaired slices someone else changed."""
+
+    FAILED = "failed"
+    PUBLISHED = "published"
+    REPAIRED = "repaired"
 
 
 class AgentError(Exception):
@@ -152,7 +199,8 @@ class AgentError(Exception):
 
 
 class SlicePublisher(Protocol):
-    """`publish.Publisher` in production: make the API hold exactly these slices."""
+    """`publish.Publisher` in production: make the API hold exactly these slices. Tests inject their own; then the
+    agent neither reads the server's version nor watches the API (both need `publish.Publisher`)."""
 
     def publish(self, desired: Sequence[model.ResourceSlice]) -> object: ...
 
@@ -165,8 +213,10 @@ class Agent:
     Invariants: slices are published before the plugin registers, so the scheduler can see the
     devices the kubelet will be asked to prepare; after that only the publisher thread publishes,
     so a slow API server never holds up NVML event delivery; taint changes wake it at once and a
-    failed publish is retried when `tick()` wakes it; a publisher thread left running by `stop()`
-    never publishes again once its publish returns; `stop()` is idempotent and never deletes slices.
+    failed publish is retried when `tick()` wakes it, and any change to this node's slices or Node
+    in the API wakes it too; a publisher thread left running by `stop()` never publishes again once
+    its publish returns; `stop()` is idempotent and never deletes slices. `stuck_after_s` and
+    `differ_grace_s` are /healthz's bounds (STUCK_CALL_S, SLICES_DIFFER_GRACE_S).
     """
 
     def __init__(
@@ -177,13 +227,24 @@ class Agent:
         claims: state.ClaimSource | None = None,
         publisher: SlicePublisher | None = None,
         health_poll_s: float = 1.0,
+        stuck_after_s: float = STUCK_CALL_S,
+        differ_grace_s: float = SLICES_DIFFER_GRACE_S,
     ) -> None:
         self.settings = settings
         self.metrics = Metrics.create()
         self._gpus = gpus
         self._claims = claims
         self._publisher = publisher
+        self._api: publish.Publisher | None = None
+        self._watch: publish.Watch | None = None
+        self._layout = slices.Layout.SPLIT
+        self._publish_taints = True
+        self._published: tuple[model.ResourceSlice, ...] | None = None
         self._health_poll_s = health_poll_s
+        self._stuck_after_s = stuck_after_s
+        self._differ_grace_s = differ_grace_s
+        self.synced = liveness.Slices(node_name=settings.node_name)
+        self.calls: liveness.Calls | None = None
         self._inventory: inventory.Inventory | None = None
         self._publish_pending = False
         self._publish_wanted = threading.Event()
@@ -196,6 +257,7 @@ class Agent:
         self.plugin: plugin.Plugin | None = None
         self.slices: tuple[model.ResourceSlice, ...] = ()
         self._endpoints: list[daemon.HttpEndpoint] = []
+        self._addresses: dict[int, str] = {}
         self.health_port: int | None = None
         self.metrics_port: int | None = None
 
@@ -205,6 +267,7 @@ class Agent:
             driver_name=self.settings.driver_name,
             registrar_dir=self.settings.kubelet_registrar_dir,
             plugins_dir=self.settings.kubelet_plugins_dir,
+            pod_uid=self.settings.pod_uid,
         )
 
     def start(self) -> None:
@@ -221,15 +284,27 @@ class Agent:
                 f"cannot read GPUs through NVML ({err}); is the NVIDIA driver installed? "
                 "Use --device-source fake to run without a GPU."
             ) from err
-        except (fakegpu.ProfileError, fakegpu.StateFileError, slices.SliceError, plugin.PluginError) as err:
+        except (
+            fakegpu.ProfileError,
+            fakegpu.StateFileError,
+            slices.SliceError,
+            plugin.PluginError,
+            driverfiles.DriverFilesError,
+        ) as err:
             self.stop()
             raise AgentError(str(err)) from err
+        except kube_client.ApiError as err:
+            self.stop()
+            raise AgentError(f"cannot start: the API server answered: {err}") from err
         except OSError as err:
             self.stop()
             raise AgentError(f"cannot start: {err}") from err
 
     def _start(self) -> None:
         s = self.settings
+        # Before anything is touched: a running agent serving these sockets (a second agent without
+        # --pod-uid) makes this one refuse to start.
+        plugin.check_sockets(self.sockets)
         state_dir = s.plugin_state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
         fake = s.device_source is config.DeviceSource.FAKE
@@ -241,29 +316,43 @@ class Agent:
             )
         gpus = self._gpus
         self._inventory = inventory.read(gpus)
-        if self._claims is None or self._publisher is None:
-            client = _connect(s.kubeconfig)
+        client = _connect(s) if self._claims is None or self._publisher is None else None
+        # The ports before anything is published or served: a taken one stops the start with one line.
+        self._listen(client)
+        if client is not None:
             if self._claims is None:
                 self._claims = kube_claims.ApiClaimSource(client)
             if self._publisher is None:
-                self._publisher = publish.Publisher(client, driver=s.driver_name, node_name=s.node_name)
+                self._api = publish.Publisher(client, driver=s.driver_name, node_name=s.node_name)
+                self._publisher = self._api
+                self._check_server(self._api)
             self._recorder = kube_events.Recorder(client, host=s.node_name)
+        assert self._claims is not None  # Injected, or made above from the client built when it was not.
         untainted = self._build({})
         self.metrics.published_devices.set(sum(len(sl.devices) for sl in untainted))
         self._publish({})
-        self.state = state.State(
-            driver_name=s.driver_name,
-            node_name=s.node_name,
-            backend=gpus,
-            claims=self._claims,
-            cdi_root=s.cdi_root,
-            state_dir=state_dir,
-            mps=sharing.FakeMps(root=state_dir / "mps") if fake else None,
-            common_edits=cdi.NoCommonEdits() if fake else None,
-            dynamic_mig=s.mig_mode is config.MigMode.DYNAMIC,
-            device_nodes=not fake,
-            on_warning=self._warn,
-        )
+        try:
+            self.state = state.State(
+                driver_name=s.driver_name,
+                node_name=s.node_name,
+                backend=gpus,
+                claims=self._claims,
+                cdi_root=s.cdi_root,
+                state_dir=state_dir,
+                mps=sharing.FakeMps(root=state_dir / "mps") if fake else None,
+                common_edits=self._common_edits(state_dir),
+                dynamic_mig=s.mig_mode is config.MigMode.DYNAMIC,
+                device_nodes=not fake,
+                on_warning=self._warn,
+            )
+        except checkpoint.NewerVersion as err:
+            message = (
+                f"{err}, so it does not start: run the newer agent again, or move the file away to have this one "
+                "rebuild the node's state from the API and the devices (the file is left as it is)"
+            )
+            self._warn(state.Notice(reason="CheckpointTooNew", message=message))
+            raise AgentError(message) from err
+        # The first sweep also rebuilds the state when the checkpoint was missing or corrupt.
         self.sweep()
         self.monitor = health.Monitor(
             backend=gpus,
@@ -286,44 +375,151 @@ class Agent:
             daemon=True,
         )
         self._publishing.start()
+        if self._api is not None:
+            # Started after the first publish, so its first list finds our own slices (one no-op publish).
+            self._watch = self._api.watch(self._on_api_change)
         self.monitor.start()
+        self.calls = liveness.Calls(self.state)
         self.plugin = plugin.Plugin(
             driver_name=s.driver_name,
             sockets=self.sockets,
-            preparer=self.state,
+            preparer=self.calls,
             health_source=self.monitor,
             on_call=self.metrics.observe,
+            claim_lock_file=state_dir / CLAIM_LOCK_FILE,
         )
         self.metrics.registered.set_function(lambda: 1.0 if self._registered() else 0.0)
         self.plugin.start()
-        sockets = self.plugin.sockets
-        if s.health_port >= 0:
-            endpoint = daemon.HttpEndpoint(
-                port=s.health_port, routes={"/healthz": lambda: liveness(sockets)}, name="liveness"
-            )
-            self._endpoints.append(endpoint)
-            self.health_port = endpoint.port
-        if s.metrics_port >= 0:
-            registry = self.metrics.registry
-            endpoint = daemon.HttpEndpoint(
-                port=s.metrics_port, routes={"/metrics": lambda: daemon.metrics_page(registry)}, name="metrics"
-            )
-            self._endpoints.append(endpoint)
-            self.metrics_port = endpoint.port
         _log.info(
             "node agent started",
             node=s.node_name,
             driver=s.driver_name,
             devices=sum(len(sl.devices) for sl in self.slices),
-            health_port=self.health_port,
-            metrics_port=self.metrics_port,
+            layout=self._layout.value,
+            health=self._address(self.health_port),
+            metrics=self._address(self.metrics_port),
         )
+
+    def _common_edits(self, state_dir: pathlib.Path) -> cdi.CommonEdits:
+        """Where the driver's files in every claim spec come from, checked now so that a wrong
+        driver root stops the start with one line instead of failing every prepare.
+
+        Fake GPUs get a fake driver root in the state directory (which the agent sees at its host
+        path), so their specs mount files that exist and the same discovery runs as on a GPU node.
+        """
+        s = self.settings
+        assert self._inventory is not None
+        version = self._inventory.driver.driver_version
+        if s.device_source is config.DeviceSource.FAKE:
+            infos = [gpu.info for gpu in self._inventory.gpus]
+            root = fakegpu.write_driver_root(state_dir / "fake-driver-root", driver=self._inventory.driver, gpus=infos)
+            native = driverfiles.NativeEdits(root=root, host_root=root, driver_version=version)
+        elif s.cdi_generator is config.CdiGenerator.NVIDIA_CTK:
+            if shutil.which("nvidia-ctk") is None:
+                raise AgentError("--cdi-generator nvidia-ctk: nvidia-ctk is not on PATH (else use native)")
+            if s.agent_driver_root != s.driver_root:
+                # nvidia-ctk writes the paths it reads, so they would not be the host's.
+                raise AgentError(
+                    "--cdi-generator nvidia-ctk cannot rewrite paths: --container-driver-root must be --driver-root"
+                )
+            return cdi.NvidiaCtk(extra_args=[f"--driver-root={s.driver_root}"])
+        else:
+            native = driverfiles.NativeEdits(root=s.agent_driver_root, host_root=s.driver_root, driver_version=version)
+        native.check()
+        return native
+
+    def _listen(self, client: kube_client.Client | None) -> None:
+        """Bind /healthz and /metrics. A port that is taken or an address that is not this host's is an AgentError
+        naming the flags; the metrics address defaults to the Node's InternalIP (loopback without one)."""
+        s = self.settings
+        if s.health_port >= 0:
+            self.health_port = self._bind(
+                host=s.health_address,
+                port=s.health_port,
+                route=("/healthz", self.healthz),
+                flags=("--health-address", "--health-port"),
+            )
+        if s.metrics_port >= 0:
+            registry = self.metrics.registry
+            host = s.metrics_address if s.metrics_address is not None else _node_address(client, s.node_name)
+            self.metrics_port = self._bind(
+                host=host,
+                port=s.metrics_port,
+                route=("/metrics", lambda: daemon.metrics_page(registry)),
+                flags=("--metrics-address", "--metrics-port"),
+            )
+
+    def _bind(self, *, host: str, port: int, route: tuple[str, daemon.Route], flags: tuple[str, str]) -> int:
+        address_flag, port_flag = flags
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise AgentError(f"{address_flag} {host!r} is not an IP address") from None
+        try:
+            endpoint = daemon.HttpEndpoint(port=port, routes=dict([route]), name=route[0].strip("/"), host=host)
+        except OSError as err:
+            raise AgentError(
+                f"cannot serve {route[0]} on {host}:{port} ({address_flag} {host}, {port_flag} {port}): "
+                f"{err.strerror or err}; choose another with {port_flag} or {address_flag}, or -1 to turn it off"
+            ) from err
+        self._endpoints.append(endpoint)
+        self._addresses[endpoint.port] = host
+        return endpoint.port
+
+    def _address(self, port: int | None) -> str | None:
+        return None if port is None else f"{self._addresses[port]}:{port}"
+
+    def _check_server(self, api: publish.Publisher) -> None:
+        """Pick the slice layout from the server's version and make sure it keeps every field the flags need.
+
+        A server older than 1.34, or one whose feature gates drop a field dynamic MIG or consumable memory
+        needs, is an AgentError saying what to change; dropped device taints only mean health is reported
+        through the kubelet's health stream alone (a warning)."""
+        s = self.settings
+        version = api.server_version()
+        served = f"Kubernetes {version}" + (f" ({version.git_version})" if version.git_version else "")
+        if (version.major, version.minor) < MIN_KUBERNETES:
+            raise AgentError(
+                f"the API server serves {served}; dractl publishes resource.k8s.io/v1 ResourceSlices, "
+                f"which need Kubernetes {'.'.join(map(str, MIN_KUBERNETES))} or later"
+            )
+        self._layout = slices.layout_for(version.major, version.minor)
+        needed = {}
+        if s.mig_mode is config.MigMode.DYNAMIC:
+            needed[publish.Feature.PARTITIONABLE_DEVICES] = "--mig-mode dynamic"
+        if s.consumable_memory:
+            needed[publish.Feature.CONSUMABLE_CAPACITY] = "--consumable-memory"
+        for dropped in api.dropped_fields(self._build({})):
+            if dropped.feature is publish.Feature.DEVICE_TAINTS:
+                self._publish_taints = False
+                _log.warning(
+                    "the API server drops device taints (the DRADeviceTaints feature gate is off): unhealthy "
+                    "devices are reported through the kubelet's health stream only, not as taints in the slices",
+                    server=served,
+                )
+            elif dropped.feature in needed:
+                gate = dropped.feature.value
+                default = ".".join(map(str, publish.ON_BY_DEFAULT_FROM))
+                raise AgentError(
+                    f"{needed[dropped.feature]} needs the {gate} feature gate, which is off on this API server "
+                    f"({served}: it dropped {dropped.path} from a dry-run ResourceSlice); turn it on for "
+                    f"kube-apiserver and kube-scheduler (--feature-gates={gate}=true; on by default from "
+                    f"Kubernetes {default}), or run without {needed[dropped.feature]}"
+                )
+            else:
+                raise AgentError(
+                    f"the API server ({served}) did not keep {dropped.path} of a dry-run ResourceSlice, so the "
+                    "slices it would hold are not the ones this node publishes"
+                )
 
     def stop(self) -> None:
         """Stop serving and remove the sockets; slices stay. Idempotent."""
         if self.plugin is not None:
             self.plugin.stop()
             self.plugin = None
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
         for endpoint in self._endpoints:
             endpoint.stop()
         self._endpoints.clear()
@@ -366,17 +562,23 @@ class Agent:
         is checked after each publish too, so a thread that outlived `stop()` ends as soon as its
         publish returns. Nothing else ends the thread: a failure is logged and retried at the next
         tick, with its traceback the first time it is seen and one line while it recurs, until a
-        publish succeeds.
+        publish succeeds. Repairs in a row (a server that keeps changing what we write would
+        otherwise make every write wake the next) wait longer and longer before the next publish.
         """
         seen: set[str] = set()
+        repairs = 0
         while not stopping.is_set():
             wanted.wait()
             if stopping.is_set():
                 return
+            if repairs >= 2 and stopping.wait(min(REPAIR_BACKOFF_MAX_S, 0.5 * 2 ** (repairs - 2))):
+                return
             wanted.clear()
             try:
-                if self._publish(monitor.taints()):
+                outcome = self._publish(monitor.taints())
+                if outcome is not _Outcome.FAILED:
                     seen.clear()
+                repairs = repairs + 1 if outcome is _Outcome.REPAIRED else 0
             except Exception as err:  # noqa: BLE001 - a bug in building the slices must not stop every later publish
                 self._publish_pending = True
                 failure = f"{type(err).__qualname__}: {err}"
@@ -386,21 +588,39 @@ class Agent:
                     seen.add(failure)
                     _log.exception("publishing ResourceSlices failed; retrying at the next tick", error=failure)
 
-    def _publish(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> bool:
-        """Build the slices with these taints and publish them; return whether the API took them.
-        When it did not, a later `tick()` retries.
+    def _publish(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> _Outcome:
+        """Build the slices with these taints and publish them; return whether the API took them, and whether
+        it had to repair what someone else changed. When it did not take them, a later `tick()` retries.
 
         Called by `_start` before the publisher thread exists, then only by that thread.
         """
         self.slices = self._build(taints)
         assert self._publisher is not None
         try:
-            self._publisher.publish(self.slices)
+            result = self._publisher.publish(self.slices)
         except Exception as err:  # noqa: BLE001 - the API being away must not stop the node agent
             self._publish_pending = True
+            self.metrics.publish_failures.inc()
+            self.metrics.slices_in_sync.set(0)
+            self.synced.failed(f"publishing failed: {err}", node_missing=isinstance(err, publish.NodeMissing))
             _log.warning("publishing ResourceSlices failed; retrying", error=str(err))
-            return False
+            return _Outcome.FAILED
         self._publish_pending = False
+        outcome = _Outcome.PUBLISHED
+        if isinstance(result, publish.Result) and result.writes and self.slices == self._published:
+            # The same slices as last time needed writes: someone deleted or changed ours in the API.
+            outcome = _Outcome.REPAIRED
+            self.metrics.slice_repairs.inc()
+            _log.warning(
+                "ResourceSlices in the API differed from this node's; repaired",
+                created=result.created,
+                updated=result.updated,
+                deleted=result.deleted,
+                generation=result.generation,
+            )
+        self._published = self.slices
+        self.synced.published()
+        self.metrics.slices_in_sync.set(1)
         unhealthy = sum(
             1
             for sl in self.slices
@@ -408,7 +628,7 @@ class Agent:
             if any(t.effect != model.TaintEffect.NONE.value for t in d.taints)
         )
         self.metrics.unhealthy_devices.set(unhealthy)
-        return True
+        return outcome
 
     def _build(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> tuple[model.ResourceSlice, ...]:
         assert self._inventory is not None
@@ -418,7 +638,8 @@ class Agent:
             driver_name=s.driver_name,
             mig_mode=s.mig_mode,
             consumable_memory=s.consumable_memory,
-            taints={name: found for name, found in taints.items() if found},
+            taints={name: found for name, found in taints.items() if found} if self._publish_taints else {},
+            layout=self._layout,
         )
         return slices.build(self._inventory, options=options)
 
@@ -427,11 +648,29 @@ class Agent:
         # reads the newest taints itself, so a slow API server cannot delay the next event.
         self._publish_wanted.set()
 
-    def _warn(self, message: str) -> None:
-        # The state has logged it; a Warning Event on the Node makes it visible to `kubectl describe node`.
+    def _on_api_change(self) -> None:
+        # Called on an informer thread for every event on this node's slices or Node (our own writes too):
+        # the publisher thread lists again and writes only what differs, so our own echo costs one list.
+        self.synced.differ("a change in the API is being compared")
+        self.metrics.slices_in_sync.set(0)
+        self._publish_wanted.set()
+
+    def healthz(self) -> daemon.Answer:
+        """/healthz: 200 when both sockets answer, no call is stuck, the Node exists and the API has held this
+        node's slices within the grace; else 503 with one line per problem."""
+        problems = []
+        current = self.plugin
+        problems.extend(plugin.probe(current.sockets) if current is not None else ["the plugin is not serving yet"])
+        if self.calls is not None:
+            problems.extend(self.calls.stuck(after_s=self._stuck_after_s))
+        problems.extend(self.synced.problems(grace_s=self._differ_grace_s))
+        return health_answer(problems)
+
+    def _warn(self, notice: state.Notice) -> None:
+        # The state logged it (or start() prints it); a Warning Event on the Node shows it to `kubectl describe node`.
         if self._recorder is not None:
             node = kube_events.ObjectRef(api_version="v1", kind="Node", name=self.settings.node_name)
-            self._recorder.event(node, type=kube_events.WARNING, reason="NodeStateReset", message=message)
+            self._recorder.event(node, type=kube_events.WARNING, reason=notice.reason, message=notice.message)
 
     def _registered(self) -> bool:
         return self.plugin is not None and self.plugin.registration_status.registered is True
@@ -448,9 +687,30 @@ def _discover_settings(settings: config.NodeAgent) -> config.Discover:
     )
 
 
-def _connect(kubeconfig: pathlib.Path | None) -> kube_client.Client:
+def _node_address(client: kube_client.Client | None, node_name: str) -> str:
+    """The Node's first InternalIP, or loopback when there is no client, no such Node or no such address."""
+    if client is not None:
+        try:
+            node = client.get(kube_client.NODES, node_name)
+        except kube_client.ApiError as err:
+            _log.warning("cannot read the Node's address; /metrics listens on loopback", node=node_name, error=str(err))
+            return _LOOPBACK
+        for address in (node.get("status") or {}).get("addresses") or ():
+            if isinstance(address, dict) and address.get("type") == "InternalIP" and address.get("address"):
+                return str(address["address"])
+    _log.info("the Node has no InternalIP; /metrics listens on loopback", node=node_name)
+    return _LOOPBACK
+
+
+_LOOPBACK = "127.0.0.1"
+
+
+def _connect(settings: config.NodeAgent) -> kube_client.Client:
+    kubeconfig = settings.kubeconfig
     try:
-        return kube_client.connect(kubeconfig)
+        return kube_client.connect(
+            kubeconfig, limiter=ratelimit.TokenBucket(settings.kube_api_qps, settings.kube_api_burst)
+        )
     except Exception as err:
         where = f"kubeconfig {kubeconfig}" if kubeconfig is not None else "the in-cluster config or $KUBECONFIG"
         raise AgentError(f"cannot build a Kubernetes client from {where}: {err}") from err
@@ -469,7 +729,7 @@ def run(
     `agent` replaces the one built from `settings` (tests inject collaborators that way).
     """
     out = err if err is not None else sys.stderr
-    configure_logging(settings.log_format, stream=out)
+    daemon.configure_logging(settings.log_format, stream=out)
     stopping = stop if stop is not None else threading.Event()
     if agent is None:
         agent = Agent(settings)

@@ -30,6 +30,7 @@ __all__ = [
     "ComputeMode",
     "TimeSlice",
     "EventKind",
+    "RecoveryAction",
     "Engines",
     "FabricInfo",
     "DriverInfo",
@@ -132,6 +133,30 @@ class TimeSlice(enum.IntEnum):
 class EventKind(enum.Enum):
     XID = "xid"  # an Xid error (`nvmlEventTypeXidCriticalError`); `Event.xid` holds the code
     GPU_LOST = "gpu-lost"  # NVML answered GPU_IS_LOST, or an event named no known device
+
+
+class RecoveryAction(enum.IntEnum):
+    """`nvmlDeviceGpuRecoveryAction_t`: what the driver says a GPU needs before it is used again."""
+
+    NONE = 0
+    GPU_RESET = 1
+    NODE_REBOOT = 2
+    DRAIN_P2P = 3
+    DRAIN_AND_RESET = 4
+    RECOVER_IMEX_DOMAIN = 5
+    BUS_RESET = 6
+    SYSTEM_REBOOT = 7
+
+    @property
+    def resets(self) -> bool:
+        """Whether the GPU must be reset (or the node rebooted) before it takes work again."""
+        return self in (
+            RecoveryAction.GPU_RESET,
+            RecoveryAction.NODE_REBOOT,
+            RecoveryAction.DRAIN_AND_RESET,
+            RecoveryAction.BUS_RESET,
+            RecoveryAction.SYSTEM_REBOOT,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -346,6 +371,12 @@ class NvmlBackend(Protocol):
 
     def set_compute_mode(self, minor: int, mode: ComputeMode) -> None:
         """Set the compute mode (EXCLUSIVE_PROCESS for MPS, DEFAULT otherwise)."""
+        ...
+
+    def recovery_action(self, minor: int) -> RecoveryAction:
+        """What the driver says the GPU needs after an error (NVML's GPU recovery action field):
+        NONE until an error that needs a reset, then that action until the GPU is reset.
+        NOT_SUPPORTED on drivers that cannot tell."""
         ...
 
     def set_time_slice(self, minor: int, time_slice: TimeSlice) -> None:

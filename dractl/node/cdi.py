@@ -4,8 +4,9 @@ What it does: builds one transient spec per claim (kind `k8s.gpu.nvidia.com/clai
 device `<claimUID>-<device>` per prepared device, the lowest `cdiVersion` the content
 needs), writes it atomically into the CDI root as `k8s.gpu.nvidia.com-claim_<claimUID>.yaml`,
 lists and removes such files, and gets the driver's common edits (library mounts, hooks,
-control nodes) from `nvidia-ctk cdi generate` when that tool is on PATH. What it must not
-do: decide which devices a claim gets or touch GPUs; the spec content comes from state.
+control nodes) from `nvidia-ctk cdi generate` when the agent is told to (`driverfiles` finds
+them natively otherwise). What it must not do: decide which devices a claim gets or touch
+GPUs; the spec content comes from state.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ class CommonEdits(Protocol):
 
 
 class NoCommonEdits:
-    """No common edits: for fake GPUs, where the host has no driver to mount."""
+    """No common edits: a spec of the claim's own edits alone (tests of what those hold)."""
 
     def common_edits(self) -> ContainerEdits:
         return ContainerEdits()

@@ -4,7 +4,11 @@ What it does: `FakeGpus` implements `backend.NvmlBackend` over a `Profile` (buil
 `profiles/*.yaml`, or a custom YAML file in the same format) with NVML's rules for MIG:
 GPU-instance profiles with NVML's valid placements, creation only at an allowed placement
 that overlaps no existing GPU instance, NVML's return codes for every refusal, MIG devices
-with UUIDs, XID and GPU-lost events, and fault injection (`fail`, `mark_lost`) for tests.
+with UUIDs, XID and GPU-lost events, and fault injection (`fail`, `mark_lost`, `hold`) for tests.
+A MIG mode change follows NVML's activation rules: Ampere (A100, A30) needs a GPU reset for it,
+which NVML refuses with IN_USE while another client holds the GPU (`hold`: DCGM, nvsm, a CUDA
+process) or GPU instances exist; Hopper and later change the mode without a reset, and any
+GPU refuses to turn MIG off while GPU instances exist.
 A profile file may list `faults:` that are injected from the start through the same `fail`,
 so a separate process (a node agent under test) can be made to fail or hang at one exact
 NVML call: `{operation: create_compute_instance, action: hang}` blocks that call (with the
@@ -27,15 +31,16 @@ import json
 import os
 import pathlib
 import re
+import stat
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
 from dractl.model import quantity
-from dractl.node import backend
+from dractl.node import backend, driverfiles
 
 __all__ = [
     "PROFILES_DIR",
@@ -52,6 +57,7 @@ __all__ = [
     "parse_profile",
     "gpu_uuid",
     "FakeGpus",
+    "write_driver_root",
 ]
 
 PROFILES_DIR = pathlib.Path(__file__).resolve().parent / "profiles"
@@ -558,6 +564,8 @@ class _Gpu:
     compute_mode: backend.ComputeMode = backend.ComputeMode.DEFAULT
     time_slice: backend.TimeSlice = backend.TimeSlice.DEFAULT
     lost: bool = False
+    recovery: backend.RecoveryAction = backend.RecoveryAction.NONE
+    holders: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(slots=True)
@@ -585,11 +593,15 @@ OPERATIONS = frozenset(
         "compute_mode",
         "set_compute_mode",
         "set_time_slice",
+        "recovery_action",
         "wait_events",
     }
 )
 # The operations not called on one GPU: a fault on them cannot be limited to a minor.
 _NO_MINOR_OPERATIONS = frozenset({"driver_info", "gpus", "wait_events"})
+# Architectures whose MIG mode only changes through a GPU reset (NVIDIA's MIG user guide: "Setting
+# MIG mode on the A100/A30 requires a GPU reset"); Hopper and later toggle it in place.
+_MIG_MODE_NEEDS_RESET = frozenset({"Ampere"})
 
 
 class FakeGpus:
@@ -668,6 +680,17 @@ class FakeGpus:
         with self._lock:
             return tuple(self._hung)
 
+    def hold(self, minor: int, holder: str) -> None:
+        """Another client (DCGM, nvsm, a CUDA process) opens the GPU until `release`: on Ampere, where a
+        MIG mode change needs a GPU reset, `set_mig_mode` then fails with IN_USE as NVML's activation does."""
+        with self._lock:
+            self._gpu(minor, check_lost=False).holders.append(holder)
+
+    def release(self, minor: int, holder: str) -> None:
+        """`holder` closes the GPU again. Raises ValueError when it did not hold it."""
+        with self._lock:
+            self._gpu(minor, check_lost=False).holders.remove(holder)
+
     def mark_lost(self, minor: int) -> None:
         """The GPU falls off the bus: every later call on it raises GPU_IS_LOST; one GPU_LOST event."""
         with self._lock:
@@ -676,14 +699,26 @@ class FakeGpus:
             self._events.append(backend.Event(kind=backend.EventKind.GPU_LOST, minor=minor, gpu_uuid=gpu.uuid))
             self._events_ready.notify_all()
 
-    def inject_xid(self, minor: int, xid: int, *, mig_uuid: str | None = None) -> None:
-        """Queue an XID event on a GPU (or one of its MIG devices) for `wait_events`."""
+    def inject_xid(
+        self, minor: int, xid: int, *, mig_uuid: str | None = None, recovery: backend.RecoveryAction | None = None
+    ) -> None:
+        """Queue an XID event on a GPU (or one of its MIG devices) for `wait_events`; `recovery` is the
+        recovery action the driver sets with it (the real driver does for the XIDs that need a reset)."""
         with self._lock:
             gpu = self._gpu(minor, check_lost=False)
+            if recovery is not None:
+                gpu.recovery = recovery
             self._events.append(
                 backend.Event(kind=backend.EventKind.XID, minor=minor, gpu_uuid=gpu.uuid, mig_uuid=mig_uuid, xid=xid)
             )
             self._events_ready.notify_all()
+
+    def reset_gpu(self, minor: int) -> None:
+        """An operator resets the GPU (`nvidia-smi -r`): it answers again and needs no recovery."""
+        with self._lock:
+            gpu = self._gpu(minor, check_lost=False)
+            gpu.lost = False
+            gpu.recovery = backend.RecoveryAction.NONE
 
     def time_slice(self, minor: int) -> backend.TimeSlice:
         """The time-slice last set on the GPU (NVML offers no getter; the fake does, for tests)."""
@@ -738,8 +773,16 @@ class FakeGpus:
         with self._lock:
             self._maybe_fail("set_mig_mode", minor)
             gpu = self._mig_gpu(minor)
+            if mode is gpu.mig_mode:
+                return  # Already in that mode: nothing to activate.
             if mode is backend.MigMode.DISABLED and gpu.gis:
                 raise backend.NvmlError(backend.Return.IN_USE, f"GPU {minor} still has {len(gpu.gis)} GPU instance(s)")
+            if gpu.spec.model.architecture in _MIG_MODE_NEEDS_RESET and gpu.holders:
+                raise backend.NvmlError(
+                    backend.Return.IN_USE,
+                    f"GPU {minor} ({gpu.spec.model.architecture}) needs a reset to change its MIG mode, "
+                    f"and {', '.join(gpu.holders)} still hold(s) it",
+                )
             gpu.mig_mode = backend.MigMode(mode)
             self._save()
 
@@ -812,6 +855,11 @@ class FakeGpus:
         with self._lock:
             self._maybe_fail("compute_mode", minor)
             return self._gpu(minor).compute_mode
+
+    def recovery_action(self, minor: int) -> backend.RecoveryAction:
+        with self._lock:
+            self._maybe_fail("recovery_action", minor)
+            return self._gpu(minor).recovery
 
     def set_compute_mode(self, minor: int, mode: backend.ComputeMode) -> None:
         with self._lock:
@@ -994,3 +1042,108 @@ class FakeGpus:
                     )
         except (KeyError, ValueError, TypeError, StopIteration) as error:
             raise fail(f"gpus: does not match profile {self.profile.name}: {error!r}") from None
+
+
+# --- A fake driver root -------------------------------------------------------------------------
+
+# (library file prefix, the suffix of the name programs load it by; None: the versioned file name
+# itself, as for libnvidia-gpucomp), as a 580-series driver installs them.
+_FAKE_LIBRARIES = (
+    ("libcuda.so", "1"),
+    ("libcudadebugger.so", "1"),
+    ("libnvidia-ml.so", "1"),
+    ("libnvidia-cfg.so", "1"),
+    ("libnvidia-ptxjitcompiler.so", "1"),
+    ("libnvidia-nvvm.so", "4"),
+    ("libnvidia-gpucomp.so", None),
+    ("libnvidia-allocator.so", "1"),
+    ("libnvidia-opencl.so", "1"),
+    ("libnvidia-pkcs11-openssl3.so", None),
+)
+_FAKE_TOOLS = ("nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+
+
+def write_driver_root(
+    root: pathlib.Path,
+    *,
+    driver: backend.DriverInfo,
+    gpus: Sequence[backend.GpuInfo],
+    machine: str | None = None,
+) -> pathlib.Path:
+    """Lay out a driver installation of `driver`'s version for `gpus` under `root`, as the NVIDIA
+    driver's installer does, and return `root`. Idempotent (files are rewritten). Pure apart from
+    the files: it asks NVML nothing (the caller passes what it read).
+
+    Libraries of the driver's version (placeholders, not ELF) with their soname links in
+    `/usr/lib/<triplet>`, an `/etc/ld.so.cache` in glibc's format listing them (plus what a real
+    cache also holds: an unrelated library, a 32-bit build and an older driver's NVML, which
+    discovery must skip), the binaries (`nvidia-smi -L` lists the GPUs named by
+    `NVIDIA_VISIBLE_DEVICES`, or all; the others exit 1), GSP firmware, and the persistenced
+    socket behind the `/var/run -> /run` link distributions have. So a fake node's CDI specs mount
+    files that exist, and a container given them runs the fake `nvidia-smi`.
+    """
+    version = driver.driver_version
+    arch = driverfiles.ld_cache_arch(machine)
+    triplet = f"{machine or os.uname().machine}-linux-gnu"
+    libdir = f"/usr/lib/{triplet}"
+    entries: list[driverfiles.LdCacheEntry] = []
+    for prefix, suffix in _FAKE_LIBRARIES:
+        real = f"{prefix}.{version}"
+        _write(root, f"{libdir}/{real}", f"fake {real}\n")
+        name = f"{prefix}.{suffix}" if suffix is not None else real
+        if name != real:
+            _link(root, f"{libdir}/{name}", real)
+        entries.append(driverfiles.LdCacheEntry(name=name, path=f"{libdir}/{name}", flags=arch))
+    _link(root, f"{libdir}/libcuda.so", "libcuda.so.1")
+    entries.append(driverfiles.LdCacheEntry(name="libcuda.so", path=f"{libdir}/libcuda.so", flags=arch))
+    # What discovery must leave out: not a driver library, a 32-bit build, another driver's file.
+    _write(root, f"{libdir}/libz.so.1.2.13", "fake zlib\n")
+    _link(root, f"{libdir}/libz.so.1", "libz.so.1.2.13")
+    _write(root, f"/usr/lib/i386-linux-gnu/libcuda.so.{version}", "fake 32-bit libcuda\n")
+    _link(root, "/usr/lib/i386-linux-gnu/libcuda.so.1", f"libcuda.so.{version}")
+    _write(root, "/usr/lib/nvidia-470/libnvidia-ml.so.470.256.02", "fake old NVML\n")
+    _link(root, "/usr/lib/nvidia-470/libnvidia-ml.so.1", "libnvidia-ml.so.470.256.02")
+    entries += [
+        driverfiles.LdCacheEntry(name="libz.so.1", path=f"{libdir}/libz.so.1", flags=arch),
+        driverfiles.LdCacheEntry(name="libcuda.so.1", path="/usr/lib/i386-linux-gnu/libcuda.so.1", flags=0x0003),
+        driverfiles.LdCacheEntry(name="libnvidia-ml.so.1", path="/usr/lib/nvidia-470/libnvidia-ml.so.1", flags=arch),
+    ]
+    _write(root, driverfiles.LD_CACHE, driverfiles.write_ld_cache(entries))
+    listing = "".join(f"{gpu.index}|{gpu.name}|{gpu.uuid}\n" for gpu in gpus)
+    smi = (
+        "#!/bin/sh\n"
+        "# dractl's fake driver: lists the fake GPUs this container was given.\n"
+        '[ "$1" = "-L" ] || { echo "fake nvidia-smi: only -L is supported" >&2; exit 2; }\n'
+        'visible=",${NVIDIA_VISIBLE_DEVICES:-all},"\n'
+        "while IFS='|' read -r index name uuid; do\n"
+        '  case "$visible" in *",all,"*|*",$uuid,"*) echo "GPU $index: $name (UUID: $uuid)";; esac\n'
+        "done <<'EOF'\n"
+        f"{listing}EOF\n"
+    )
+    _write(root, "/usr/bin/nvidia-smi", smi, mode=0o755)
+    for tool in _FAKE_TOOLS:
+        _write(root, f"/usr/bin/{tool}", f'#!/bin/sh\necho "fake {tool}: no GPU behind it" >&2\nexit 1\n', mode=0o755)
+    for firmware in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+        _write(root, f"/lib/firmware/nvidia/{version}/{firmware}", f"fake {firmware}\n")
+    _link(root, "/var/run", "/run")
+    socket_path = root / "run/nvidia-persistenced/socket"
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    socket_path.unlink(missing_ok=True)
+    # A socket inode made without binding one: no path length limit, and nothing to close.
+    os.mknod(socket_path, stat.S_IFSOCK | 0o666)
+    return root
+
+
+def _write(root: pathlib.Path, path: str, content: str | bytes, *, mode: int = 0o644) -> None:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(content.encode() if isinstance(content, str) else content)
+    target.chmod(mode)
+
+
+def _link(root: pathlib.Path, path: str, to: str) -> None:
+    link = root / path.lstrip("/")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(to)

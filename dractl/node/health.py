@@ -5,7 +5,10 @@ own thread (a bounded wait per poll, so stopping is prompt), turns them into dev
 named as the NVIDIA DRA driver names them (`<driver>/xid` with the XID code as value,
 `<driver>/gpu-lost`; effect NoSchedule, or None for the XIDs NVIDIA treats as application
 errors), and clears them again when the device recovers: a lost GPU when NVML answers for it
-again, an XID taint after a quiet period without further XIDs on a GPU that answers. The taints
+again, an XID taint after a quiet period without further XIDs on a GPU that answers, except
+the XIDs after which the GPU must be reset (`RESET_XIDS`): those stay until it is, and so does
+`<driver>/reset-required` (the driver's recovery action as value) while NVML says a GPU needs a
+reset, also when the agent starts after the XID. The taints
 feed the slice publisher (observers get the whole device -> taints mapping on every change)
 and the kubelet's health stream (`report()` / `wait_report()`: Healthy, Unhealthy or Unknown
 per (pool, device)).
@@ -35,6 +38,12 @@ _log = structlog.get_logger(__name__)
 # XIDs the NVIDIA DRA driver ignores (application errors, not hardware faults): its taint for
 # them has effect None, so they are visible on the device but never repel pods.
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+# XIDs after which NVIDIA's Xid catalog has the GPU reset (or the node rebooted) before it takes work
+# again: double-bit ECC (48), row-remapping pending or failed (63, 64), NVLink (74), fallen off the bus
+# (79), uncontained ECC (95), GSP RPC timeout and error (119, 120), unrecovered ECC (140), and the
+# recovery action the driver announces (154). Their taints outlast the quiet period.
+RESET_XIDS = frozenset({48, 63, 64, 74, 79, 95, 119, 120, 140, 154})
 
 # The kubelet marks a device Unknown when it is not re-reported within its timeout (30 s by
 # default), so every report carries this and the plugin re-sends well within it.
@@ -101,6 +110,8 @@ class _GpuState:
     xid: int | None = None  # the latest XID seen, kept until the GPU has been quiet long enough
     xid_at: float = 0.0
     mig_xids: dict[str, int] = dataclasses.field(default_factory=dict)  # MIG uuid -> XID
+    reset_xid: int | None = None  # the latest XID that needs a GPU reset, kept until the GPU is reset
+    recovery: backend.RecoveryAction = backend.RecoveryAction.NONE  # as NVML last said, when it resets
 
 
 class Monitor:
@@ -130,6 +141,7 @@ class Monitor:
         self._pool = pool
         self._xid_key = f"{driver_name}/xid"
         self._lost_key = f"{driver_name}/gpu-lost"
+        self._reset_key = f"{driver_name}/reset-required"
         self._ignored = frozenset(ignored_xids)
         self._xid_quiet_s = xid_quiet_s
         self._poll_s = poll_s
@@ -141,8 +153,14 @@ class Monitor:
         for minor in lost:
             if minor in self._gpus:
                 self._gpus[minor].lost = True
+        # A GPU still waiting for a reset when the agent starts (the XID came before it) starts tainted.
+        for minor, state in self._gpus.items():
+            action = self._recovery(minor)
+            if action is not None and action.resets:
+                state.recovery = action
         self._uuid_to_minor = {d.uuid: d.minor for d in self._devices if d.uuid is not None}
         self._events_readable = True  # False while reading events fails: the report says Unknown
+        self._read_failure: str | None = None  # the failure last logged, while reading events keeps failing
         self._cond = threading.Condition()
         self._version = 0
         self._taints = self._compute_taints()
@@ -203,7 +221,8 @@ class Monitor:
         """Wait for events once (up to the poll interval), apply them, then check for recoveries.
 
         Never raises: a failed event read marks the report Unknown until a read succeeds
-        again (GPU_IS_LOST marks every GPU lost instead).
+        again (GPU_IS_LOST marks every GPU lost instead). A failure is logged when it starts (or
+        changes), not at every poll, and the first read that works again is logged too.
         """
         try:
             events = self._backend.wait_events(timeout_s=self._poll_s)
@@ -211,11 +230,16 @@ class Monitor:
             if err.code == backend.Return.GPU_IS_LOST:
                 self.handle((backend.Event(kind=backend.EventKind.GPU_LOST),))
             else:
-                _log.warning("health: reading GPU events failed", error=str(err))
+                if str(err) != self._read_failure:
+                    _log.warning("health: reading GPU events failed; devices report Unknown", error=str(err))
+                    self._read_failure = str(err)
                 self._set_readable(False)
                 # Waiting here keeps a persistently failing backend from spinning the CPU.
                 self._stop.wait(self._poll_s)
             return
+        if self._read_failure is not None:
+            _log.info("health: reading GPU events works again", failed_with=self._read_failure)
+            self._read_failure = None
         self._set_readable(True)
         if events:
             self.handle(events)
@@ -247,26 +271,38 @@ class Monitor:
         if state is None:
             _log.info("health: event for an unmonitored GPU ignored", minor=minor, xid=event.xid)
             return
-        if event.mig_uuid is not None and event.mig_uuid in self._uuid_to_minor:
+        if event.xid in RESET_XIDS:
+            # The whole GPU needs the reset, whichever of its MIG devices reported it.
+            state.reset_xid = event.xid
+        elif event.mig_uuid is not None and event.mig_uuid in self._uuid_to_minor:
             state.mig_xids[event.mig_uuid] = event.xid
         else:
             state.xid = event.xid
         state.xid_at = now
-        _log.warning("health: XID", minor=minor, xid=event.xid, mig_uuid=event.mig_uuid)
+        _log.warning(
+            "health: XID", minor=minor, xid=event.xid, mig_uuid=event.mig_uuid, needs_reset=event.xid in RESET_XIDS
+        )
 
     def check_recovery(self) -> None:
-        """Clear what has recovered: lost GPUs that NVML answers for again, and XID taints of
-        answering GPUs quiet for `xid_quiet_s`. Probes run under the backend lock."""
+        """Clear what has recovered: lost GPUs that NVML answers for again, XID taints of answering
+        GPUs quiet for `xid_quiet_s`, and a GPU's reset XID and reset-required taint once NVML's
+        recovery action, having asked for a reset, says none is needed (the GPU was reset). Where
+        NVML cannot tell, a reset XID stays until the agent restarts, which a GPU reset needs anyway
+        (the agent holds the GPU through NVML). Probes run under the backend lock."""
         now = self._clock()
         with self._cond:
             candidates = {
-                minor: state.lost
+                minor
                 for minor, state in self._gpus.items()
-                if state.lost or ((state.xid is not None or state.mig_xids) and now - state.xid_at >= self._xid_quiet_s)
+                if state.lost
+                or state.reset_xid is not None
+                or state.recovery.resets
+                or ((state.xid is not None or state.mig_xids) and now - state.xid_at >= self._xid_quiet_s)
             }
         if not candidates:
             return
         answering = {minor for minor in candidates if self._probe(minor)}
+        actions = {minor: self._recovery(minor) for minor in answering}
         with self._cond:
             for minor in answering:
                 state = self._gpus[minor]
@@ -277,7 +313,22 @@ class Monitor:
                     state.xid = None
                     state.mig_xids.clear()
                     _log.info("health: XID taint cleared after a quiet period", minor=minor)
+                action = actions[minor]
+                if action is not None and action.resets:
+                    state.recovery = action
+                elif action is backend.RecoveryAction.NONE and state.recovery.resets:
+                    _log.info("health: GPU was reset; its reset taints are cleared", minor=minor, xid=state.reset_xid)
+                    state.recovery = backend.RecoveryAction.NONE
+                    state.reset_xid = None
         self._publish_if_changed()
+
+    def _recovery(self, minor: int) -> backend.RecoveryAction | None:
+        """NVML's recovery action for the GPU, or None where it cannot say (older drivers, errors)."""
+        try:
+            with self._backend_lock:
+                return self._backend.recovery_action(minor)
+        except backend.NvmlError:
+            return None
 
     def _probe(self, minor: int) -> bool:
         try:
@@ -304,9 +355,19 @@ class Monitor:
             if state.lost:
                 found.append(model.DeviceTaint(key=self._lost_key, effect=model.TaintEffect.NO_SCHEDULE.value))
             xid = state.mig_xids.get(device.uuid, state.xid) if device.uuid is not None else state.xid
+            if state.reset_xid is not None:
+                xid = state.reset_xid
             if xid is not None:
                 effect = model.TaintEffect.NONE if xid in self._ignored else model.TaintEffect.NO_SCHEDULE
                 found.append(model.DeviceTaint(key=self._xid_key, value=str(xid), effect=effect.value))
+            if state.recovery.resets:
+                found.append(
+                    model.DeviceTaint(
+                        key=self._reset_key,
+                        value=state.recovery.name.lower().replace("_", "-"),
+                        effect=model.TaintEffect.NO_SCHEDULE.value,
+                    )
+                )
             taints[device.name] = tuple(found)
         return taints
 

@@ -3,10 +3,10 @@
 What it does: reads the NVIDIA driver's MIG device name (`gpu-<minor>-mig-<profile>-<GI
 profile id>-<placement start>`), creates a GPU instance at exactly the allocated placement
 and its compute instance through the backend, destroys instances (compute instances first,
-NOT_FOUND tolerated so a retry after a crash converges), finds instances at a recorded
-placement, and reads the `/dev/nvidia-caps` minors a MIG device needs from procfs. What it
-must not do: decide which instance to create (the allocation did) or keep state (the
-checkpoint records what was created).
+NOT_FOUND tolerated so a retry after a crash converges), finds instances (and the usable
+MIG device, for a rebuilt state) at a recorded placement, and reads the `/dev/nvidia-caps`
+minors a MIG device needs from procfs. What it must not do: decide which instance to create
+(the allocation did) or keep state (the checkpoint records what was created).
 """
 
 from __future__ import annotations
@@ -17,7 +17,17 @@ import re
 
 from dractl.node import backend, slices
 
-__all__ = ["MigName", "parse_name", "placement_of", "create", "destroy", "destroy_at", "find", "cap_minors"]
+__all__ = [
+    "MigName",
+    "parse_name",
+    "placement_of",
+    "create",
+    "destroy",
+    "destroy_at",
+    "find",
+    "existing_at",
+    "cap_minors",
+]
 
 _NAME = re.compile(r"^gpu-(?P<minor>[0-9]+)-mig-(?P<profile>[a-z0-9-]+?)-(?P<pid>[0-9]+)-(?P<start>[0-9]+)$")
 
@@ -81,6 +91,17 @@ def find(
 ) -> tuple[backend.GpuInstance, ...]:
     """GPU instances that sit exactly at `placement` with `profile_id` (at most one on real hardware)."""
     return tuple(gi for gi in gpus.gpu_instances(minor) if gi.profile_id == profile_id and gi.placement == placement)
+
+
+def existing_at(
+    gpus: backend.NvmlBackend, *, minor: int, profile_id: int, placement: backend.Placement
+) -> backend.MigDevice | None:
+    """The usable MIG device (GPU instance with its compute instance) at exactly `placement` with
+    `profile_id`, or None: none there, or a GPU instance whose compute instance was never made."""
+    for device in gpus.mig_devices(minor):
+        if device.profile_id == profile_id and device.placement == placement:
+            return device
+    return None
 
 
 def existing_device(gpus: backend.NvmlBackend, name: MigName) -> backend.MigDevice | None:

@@ -37,6 +37,8 @@ _SKIPPED_GI_PROFILES = frozenset({getattr(pynvml, "NVML_GPU_INSTANCE_PROFILE_1_S
 _GI_PROFILE_COUNT = int(getattr(pynvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 18))
 _CI_PROFILE_COUNT = int(getattr(pynvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 9))
 _CI_SKIPPED = frozenset({getattr(pynvml, "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1", 7)})
+# The field holding the GPU's recovery action (NVML 555+); older nvidia-ml-py lacks the name.
+_FI_GPU_RECOVERY_ACTION = int(getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230))
 
 
 def _nvml(what: str, fn: Callable[..., _T], *args: Any) -> _T:
@@ -355,19 +357,38 @@ class NvmlBackend:
         )
         return backend.ComputeMode(mode)
 
+    def recovery_action(self, minor: int) -> backend.RecoveryAction:
+        what = f"GPU {minor}: nvmlDeviceGetFieldValues(GPU recovery action)"
+        (value,) = _nvml(what, pynvml.nvmlDeviceGetFieldValues, self._handle(minor), [_FI_GPU_RECOVERY_ACTION])
+        if int(value.nvmlReturn) != backend.Return.SUCCESS:
+            raise backend.NvmlError(int(value.nvmlReturn), what)
+        try:
+            return backend.RecoveryAction(int(value.value.uiVal))
+        except ValueError:
+            raise backend.NvmlError(
+                backend.Return.NOT_SUPPORTED, f"{what}: unknown action {value.value.uiVal}"
+            ) from None
+
     # --- Changes ---
 
     def set_mig_mode(self, minor: int, mode: backend.MigMode) -> None:
+        h = self._handle(minor)
+        current = int(_nvml(f"GPU {minor}: nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, h)[0])
         status = int(
-            _nvml(
-                f"GPU {minor}: nvmlDeviceSetMigMode({int(mode)})",
-                pynvml.nvmlDeviceSetMigMode,
-                self._handle(minor),
-                int(mode),
-            )
+            _nvml(f"GPU {minor}: nvmlDeviceSetMigMode({int(mode)})", pynvml.nvmlDeviceSetMigMode, h, int(mode))
         )
         if status != backend.Return.SUCCESS:
-            raise backend.NvmlError(status, f"GPU {minor}: MIG mode {mode.name} not activated")
+            # The change is pending until a GPU reset (Ampere), which would switch the GPU under
+            # whatever runs on it then: withdraw it, so nothing changes behind the agent's back.
+            try:
+                pynvml.nvmlDeviceSetMigMode(h, current)
+            except pynvml.NVMLError:
+                pass
+            raise backend.NvmlError(
+                status,
+                f"GPU {minor}: MIG mode {mode.name} takes effect only after a GPU reset on this GPU, "
+                "so the change was withdrawn",
+            )
 
     def create_gpu_instance(self, minor: int, *, profile_id: int, placement: backend.Placement) -> backend.GpuInstance:
         c_placement = pynvml.c_nvmlGpuInstancePlacement_t()

@@ -117,7 +117,9 @@ _MPS_KEYS = frozenset(
 def _object(raw: object, path: str, allowed: frozenset[str]) -> Mapping[str, Any]:
     if not isinstance(raw, Mapping):
         raise ConfigError(path, f"must be an object, got {type(raw).__name__}")
-    for key in raw:
+    # Sorted, so the message names the same field whatever order the keys came in (the chart's admission
+    # policy, which sees keys unordered, names the same one).
+    for key in sorted(raw, key=str):
         if key not in allowed:
             field = f"{path}.{key}" if path else str(key)
             raise ConfigError(field, f"unknown field (allowed: {', '.join(sorted(allowed))})")
@@ -154,7 +156,7 @@ def _mps(raw: object, path: str) -> MpsConfig:
                 per_path,
                 f"must be a map from GPU UUID or device index to a quantity, got {type(per_device_raw).__name__}",
             )
-        for key, value in per_device_raw.items():
+        for key, value in sorted(per_device_raw.items(), key=lambda item: str(item[0])):
             name = str(key)
             if not (name.isdigit() or name.startswith(("GPU-", "MIG-"))):
                 raise ConfigError(
@@ -190,7 +192,7 @@ def _sharing(raw: object, kind: DeviceKind) -> Sharing:
             return Sharing(strategy=strategy)
         ts = _object(m.get("timeSlicingConfig") or {}, "sharing.timeSlicingConfig", _TIME_SLICING_KEYS)
         interval_raw = ts.get("interval", "Default")
-        if interval_raw not in _INTERVALS:
+        if not isinstance(interval_raw, str) or interval_raw not in _INTERVALS:
             raise ConfigError(
                 "sharing.timeSlicingConfig.interval", f"must be Default, Short, Medium or Long, got {interval_raw!r}"
             )

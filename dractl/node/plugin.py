@@ -5,21 +5,28 @@ What it does: serves the kubelet's plugin APIs over two unix sockets. The DRA so
 `v1beta1` twin and, when a health source is given, the `v1` and `v1alpha1` DRAResourceHealth
 stream. The registration socket (`<registrar-dir>/<driver>-reg.sock`) carries
 `pluginregistration.Registration`, advertising type DRAPlugin, the driver name, the DRA socket
-and exactly the services served. The DRA socket is up before the registration socket appears,
-stale sockets are removed before binding and both are removed on stop. `probe()` is the
-liveness check: one gRPC call over each socket.
+and exactly the services served. With a pod UID (rolling updates, as upstream's kubeletplugin
+helper names them) the sockets are `<driver>-<podUID>-reg.sock` and `dra-<podUID>.sock`, so two
+agents serve side by side and the kubelet sends its calls to the newest registration. The DRA
+socket is up before the registration socket appears. A socket left at our path by an earlier
+run (it refuses connections) is removed before binding; one that answers belongs to a running
+agent, and starting is refused with one line instead of taking it over. Both sockets are removed
+on stop. `probe()` is the liveness check: one gRPC call over each socket.
 
 Calls for one claim are serialized here, per claim rather than per plugin as the upstream
 kubeletplugin helper's `Serialize` option does: before handling the first claim of a prepare
 or unprepare request, the handler takes the lock of every claim UID in the request (in sorted
 UID order, so two requests never deadlock) and releases them after the last. An unprepare of
 a claim therefore never runs while a prepare of a request naming it is still working on an
-earlier claim or reading it, and what that prepare makes is undone. Requests sharing no claim
-run concurrently, so one pod's slow claim read does not hold up another pod's prepare, and an
-empty request (the liveness probe) takes no lock. A lock still busy after
-`claim_lock_timeout_s` (a claim read can hang for minutes) answers every claim of the waiting
-request with an error naming the busy claim, so kubelet retries cannot pile up on the gRPC
-workers.
+earlier claim or reading it, and what that prepare makes is undone. With a claim lock file
+(the agent's `<state-dir>/claims.lock`) each claim's lock is also a byte-range lock in that file
+(an open file description lock, which a dying process releases), so the same holds between two
+agents of a rolling update. Requests sharing no claim run concurrently, so one pod's slow claim
+read does not hold up another pod's prepare, and an empty request (the liveness probe) takes no
+lock. A lock still busy after `claim_lock_timeout_s` (a claim read can hang for minutes) answers
+every claim of the waiting request with an error naming the busy claim, so kubelet retries
+cannot pile up on the gRPC workers. Each claim's outcome is logged: a failure as a warning with
+the claim and the reason, a success at info with the devices prepared.
 
 What it must not do: any other work of its own. Handlers only translate protobuf <-> `state`
 values and call the injected `Preparer` once per claim, the claims of one request one after
@@ -33,12 +40,18 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
+import fcntl
+import hashlib
 import os
 import pathlib
+import re
+import socket
 import stat
+import struct
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -69,6 +82,12 @@ _HEALTH_MESSAGE_LIMIT = 1024
 # below the kubelet's 45 s call timeout, so the answer reaches it, and short enough that retries
 # behind a hanging claim read (up to 5 attempts of 30 s) do not hold every gRPC worker.
 CLAIM_LOCK_TIMEOUT_S = 30.0
+# A pod UID becomes part of socket file names.
+_POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# struct flock on Linux (x86_64 and arm64): l_type, l_whence, l_start, l_len, l_pid, padding to 32 bytes.
+_FLOCK = "@hhqqi4x"
+# The longest a busy claim's file lock is polled between two attempts.
+_FILE_LOCK_POLL_S = 0.02
 
 
 class PluginError(Exception):
@@ -132,20 +151,25 @@ class _ClaimLock:
 
 class _ClaimLocks:
     """One lock per claim UID. An entry lives while a call holds or waits for it, so the map holds
-    only the claims being worked on. Thread-safe."""
+    only the claims being worked on. With `lock_file`, each held UID is also locked in that file for
+    other processes (`_file_lock`). Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock_file: pathlib.Path | None = None) -> None:
         self._guard = threading.Lock()
         self._entries: dict[str, _ClaimLock] = {}
+        self._lock_file = lock_file
 
     @contextlib.contextmanager
     def held(self, uids: Collection[str], *, timeout_s: float) -> Iterator[str | None]:
-        """Take the lock of each distinct UID in sorted order (so two calls never deadlock),
-        waiting at most `timeout_s` in all, and hold them until the block ends. Yields None when
+        """Take the lock of each distinct UID in sorted order (so two calls, in one process or two, never
+        deadlock), waiting at most `timeout_s` in all, and hold them until the block ends. Yields None when
         all are held; otherwise the UID whose lock stayed busy, with none held."""
         held: list[tuple[str, _ClaimLock]] = []
         busy: str | None = None
         deadline = time.monotonic() + timeout_s
+        # One open file per call: its byte-range locks are its own, apart from every other call's, and
+        # closing it releases them all.
+        fd = os.open(self._lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600) if self._lock_file else None
         try:
             for uid in sorted(set(uids)):
                 entry = self._join(uid)
@@ -154,11 +178,16 @@ class _ClaimLocks:
                     busy = uid
                     break
                 held.append((uid, entry))
+                if fd is not None and not _file_lock(fd, uid, deadline=deadline):
+                    busy = uid
+                    break
             if busy is not None:
                 self._release(held)
                 held = []
             yield busy
         finally:
+            if fd is not None:
+                os.close(fd)
             self._release(held)
 
     def _join(self, uid: str) -> _ClaimLock:
@@ -180,14 +209,42 @@ class _ClaimLocks:
             self._leave(uid)
 
 
-def socket_paths(*, driver_name: str, registrar_dir: pathlib.Path, plugins_dir: pathlib.Path) -> Sockets:
-    """`<registrar_dir>/<driver>-reg.sock` and `<plugins_dir>/<driver>/dra.sock`, absolute.
+def _file_lock(fd: int, uid: str, *, deadline: float) -> bool:
+    """Lock the byte of `uid` in the open lock file `fd` (an open file description lock: it belongs to this
+    open file, so two calls exclude each other even within one process), polling until `deadline`; return
+    whether it is held. Two UIDs may share a byte (a hash of the UID), which only serializes them."""
+    offset = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:7], "big")
+    request = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    pause = 0.001
+    while True:
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+            return True
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, _FILE_LOCK_POLL_S)
 
-    Pure. Raises PluginError when a path would exceed the AF_UNIX limit (108 bytes).
+
+def socket_paths(
+    *, driver_name: str, registrar_dir: pathlib.Path, plugins_dir: pathlib.Path, pod_uid: str = ""
+) -> Sockets:
+    """`<registrar_dir>/<driver>-reg.sock` and `<plugins_dir>/<driver>/dra.sock`, absolute; with a pod UID
+    `<driver>-<podUID>-reg.sock` and `dra-<podUID>.sock` (upstream's rolling-update names).
+
+    Pure. Raises PluginError when the pod UID cannot be part of a file name or a path would exceed
+    the AF_UNIX limit (108 bytes).
     """
+    if pod_uid and not _POD_UID.match(pod_uid):
+        raise PluginError(f"--pod-uid {pod_uid!r} must be letters, digits, '.', '_' and '-' (the pod's metadata.uid)")
+    infix = f"-{pod_uid}" if pod_uid else ""
     sockets = Sockets(
-        registration=registrar_dir.absolute() / f"{driver_name}-reg.sock",
-        dra=plugins_dir.absolute() / driver_name / "dra.sock",
+        registration=registrar_dir.absolute() / f"{driver_name}{infix}-reg.sock",
+        dra=plugins_dir.absolute() / driver_name / (f"dra-{pod_uid}.sock" if pod_uid else "dra.sock"),
     )
     for path, flag in ((sockets.registration, "--kubelet-registrar-dir"), (sockets.dra, "--kubelet-plugins-dir")):
         if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
@@ -204,16 +261,48 @@ def _unlink_socket(path: pathlib.Path) -> None:
         pass
 
 
-def _remove_stale(path: pathlib.Path, flag: str) -> None:
-    """Remove a socket left at our own path by an earlier run; refuse to touch anything else."""
+def _answers(path: pathlib.Path) -> bool:
+    """Whether a process accepts connections on the unix socket at `path` (a full backlog counts as one)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe_socket:
+        probe_socket.settimeout(1.0)
+        try:
+            probe_socket.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except TimeoutError:
+            return True
+        return True
+
+
+def _stale(path: pathlib.Path, flag: str) -> bool:
+    """Whether a socket an earlier run left is at `path` (False when nothing is). Raises PluginError
+    when something else is there: not a socket, or a socket a running agent serves."""
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
-        return
+        return False
     if not stat.S_ISSOCK(mode):
         raise PluginError(f"{path} exists and is not a socket: remove it or change {flag}")
-    path.unlink(missing_ok=True)
-    _log.info("plugin: removed stale socket", path=str(path))
+    if _answers(path):
+        raise PluginError(
+            f"another node agent is serving {path}: stop it first, or give each agent its own sockets with "
+            "--pod-uid (rolling updates)"
+        )
+    return True
+
+
+def check_sockets(sockets: Sockets) -> None:
+    """Raise PluginError (one line naming the path) unless both socket paths are free or hold only
+    sockets nobody serves. Changes nothing; `Plugin.start` checks again when it binds."""
+    _stale(sockets.dra, "--kubelet-plugins-dir")
+    _stale(sockets.registration, "--kubelet-registrar-dir")
+
+
+def _remove_stale(path: pathlib.Path, flag: str) -> None:
+    """Remove a socket left at our own path by an earlier run; refuse to touch anything else."""
+    if _stale(path, flag):
+        path.unlink(missing_ok=True)
+        _log.info("plugin: removed stale socket", path=str(path))
 
 
 class Plugin:
@@ -227,7 +316,8 @@ class Plugin:
     concurrently, and an empty one (the liveness probe) takes no lock, so it answers at once. A
     request that cannot take a lock within `claim_lock_timeout_s` answers each of its claims
     "another call for claim <ns>/<name> (uid <uid>) is still running; the kubelet retries",
-    naming the busy claim, without calling the preparer.
+    naming the busy claim, without calling the preparer. With `claim_lock_file` the claim locks
+    also hold against the plugins of other processes that use the same file.
     """
 
     def __init__(
@@ -241,6 +331,7 @@ class Plugin:
         health_resend_s: float = DEFAULT_HEALTH_RESEND_S,
         workers: int = 8,
         claim_lock_timeout_s: float = CLAIM_LOCK_TIMEOUT_S,
+        claim_lock_file: pathlib.Path | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.sockets = sockets
@@ -250,7 +341,7 @@ class Plugin:
         self._health_resend_s = health_resend_s
         self._workers = workers
         self._claim_lock_timeout_s = claim_lock_timeout_s
-        self._claim_locks = _ClaimLocks()
+        self._claim_locks = _ClaimLocks(claim_lock_file)
         self._stopping = threading.Event()
         self._status = RegistrationStatus()
         self._dra_server: Any = None
@@ -383,18 +474,21 @@ class Plugin:
         return pluginregistration_pb2.RegistrationStatusResponse()
 
     def _prepare(self, request: Any, context: Any, pb2: ModuleType, api: str) -> Any:
-        def prepare(claim: Any, entry: Any) -> None:
+        def prepare(claim: Any, entry: Any) -> Mapping[str, object]:
             del entry.devices[:]  # a claim listed twice answers from its last attempt only
-            for device in self._preparer.prepare(_claim_ref(claim)):
+            devices = self._preparer.prepare(_claim_ref(claim))
+            for device in devices:
                 entry.devices.append(_device_message(pb2, device, share_id=api == "v1"))
+            return {"devices": [device.device for device in devices]}
 
         response = pb2.NodePrepareResourcesResponse()
         self._each_claim(request.claims, prepare, response=response, operation="prepare", api=api)
         return response
 
     def _unprepare(self, request: Any, context: Any, pb2: ModuleType, api: str) -> Any:
-        def unprepare(claim: Any, entry: Any) -> None:
+        def unprepare(claim: Any, entry: Any) -> Mapping[str, object]:
             self._preparer.unprepare(_claim_ref(claim))
+            return {}
 
         response = pb2.NodeUnprepareResourcesResponse()
         self._each_claim(request.claims, unprepare, response=response, operation="unprepare", api=api)
@@ -403,7 +497,7 @@ class Plugin:
     def _each_claim(
         self,
         claims: Sequence[Any],
-        handle: Callable[[Any, Any], None],
+        handle: Callable[[Any, Any], Mapping[str, object]],
         *,
         response: Any,
         operation: str,
@@ -411,9 +505,10 @@ class Plugin:
     ) -> None:
         """Holding the lock of every claim UID in the request, call `handle(claim, entry)` for each
         claim in request order, `entry` being the claim's entry in `response`; set the entry's
-        error from what it raised, or to "" when it did not. When a lock stays busy, set every
-        entry's error to say so and call nothing. Records the call for metrics unless the request
-        is empty (the liveness probe, which takes no lock)."""
+        error from what it raised, or to "" when it did not, and log the outcome (a failure as a
+        warning with the reason, a success at info with the fields `handle` returned). When a lock
+        stays busy, set every entry's error to say so and call nothing. Records the call for
+        metrics unless the request is empty (the liveness probe, which takes no lock)."""
         if not claims:
             return
         started = time.perf_counter()
@@ -426,13 +521,16 @@ class Plugin:
                     entry.error = refused
                     errors += 1
                     continue
+                who = {"claim": f"{claim.namespace}/{claim.name}", "uid": claim.uid}
                 try:
-                    handle(claim, entry)
+                    done = handle(claim, entry)
                 except Exception as err:  # noqa: BLE001 - every failure becomes this claim's error
                     entry.error = _error_text(operation, claim, err)
                     errors += 1
+                    _log.warning(f"plugin: {operation} failed", **who, api=api, error=entry.error)
                 else:
                     entry.error = ""
+                    _log.info(f"plugin: {operation} done", **who, api=api, **done)
         self._record(Call(operation=operation, api=api, claims=len(claims), errors=errors, seconds=_since(started)))
 
     def _watch_resources(self, request: Any, context: Any, hpb2: ModuleType) -> Iterator[Any]:
@@ -450,10 +548,8 @@ class Plugin:
             yield _health_message(hpb2, report)
 
     def _record(self, call: Call) -> None:
-        if call.errors:
-            _log.warning(f"plugin: {call.operation} finished with errors", **dataclasses.asdict(call))
-        else:
-            _log.debug(f"plugin: {call.operation} done", **dataclasses.asdict(call))
+        # Each claim's outcome is logged already; the call as a whole only for debugging.
+        _log.debug(f"plugin: {call.operation} call handled", **dataclasses.asdict(call))
         if self._on_call is not None:
             try:
                 self._on_call(call)

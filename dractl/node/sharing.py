@@ -4,18 +4,26 @@ What it does: sets and resets a GPU's time-slice (full GPUs only; NOT_SUPPORTED 
 as in the NVIDIA driver), and runs MPS behind the small `MpsControl` Protocol: start a
 control daemon with a thread percentage and pinned-memory limits, stop it, and give the
 CDI edits a workload needs to reach it (`CUDA_MPS_PIPE_DIRECTORY`, mounts). `NvidiaMps`
-runs `nvidia-cuda-mps-control` with a pipe and log directory per daemon under the state
-directory; `FakeMps` records calls for tests and fake GPUs. What it must not do: decide
-which claim gets which setting (state does, from the opaque config) or touch checkpoints.
+runs `nvidia-cuda-mps-control` with a pipe, log and shm directory per daemon under the state
+directory; the shm directory is a tmpfs of its own that the daemon sees as /dev/shm (it runs
+in a mount namespace of its own) and its clients get at /dev/shm, as the NVIDIA driver does,
+so no workload touches the host's /dev/shm and the agent needs no hostIPC. A daemon counts as
+running only when its control pipe has a reader: a pipe left behind by a daemon that died
+with an earlier agent is replaced. `FakeMps` records calls for tests and fake GPUs. What it
+must not do: decide which claim gets which setting (state does, from the opaque config) or
+touch checkpoints.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
 import pathlib
 import shutil
+import socket
+import stat
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
@@ -36,6 +44,8 @@ __all__ = [
 ]
 
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
+# The NVIDIA driver sizes each daemon's shm tmpfs at half the node's memory (65536k if unknown).
+_SHM_FALLBACK = "65536k"
 
 _log = structlog.get_logger(__name__)
 
@@ -75,13 +85,55 @@ class MpsControl(Protocol):
         ...
 
 
-def _workload_edits(pipe_dir: pathlib.Path) -> cdi.ContainerEdits:
-    # MPS clients find the server through the pipe directory and exchange data through
-    # /dev/shm, so both must be the daemon's: the agent runs with hostIPC for that reason.
+def _workload_edits(daemon_dir: pathlib.Path) -> cdi.ContainerEdits:
+    # MPS clients find the server through the pipe directory and exchange data through /dev/shm,
+    # so both must be the daemon's: its pipe directory and its own tmpfs, shared with its clients
+    # only (never the host's /dev/shm).
     return cdi.ContainerEdits(
         env=(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}",),
-        mounts=(cdi.mount(str(pipe_dir), MPS_PIPE_IN_CONTAINER), cdi.mount("/dev/shm", "/dev/shm")),
+        mounts=(
+            cdi.mount(str(daemon_dir / "pipe"), MPS_PIPE_IN_CONTAINER),
+            cdi.mount(str(daemon_dir / "shm"), "/dev/shm"),
+        ),
     )
+
+
+def _answers(control: pathlib.Path) -> bool:
+    """Whether a live daemon holds this control pipe: a FIFO with a reader (a write-only open that
+    would not block succeeds) or a socket that accepts. Pure apart from that probe; never blocks."""
+    try:
+        mode = os.stat(control).st_mode
+    except OSError:
+        return False
+    if stat.S_ISFIFO(mode):
+        try:
+            fd = os.open(control, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as err:
+            if err.errno == errno.ENXIO:  # no reader: its daemon is gone
+                return False
+            raise
+        os.close(fd)
+        return True
+    if stat.S_ISSOCK(mode):
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(str(control))
+            except OSError:
+                return False
+        return True
+    return False
+
+
+def _shm_size(meminfo: pathlib.Path = pathlib.Path("/proc/meminfo")) -> str:
+    """Half of MemTotal in kB, as the NVIDIA driver sizes each daemon's shm."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1]) // 2}k"
+    except (OSError, ValueError, IndexError):
+        pass
+    return _SHM_FALLBACK
 
 
 Runner = Callable[[Sequence[str], Mapping[str, str], str], None]
@@ -101,10 +153,13 @@ def _run(argv: Sequence[str], env: Mapping[str, str], stdin: str) -> None:
 
 
 class NvidiaMps:
-    """MPS through `nvidia-cuda-mps-control`, one daemon per id with `<root>/<id>/{pipe,log}`.
+    """MPS through `nvidia-cuda-mps-control`, one daemon per id with `<root>/<id>/{pipe,log,shm}`.
 
-    `root` is a directory on the host (the agent mounts it at the same path) so the CDI
-    mount of the pipe directory resolves for the container runtime. `runner` is injectable.
+    `root` is a directory on the host (the agent mounts it at the same path, with bidirectional
+    mount propagation so the shm tmpfs it mounts there reaches the container runtime), so the CDI
+    mounts resolve for the runtime. The control daemon starts under `unshare --mount` with its
+    shm directory bound over /dev/shm; its server processes inherit that namespace. `runner`
+    runs every command (mount, unshare, the control client, umount) and is injectable.
     """
 
     def __init__(
@@ -114,21 +169,55 @@ class NvidiaMps:
         self._executable = executable
         self._runner = runner
 
-    def _dirs(self, daemon_id: str) -> tuple[pathlib.Path, pathlib.Path]:
-        return self._root / daemon_id / "pipe", self._root / daemon_id / "log"
+    def _dirs(self, daemon_id: str) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
+        base = self._root / daemon_id
+        return base / "pipe", base / "log", base / "shm"
 
     def _env(self, daemon_id: str) -> dict[str, str]:
-        pipe, log = self._dirs(daemon_id)
+        pipe, log, _ = self._dirs(daemon_id)
         return {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
 
+    def running(self, daemon_id: str) -> bool:
+        """Whether the daemon answers on its control pipe (a leftover pipe does not count)."""
+        return _answers(self._dirs(daemon_id)[0] / "control")
+
     def start(self, settings: MpsSettings) -> None:
-        pipe, log = self._dirs(settings.daemon_id)
-        if (pipe / "control").exists():
+        pipe, log, shm = self._dirs(settings.daemon_id)
+        if self.running(settings.daemon_id):
             return  # already running: an earlier prepare of this claim started it
-        pipe.mkdir(parents=True, exist_ok=True)
-        log.mkdir(parents=True, exist_ok=True)
+        if pipe.exists():
+            # A daemon that died with an earlier agent (its pod's processes end with it) left its
+            # pipe behind; a new daemon needs a clean one.
+            _log.info("replacing the pipe directory of an MPS daemon that is gone", daemon=settings.daemon_id)
+            shutil.rmtree(pipe)
+        for directory in (pipe, log, shm):
+            directory.mkdir(parents=True, exist_ok=True)
+        if not os.path.ismount(shm):
+            self._runner(["mount", "-t", "tmpfs", "-o", f"size={_shm_size()},mode=1777", "tmpfs", str(shm)], {}, "")
         env = {**self._env(settings.daemon_id), "CUDA_VISIBLE_DEVICES": ",".join(settings.uuids)}
-        self._runner([self._executable, "-d", *(["-M"] if settings.multi_user else [])], env, "")
+        daemon = [self._executable, "-d", *(["-M"] if settings.multi_user else [])]
+        try:
+            self._runner(
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "--",
+                    "sh",
+                    "-c",
+                    'mount --bind "$1" /dev/shm && shift && exec "$@"',
+                    "mps-daemon",
+                    str(shm),
+                    *daemon,
+                ],
+                env,
+                "",
+            )
+        except OSError:
+            # No daemon uses the tmpfs: leave no mount behind for a caller that never calls stop().
+            self.stop(settings.daemon_id)
+            raise
         commands = []
         if settings.active_thread_percentage is not None:
             commands.append(f"set_default_active_thread_percentage {settings.active_thread_percentage}")
@@ -138,12 +227,14 @@ class NvidiaMps:
             self._runner([self._executable], env, command + "\n")
 
     def stop(self, daemon_id: str) -> None:
-        pipe, _ = self._dirs(daemon_id)
-        if (pipe / "control").exists():
+        _, _, shm = self._dirs(daemon_id)
+        if self.running(daemon_id):
             try:
                 self._runner([self._executable], self._env(daemon_id), "quit\n")
             except OSError as err:
                 _log.warning("stopping MPS control daemon failed", daemon=daemon_id, error=str(err))
+        if os.path.ismount(shm):
+            self._runner(["umount", str(shm)], {}, "")
         shutil.rmtree(self._root / daemon_id, ignore_errors=True)
 
     def daemons(self) -> tuple[str, ...]:
@@ -152,12 +243,12 @@ class NvidiaMps:
         return tuple(sorted(path.name for path in self._root.iterdir() if path.is_dir()))
 
     def workload_edits(self, daemon_id: str) -> cdi.ContainerEdits:
-        return _workload_edits(self._dirs(daemon_id)[0])
+        return _workload_edits(self._root / daemon_id)
 
 
 class FakeMps:
     """Records MPS calls; `running` holds the settings of each started daemon. It creates the
-    pipe directory (so the CDI mount resolves on a kind node) and removes it on stop."""
+    pipe and shm directories (so the CDI mounts resolve on a kind node) and removes them on stop."""
 
     def __init__(self, *, root: pathlib.Path) -> None:
         self._root = root
@@ -166,7 +257,8 @@ class FakeMps:
 
     def start(self, settings: MpsSettings) -> None:
         self.calls.append(("start", settings.daemon_id))
-        (self._root / settings.daemon_id / "pipe").mkdir(parents=True, exist_ok=True)
+        for directory in ("pipe", "shm"):
+            (self._root / settings.daemon_id / directory).mkdir(parents=True, exist_ok=True)
         self.running[settings.daemon_id] = settings
 
     def stop(self, daemon_id: str) -> None:
@@ -178,7 +270,7 @@ class FakeMps:
         return tuple(sorted(self.running))
 
     def workload_edits(self, daemon_id: str) -> cdi.ContainerEdits:
-        return _workload_edits(self._root / daemon_id / "pipe")
+        return _workload_edits(self._root / daemon_id)
 
 
 def set_time_slice(gpus: backend.NvmlBackend, *, minor: int, interval: int) -> None:

@@ -9,20 +9,25 @@ backend reports a fabric. MIG is published in one of two modes:
 
 * `static`: the MIG devices that exist (with uuid and `memorySlice<N>` capacities); a GPU
   with MIG mode on is not published whole.
-* `dynamic`: every GPU-instance profile x placement of every MIG-capable GPU, as devices
-  that consume a per-GPU counter set (engines, memory and one `memory-slice-<i>` counter
-  per memory slice); the full GPU consumes the whole set, so full-GPU and MIG allocations
-  exclude each other and the scheduler picks the layout. The full GPU is left out only for
-  an Ampere GPU whose MIG mode is already on (Ampere cannot toggle MIG without a reset).
+* `dynamic`: every MIG-capable GPU whole and as every GPU-instance profile x placement, as
+  devices that consume a per-GPU counter set (engines, memory and one `memory-slice-<i>`
+  counter per memory slice); the full GPU consumes the whole set, so full-GPU and MIG
+  allocations exclude each other and the scheduler picks the layout. Which devices a GPU
+  gets depends only on what it is (its model's MIG profiles), never on its current MIG mode:
+  prepare sets the mode each allocation needs, so the agent publishes the same devices before
+  and after a restart, whatever mode its last prepares left the GPU in.
 
 With `consumable_memory`, devices that consume no counters get `allowMultipleAllocations`
 and a memory request policy (default all, 1Mi steps), so a claim can take part of a GPU's
 memory (accounting only, as upstream's consumable shares).
 
-Layout: one pool named after the node; counter sets first, in slices of at most 8; then in
-dynamic mode one device slice per GPU with counters, and the remaining devices together;
-every device slice holds at most 128 devices, or 64 when a device in it has taints or
-consumes counters (the API's limits), and `resourceSliceCount` counts them all.
+Layout: one pool named after the node. Kubernetes 1.35 and later (`Layout.SPLIT`) want counter
+sets in slices of their own: counter sets first, in slices of at most 8; then in dynamic mode
+one device slice per GPU with counters, and the remaining devices together. Kubernetes 1.34
+(`Layout.COMBINED`) wants a counter set in the same slice as the devices that consume it: one
+slice per GPU with counters holds its counter set and its devices. Every device slice holds at
+most 128 devices, or 64 when a device in it has taints or consumes counters (the API's limits),
+and `resourceSliceCount` counts them all. `layout_for` picks the layout from the server's version.
 
 What it must not do: read NVML, talk to the API server or pick slice names at random:
 the same inventory and options always give identical slices (names included).
@@ -31,6 +36,7 @@ the same inventory and options always give identical slices (names included).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,7 +45,16 @@ from dractl import config
 from dractl.model import quantity, semver, types
 from dractl.node import backend, inventory
 
-__all__ = ["SliceError", "Options", "build", "mig_device_name", "gpu_device_name", "counter_set_name"]
+__all__ = [
+    "SliceError",
+    "Layout",
+    "Options",
+    "build",
+    "layout_for",
+    "mig_device_name",
+    "gpu_device_name",
+    "counter_set_name",
+]
 
 _MIB = 2**20
 _MAX_DEVICES = 128
@@ -65,10 +80,28 @@ class SliceError(ValueError):
     """Options that cannot make valid slices; `str()` names the option."""
 
 
+class Layout(enum.Enum):
+    """Where a pool's counter sets go: in slices of their own (Kubernetes 1.35 and later), or in
+    the slice of the devices that consume them (Kubernetes 1.34, which refuses them elsewhere)."""
+
+    SPLIT = "split"
+    COMBINED = "combined"
+
+
+def layout_for(major: int, minor: int) -> Layout:
+    """The slice layout an API server of version `major.minor` accepts. Pure.
+
+    1.34 validates counters only against the slice they are in; 1.35 changed the
+    partitionable-devices API incompatibly and refuses a slice with both counters and devices.
+    """
+    return Layout.COMBINED if (major, minor) < (1, 35) else Layout.SPLIT
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Options:
     """What to publish. `taints` maps device names to the taints health wants on them (names
-    not published are ignored); `node_uid` makes the Node the slices' owner when given."""
+    not published are ignored); `node_uid` makes the Node the slices' owner when given;
+    `layout` only matters in dynamic MIG mode (nothing else has counters)."""
 
     node_name: str
     driver_name: str = config.DEFAULT_DRIVER_NAME
@@ -77,6 +110,7 @@ class Options:
     mig_mode: config.MigMode = config.MigMode.STATIC
     consumable_memory: bool = False
     taints: Mapping[str, Sequence[types.DeviceTaint]] = dataclasses.field(default_factory=dict)
+    layout: Layout = Layout.SPLIT
 
 
 def gpu_device_name(minor: int) -> str:
@@ -112,11 +146,22 @@ def build(inv: inventory.Inventory, *, options: Options) -> tuple[types.Resource
     if loose:
         groups.append(loose)
     bodies: list[tuple[tuple[types.CounterSet, ...], tuple[types.Device, ...]]] = []
-    for i in range(0, len(counter_sets), _MAX_COUNTER_SETS):
-        bodies.append((tuple(counter_sets[i : i + _MAX_COUNTER_SETS]), ()))
-    for group in groups:
+    combined = options.layout is Layout.COMBINED
+    if not combined:
+        for i in range(0, len(counter_sets), _MAX_COUNTER_SETS):
+            bodies.append((tuple(counter_sets[i : i + _MAX_COUNTER_SETS]), ()))
+    for index, group in enumerate(groups):
         tainted = [_with_taints(d, options.taints.get(d.name, ())) for d in sorted(group, key=_natural)]
         limit = _MAX_DEVICES_ADVANCED if any(d.taints or d.consumes_counters for d in tainted) else _MAX_DEVICES
+        if combined and index < len(counter_sets):
+            # A device may only consume a counter set of its own slice: the GPU's devices stay together.
+            if len(tainted) > limit:
+                raise SliceError(
+                    f"GPU counter set {counter_sets[index].name}: {len(tainted)} devices do not fit one "
+                    f"slice (at most {limit}), which Kubernetes 1.34 needs; use Kubernetes 1.35 or later"
+                )
+            bodies.append(((counter_sets[index],), tuple(tainted)))
+            continue
         for i in range(0, len(tainted), limit):
             bodies.append(((), tuple(tainted[i : i + limit])))
     pool = types.ResourcePool(name=options.node_name, generation=options.generation, resource_slice_count=len(bodies))
@@ -322,17 +367,14 @@ def _gpu_devices(
     counter_set = types.CounterSet(
         name=set_name, counters=_engine_counters(top_sm, engines=top, memory=top_memory, slices=memory_slices)
     )
-    if not (mig_on and info.architecture == "Ampere"):
-        devices.append(
-            types.Device(
-                name=gpu_device_name(info.minor),
-                attributes={"type": _string("gpu"), "uuid": _string(info.uuid), **shared, **_fabric_attributes(info)},
-                capacity=_engine_capacity(top_sm, engines=top, memory=top_memory),
-                consumes_counters=(
-                    types.DeviceCounterConsumption(counter_set=set_name, counters=counter_set.counters),
-                ),
-            )
+    devices.append(
+        types.Device(
+            name=gpu_device_name(info.minor),
+            attributes={"type": _string("gpu"), "uuid": _string(info.uuid), **shared, **_fabric_attributes(info)},
+            capacity=_engine_capacity(top_sm, engines=top, memory=top_memory),
+            consumes_counters=(types.DeviceCounterConsumption(counter_set=set_name, counters=counter_set.counters),),
         )
+    )
     for profile in profiles:
         for placement in profile.placements:
             devices.append(

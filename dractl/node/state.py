@@ -1,8 +1,8 @@
 """Node state: prepare and unprepare claims on this node, idempotently and crash-safely.
 
 What it does: for each claim the kubelet names, reads the ResourceClaim (`ClaimSource`),
-takes the results for our driver and this node's pool, validates the opaque configs,
-checks no other prepared claim holds the devices, records PrepareStarted in the
+takes the results for our driver (all of them must be in this node's pool), validates the
+opaque configs, checks no other prepared claim holds the devices, records PrepareStarted in the
 checkpoint, creates dynamic MIG instances, applies sharing (time-slice, MPS, a share's
 memory limit), writes the claim's CDI spec, and records PrepareCompleted with every side
 effect; unprepare undoes exactly those; `sweep` removes what no prepared claim owns. All
@@ -13,16 +13,25 @@ Callers must not overlap calls for one claim (the plugin holds a lock per claim 
 them): an unprepare during the prepare's read would find nothing to undo, and what the prepare
 then makes would leak.
 
+The lock is also a file lock in the state directory, and the checkpoint is read again whenever
+another process replaced it, so two agents on one node (a rolling update) share one state.
+When there is no trustworthy checkpoint (none, or a corrupt one) the state is rebuilt before it
+is used: from the claims the API says are allocated in this node's pool and reserved for pods
+bound to this node, and the CDI specs and MIG instances that exist; until that succeeds the
+sweep removes nothing and a call fails with a retryable error. A checkpoint of a newer agent is
+never written over.
+
 What it must not do: speak gRPC (plugin translates), talk to the API server except through
 `ClaimSource`, import `pynvml`, or allocate: it only carries out a claim's allocation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import structlog
@@ -35,14 +44,17 @@ __all__ = [
     "PreparedDevice",
     "PrepareError",
     "ClaimSource",
+    "Notice",
     "SweepResult",
     "State",
     "BOOT_ID_PATH",
     "CHECKPOINT_FILE",
+    "LOCK_FILE",
 ]
 
 BOOT_ID_PATH = pathlib.Path("/proc/sys/kernel/random/boot_id")
 CHECKPOINT_FILE = "checkpoint.json"
+LOCK_FILE = "state.lock"
 _CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 _MIB = 2**20
 
@@ -66,6 +78,19 @@ class PrepareError(Exception):
 
 class ClaimSource(Protocol):
     def get_claim(self, namespace: str, name: str) -> model.ResourceClaim | None: ...
+
+    def claims_on_node(self, *, driver: str, node: str) -> Sequence[model.ResourceClaim]:
+        """The claims with a result of `driver` in pool `node` that are reserved for a pod bound to node
+        `node`: those the kubelet there has prepared or is about to. Raises when the API cannot say."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Notice:
+    """Something an operator must hear of, as a Warning Event on the Node: `reason` is the Event's reason."""
+
+    reason: str
+    message: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,21 +140,32 @@ def _describe(record: checkpoint.ClaimRecord) -> str:
     return f"{record.namespace}/{record.name}"
 
 
+def _listed(names: Sequence[str]) -> str:
+    return f" ({', '.join(names)})" if names else ""
+
+
 class State:
     """The prepared claims of this node. Thread-safe for different claims: every change runs
     under one lock, and the claim read of `prepare` outside it, so different claims do not wait
     for each other's API read. Callers serialize the `prepare` and `unprepare` calls of one claim
-    UID (the plugin does); `sweep` may run beside them.
+    UID (the plugin does); `sweep` may run beside them. Several processes may hold a State on the
+    same directories (a rolling update): the lock is also a `checkpoint.FileLock` on
+    `<state_dir>/state.lock`, and under it the checkpoint is read again whenever another process
+    replaced it.
 
     `dynamic_mig` says whether MIG devices are created at prepare time (DynamicMIG) or
     already exist (static MIG). `device_nodes` says whether CDI specs carry `/dev/nvidia*`
     nodes (off for fake GPUs, whose nodes do not exist on the host). `on_warning` receives
-    each warning (a discarded checkpoint) so the agent can turn it into an Event. `fsync`
-    (off by default) makes each checkpoint write durable against power loss. It costs about
-    8 ms per write here, which would triple a prepare's latency, and buys nothing: a power
+    each `Notice` (a discarded or rebuilt checkpoint) so the agent can turn it into an Event.
+    `fsync` (off by default) makes each checkpoint write durable against power loss. It costs
+    about 8 ms per write here, which would triple a prepare's latency, and buys nothing: a power
     loss changes the boot id, which discards the checkpoint anyway (MIG instances and the CDI
     files in /var/run are gone too), and a process crash keeps the page cache, where the
     rename is atomic.
+
+    Construction reads the checkpoint and raises `checkpoint.NewerVersion` (touching nothing) when
+    a newer agent wrote it. With no checkpoint or a corrupt one, the rebuild runs at the first
+    `sweep`, `prepare` or `unprepare`, and at each later one until it succeeds.
     """
 
     def __init__(
@@ -147,7 +183,7 @@ class State:
         device_nodes: bool = True,
         boot_id_path: pathlib.Path = BOOT_ID_PATH,
         proc_root: pathlib.Path = pathlib.Path("/proc"),
-        on_warning: Callable[[str], None] | None = None,
+        on_warning: Callable[[Notice], None] | None = None,
         fsync: bool = False,
     ) -> None:
         self._driver = driver_name
@@ -163,20 +199,20 @@ class State:
         self._proc_root = proc_root
         self._on_warning = on_warning
         self._lock = threading.Lock()
+        self._file_lock = checkpoint.FileLock(state_dir / LOCK_FILE)
         self._writer = checkpoint.Writer(state_dir / CHECKPOINT_FILE, fsync=fsync)
-        self.warnings: list[str] = []
-        loaded = checkpoint.load(self._writer.path, boot_id=checkpoint.read_boot_id(boot_id_path))
-        self._cp = loaded.checkpoint
-        if loaded.warning is not None:
-            self._warn(loaded.warning)
-            # Save the fresh state now so the same warning is not raised on every start.
-            self._writer.save(self._cp)
+        self._boot_id = checkpoint.read_boot_id(boot_id_path)
+        self._cp = checkpoint.Checkpoint(boot_id=self._boot_id)
+        # Why the state must be rebuilt before it is used (no checkpoint, or a corrupt one); None once it is not.
+        self._rebuild_reason: str | None = None
+        with self._lock, self._file_lock.held():
+            self._adopt(self._writer.read(boot_id=self._boot_id))
 
     # --- public API ------------------------------------------------------------------------
 
     def prepared(self) -> Mapping[str, checkpoint.ClaimRecord]:
         """A snapshot of the checkpoint's records by claim UID (for the agent and tests)."""
-        with self._lock:
+        with self._locked():
             return dict(self._cp.claims)
 
     def prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
@@ -184,7 +220,7 @@ class State:
         the same answer without touching anything; an interrupted earlier attempt is rolled
         back first. Raises `PrepareError` naming the claim (and field, for bad input). The caller
         must not run an unprepare of the same claim until this returns."""
-        with self._lock:
+        with self._locked(claim):
             done = self._completed(claim)
         if done is not None:
             return done
@@ -192,7 +228,7 @@ class State:
         # runs meanwhile (the caller serializes its calls), so no unprepare can slip in between
         # the read and the record it leads to.
         resource = self._read_claim(claim)
-        with self._lock:
+        with self._locked(claim):
             done = self._completed(claim)
             if done is not None:
                 return done
@@ -213,7 +249,7 @@ class State:
         Raises `PrepareError` when a side effect cannot be undone (the record is kept, so the
         kubelet's retry or the next sweep tries again). The caller must not run it while a
         prepare of the same claim is in progress."""
-        with self._lock:
+        with self._locked(claim):
             record = self._cp.claims.get(claim.uid)
             if record is None:
                 return
@@ -223,9 +259,13 @@ class State:
     def sweep(self) -> SweepResult:
         """Remove stale state: prepared claims whose ResourceClaim is gone or has another UID
         (unprepared), our CDI files with no prepared claim, (dynamic MIG) GPU instances and
-        MPS daemons no prepared claim owns. Idempotent; errors are collected, not raised."""
-        with self._lock:
-            records = list(self._cp.claims.values())
+        MPS daemons no prepared claim owns. Rebuilds the state first when it must be; while
+        that fails it removes nothing. Idempotent; errors are collected, not raised."""
+        try:
+            with self._locked():
+                records = list(self._cp.claims.values())
+        except PrepareError as err:
+            return SweepResult(errors=(str(err),))
         stale: list[checkpoint.ClaimRecord] = []
         errors: list[str] = []
         for record in records:
@@ -239,27 +279,31 @@ class State:
         unprepared: list[str] = []
         removed: list[pathlib.Path] = []
         destroyed: list[str] = []
-        with self._lock:
-            for record in stale:
-                if self._cp.claims.get(record.uid) != record:
-                    continue  # prepared again or unprepared since we looked
-                try:
-                    self._undo(record)
-                except (backend.NvmlError, OSError) as err:
-                    errors.append(f"claim {_describe(record)}: cannot unprepare ({err})")
-                    continue
-                self._store(None, uid=record.uid)
-                unprepared.append(record.uid)
-            for uid, path in cdi.claim_specs(self._cdi_root).items():
-                if uid not in self._cp.claims:
-                    cdi.remove_spec(path)
-                    removed.append(path)
-            if self._dynamic_mig:
-                destroyed.extend(self._sweep_mig(errors))
-            used = {daemon for record in self._cp.claims.values() for daemon in record.mps_daemons}
-            stopped = [daemon for daemon in self._mps.daemons() if daemon not in used]
-            for daemon in stopped:
-                self._mps.stop(daemon)
+        stopped: list[str] = []
+        try:
+            with self._locked():
+                for record in stale:
+                    if self._cp.claims.get(record.uid) != record:
+                        continue  # prepared again or unprepared since we looked
+                    try:
+                        self._undo(record)
+                    except (backend.NvmlError, OSError) as err:
+                        errors.append(f"claim {_describe(record)}: cannot unprepare ({err})")
+                        continue
+                    self._store(None, uid=record.uid)
+                    unprepared.append(record.uid)
+                for uid, path in cdi.claim_specs(self._cdi_root).items():
+                    if uid not in self._cp.claims:
+                        cdi.remove_spec(path)
+                        removed.append(path)
+                if self._dynamic_mig:
+                    destroyed.extend(self._sweep_mig(errors))
+                used = {daemon for record in self._cp.claims.values() for daemon in record.mps_daemons}
+                stopped = [daemon for daemon in self._mps.daemons() if daemon not in used]
+                for daemon in stopped:
+                    self._mps.stop(daemon)
+        except PrepareError as err:
+            errors.append(str(err))
         result = SweepResult(tuple(unprepared), tuple(removed), tuple(destroyed), tuple(errors), tuple(stopped))
         if unprepared or removed or destroyed or errors or stopped:
             _log.info(
@@ -272,13 +316,165 @@ class State:
             )
         return result
 
-    # --- reading and planning ----------------------------------------------------------------
+    # --- the checkpoint, shared with other processes, and its rebuild ---------------------------
 
-    def _warn(self, message: str) -> None:
-        _log.warning(message)
-        self.warnings.append(message)
+    @contextlib.contextmanager
+    def _locked(self, claim: ClaimRef | None = None) -> Iterator[None]:
+        """Hold the state lock and the file lock; adopt the checkpoint another process wrote meanwhile,
+        and rebuild the state first when it must be. Raises PrepareError (naming `claim` when given)
+        when the state cannot be used: a newer agent's checkpoint, or a rebuild that failed."""
+        who = f"claim {claim.namespace}/{claim.name}: " if claim is not None else ""
+        with self._lock, self._file_lock.held():
+            try:
+                if self._writer.changed():
+                    self._adopt(self._writer.read(boot_id=self._boot_id))
+            except checkpoint.NewerVersion as err:
+                raise PrepareError(
+                    f"{who}{err}, so it leaves the node to the newer one (the kubelet calls the newest plugin)"
+                ) from None
+            if self._rebuild_reason is not None:
+                self._rebuild(who)
+            yield
+
+    def _adopt(self, loaded: checkpoint.Loaded) -> None:
+        """Take what the checkpoint file held as the state (under the locks)."""
+        self._cp = loaded.checkpoint
+        self._rebuild_reason = None
+        if loaded.found is checkpoint.Found.OTHER_BOOT:
+            assert loaded.warning is not None
+            self._notify(Notice(reason="NodeStateReset", message=loaded.warning))
+            # Save the fresh state now so the same warning is not raised on every start.
+            self._writer.save(self._cp)
+        elif loaded.found is checkpoint.Found.CORRUPT:
+            assert loaded.warning is not None
+            _log.warning(f"{loaded.warning}; rebuilding the prepared claims from the API and the devices")
+            self._rebuild_reason = loaded.warning
+        elif loaded.found is checkpoint.Found.ABSENT:
+            self._rebuild_reason = f"there was no checkpoint at {self._writer.path}"
+        elif loaded.found is checkpoint.Found.OLDER:
+            _log.info(
+                "checkpoint of an older version read; it is written in this version at the next change",
+                path=str(self._writer.path),
+                version=loaded.version,
+                current=checkpoint.VERSION,
+                claims=len(loaded.checkpoint.claims),
+            )
+
+    def _rebuild(self, who: str) -> None:
+        """Rebuild the records from the claims the API says are prepared or being prepared here, the CDI
+        specs and the MIG instances that exist, and save them. Under the locks. Raises PrepareError when the
+        API cannot say; the next call tries again."""
+        assert self._rebuild_reason is not None
+        try:
+            resources = self._claims.claims_on_node(driver=self._driver, node=self._node)
+        except Exception as err:  # noqa: BLE001 (an API outage or a bad object: retried, never fatal)
+            _log.warning(
+                "cannot rebuild the node's prepared claims yet; retrying", reason=self._rebuild_reason, error=str(err)
+            )
+            raise PrepareError(
+                f"{who}the node's prepared claims must be rebuilt ({self._rebuild_reason}) but the claims on this "
+                f"node cannot be read: {err}; the kubelet retries"
+            ) from None
+        gpus = {gpu.minor: gpu for gpu in self._gpus.gpus()}
+        specs = cdi.claim_specs(self._cdi_root)
+        problems: list[str] = []
+        for resource in sorted(resources, key=lambda r: (r.meta.namespace, r.meta.name)):
+            ref = ClaimRef(namespace=resource.meta.namespace, name=resource.meta.name, uid=resource.meta.uid)
+            has_spec = ref.uid in specs
+            try:
+                record = self._rebuilt_record(ref, resource, gpus, has_spec=has_spec)
+            except PrepareError as err:
+                if not has_spec:
+                    continue  # nothing of it exists here to keep
+                # Kept with its CDI spec only, so the sweep leaves the spec and unprepare removes it.
+                problems.append(str(err))
+                record = checkpoint.ClaimRecord(
+                    uid=ref.uid,
+                    namespace=ref.namespace,
+                    name=ref.name,
+                    phase=checkpoint.Phase.STARTED,
+                    cdi_spec=str(cdi.spec_path(self._cdi_root, ref.uid)),
+                )
+            if record is None:
+                continue
+            # Stored one by one: a later claim sharing a MIG device finds the instance an earlier one holds.
+            self._cp = checkpoint.Checkpoint(boot_id=self._cp.boot_id, claims={**self._cp.claims, ref.uid: record})
+        self._writer.save(self._cp)
+        reason, self._rebuild_reason = self._rebuild_reason, None
+        records = sorted(self._cp.claims.values(), key=lambda r: (r.namespace, r.name))
+        completed = [_describe(r) for r in records if r.phase is checkpoint.Phase.COMPLETED]
+        started = [_describe(r) for r in records if r.phase is checkpoint.Phase.STARTED]
+        _log.info("rebuilt the node's prepared claims", reason=reason, completed=completed, started=started)
+        if records or problems or not reason.startswith("there was no checkpoint"):
+            message = (
+                f"{reason}; rebuilt from the API and the devices: {len(completed)} prepared claim(s)"
+                f"{_listed(completed)}, {len(started)} to roll back or finish{_listed(started)}"
+                + "".join(f"; {problem}" for problem in problems)
+            )
+            self._notify(Notice(reason="CheckpointRebuilt", message=message))
+
+    def _rebuilt_record(
+        self, claim: ClaimRef, resource: model.ResourceClaim, gpus: Mapping[int, backend.GpuInfo], *, has_spec: bool
+    ) -> checkpoint.ClaimRecord | None:
+        """The record a prepare of this claim left: PrepareCompleted when its CDI spec and every dynamic MIG
+        instance exist; PrepareStarted when only some of them do (with all it may have made, so the next prepare
+        rolls it back and unprepare undoes it); None when none does (not prepared yet: nothing to keep). Raises
+        PrepareError when the claim cannot be planned here any more."""
+        items = self._plan(claim, resource, gpus)
+        started = self._started_record(claim, items)
+        complete = has_spec
+        resolved: list[_Item] = []
+        made: list[checkpoint.MigRecord] = []
+        for item in items:
+            if item.dynamic and item.mig is not None:
+                m = item.mig
+                try:
+                    device = mig.existing_at(
+                        self._gpus,
+                        minor=m.parent_minor,
+                        profile_id=m.profile_id,
+                        placement=backend.Placement(m.start, m.size),
+                    )
+                except backend.NvmlError:
+                    device = None
+                if device is None:
+                    complete = False
+                else:
+                    m = dataclasses.replace(m, gi_id=device.gi_id, ci_id=device.ci_id, uuid=device.uuid)
+                    made.append(m)
+                    item = dataclasses.replace(item, uuid=device.uuid, mig=m)
+            resolved.append(item)
+        record = dataclasses.replace(started, mig=self._merge_mig(started.mig, made))
+        if not complete:
+            # A GPU instance without its compute instance is something it made too.
+            return record if has_spec or any(self._instance_left(m) for m in record.mig) else None
+        by_item, daemons = self._mps_groups(claim, resolved)
+        _, prepared = self._cdi_devices(claim, resolved, by_item)
+        return dataclasses.replace(
+            record, phase=checkpoint.Phase.COMPLETED, devices=prepared, mps_daemons=tuple(sorted(daemons))
+        )
+
+    def _instance_left(self, m: checkpoint.MigRecord) -> bool:
+        """Whether a GPU instance sits at the record's placement; True when NVML cannot say, so the record and
+        the placement it owns are kept rather than swept on a guess."""
+        try:
+            return bool(
+                mig.find(
+                    self._gpus,
+                    minor=m.parent_minor,
+                    profile_id=m.profile_id,
+                    placement=backend.Placement(m.start, m.size),
+                )
+            )
+        except backend.NvmlError:
+            return True
+
+    def _notify(self, notice: Notice) -> None:
+        _log.warning(notice.message, reason=notice.reason)
         if self._on_warning is not None:
-            self._on_warning(message)
+            self._on_warning(notice)
+
+    # --- reading and planning ----------------------------------------------------------------
 
     def _completed(self, claim: ClaimRef) -> tuple[PreparedDevice, ...] | None:
         record = self._cp.claims.get(claim.uid)
@@ -376,10 +572,14 @@ class State:
     ) -> tuple[_Item, ...]:
         assert resource.allocation is not None  # checked by _read_claim
         name = f"{claim.namespace}/{claim.name}"
-        ours = [r for r in resource.allocation.results if r.driver == self._driver and r.pool == self._node]
-        for r in resource.allocation.results:
+        ours = [r for r in resource.allocation.results if r.driver == self._driver]
+        for index, r in enumerate(resource.allocation.results):
             if r.driver == self._driver and r.pool != self._node:
-                _log.warning("ignoring a result for another pool", claim=name, pool=r.pool, device=r.device)
+                # A GPU is in the pool of its own node only: this claim was allocated for another node.
+                raise PrepareError(
+                    f"claim {name}: status.allocation.devices.results[{index}] is device {r.device} in pool {r.pool}, "
+                    f"not in this node's pool {self._node}: the claim is allocated to another node"
+                )
         resolved = [self._resolve(claim, r, gpus) for r in ours]
         try:
             selected = opaque.select(
@@ -513,7 +713,8 @@ class State:
                 by_item[p] = daemon
         return by_item, daemons
 
-    def _apply(self, claim: ClaimRef, items: tuple[_Item, ...]) -> tuple[PreparedDevice, ...]:
+    def _started_record(self, claim: ClaimRef, items: Sequence[_Item]) -> checkpoint.ClaimRecord:
+        """The PrepareStarted record of a prepare of these items: every side effect it is about to make. Pure."""
         time_slices = {
             i.minor: i.selected.config.sharing.interval
             for i in items
@@ -535,7 +736,7 @@ class State:
                 }
             )
         )
-        started = checkpoint.ClaimRecord(
+        return checkpoint.ClaimRecord(
             uid=claim.uid,
             namespace=claim.namespace,
             name=claim.name,
@@ -547,6 +748,9 @@ class State:
             exclusive=tuple(sorted({i.device for i in items if not i.admin and i.share_id is None})),
             shared=tuple(sorted({i.device for i in items if not i.admin and i.share_id is not None})),
         )
+
+    def _apply(self, claim: ClaimRef, items: tuple[_Item, ...]) -> tuple[PreparedDevice, ...]:
+        started = self._started_record(claim, items)
         # Written before any side effect: a crash from here on leaves a record to roll back.
         self._store(started, uid=claim.uid)
         try:
@@ -646,6 +850,22 @@ class State:
     def _write_cdi(
         self, claim: ClaimRef, items: Sequence[_Item], by_item: Mapping[int, str]
     ) -> tuple[PreparedDevice, ...]:
+        specs, prepared = self._cdi_devices(claim, items, by_item)
+        common = (
+            cdi.ContainerEdits(device_nodes=tuple(cdi.device_node(p) for p in _CONTROL_NODES))
+            if self._device_nodes
+            else cdi.ContainerEdits()
+        )
+        common = self._common.common_edits().merged(common)
+        if specs:
+            cdi.write_spec(self._cdi_root, claim.uid, cdi.build_spec(claim_uid=claim.uid, devices=specs, common=common))
+        return prepared
+
+    def _cdi_devices(
+        self, claim: ClaimRef, items: Sequence[_Item], by_item: Mapping[int, str]
+    ) -> tuple[list[tuple[str, cdi.ContainerEdits]], tuple[PreparedDevice, ...]]:
+        """The claim's CDI devices (name and edits) and what the kubelet gets for each device. Pure
+        (the rebuild recomputes the answer a prepare gave from the same items)."""
         # A container gets the devices of the requests it names (or all of them), and CDI
         # env edits are last-wins, so each device carries the UUIDs of its whole request.
         groups: dict[str, list[int]] = {}
@@ -681,15 +901,7 @@ class State:
                 cdi_device_ids=(cdi.qualified_name(claim.uid, item.cdi_device),),
                 share_id=item.share_id,
             )
-        common = (
-            cdi.ContainerEdits(device_nodes=tuple(cdi.device_node(p) for p in _CONTROL_NODES))
-            if self._device_nodes
-            else cdi.ContainerEdits()
-        )
-        common = self._common.common_edits().merged(common)
-        if specs:
-            cdi.write_spec(self._cdi_root, claim.uid, cdi.build_spec(claim_uid=claim.uid, devices=specs, common=common))
-        return tuple(prepared.values())
+        return specs, tuple(prepared.values())
 
     def _undo_or_raise(self, record: checkpoint.ClaimRecord, *, what: str) -> None:
         try:

@@ -8,13 +8,13 @@ plus the browser's log, in which Chromium prints every console message as `INFO:
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 import shutil
 import subprocess
 from collections.abc import Callable
 
 import pytest
+from support import debian
 
 SKIP = "needs Debian's chromium for the browser tests: apt-get install -y chromium (as root)"
 # The flags this machine's Chromium needs (see the environment notes): no sandbox as root, no
@@ -31,30 +31,13 @@ FLAGS = (
     "--enable-logging=stderr",
     "--v=0",
 )
-_INSTALL_SECONDS = 900
 _PAGE_SECONDS = 60
-
-
-def _install() -> None:
-    """apt-get install chromium, with one apt-get update retry; failures are left to the skip."""
-    command = ["apt-get", "install", "-y", "-q", "chromium"]
-    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for step in ([command], [["apt-get", "update", "-q"], command]):
-        for argv in step:
-            done = subprocess.run(argv, capture_output=True, timeout=_INSTALL_SECONDS, env=environment, check=False)
-            if done.returncode != 0:
-                break
-        if shutil.which("chromium"):
-            return
 
 
 @pytest.fixture(scope="session")
 def chromium() -> str:
     """The path of Debian's chromium; installs it when missing and running as root with apt."""
-    found = shutil.which("chromium")
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        _install()
-        found = shutil.which("chromium")
+    found = shutil.which("chromium") if debian.ensure(["chromium"], commands=["chromium"]) else None
     if found is None:
         pytest.skip(SKIP)
     return found

@@ -1,9 +1,11 @@
-"""`dractl controller` as a real process against a real kube-apiserver: claims, probes, metrics, leader election.
+"""`dractl controller` as a real process against a real kube-apiserver: claims, probes, metrics, leader election,
+and a leader paused past its lease (SIGSTOP) that must not write when it goes on.
 
-Each replica is a subprocess (`python -m dractl controller`) with its own kubeconfig, scoped to the
-test's namespace (its watches and its Lease live there), short lease timings, ephemeral ports and
-JSON logs, which the test reads to learn the identity and ports. The test plays the API user with
-a direct client; every wait is a condition with a deadline.
+Each replica is a subprocess (`python -m dractl controller`) with its own kubeconfig (or the fault
+proxy's, to see its every request), scoped to the test's namespace (its watches and its Lease live
+there), short lease timings, ephemeral ports and JSON logs, which the test reads to learn the
+identity and ports. The test plays the API user with a direct client; every wait is a condition
+with a deadline.
 """
 
 from __future__ import annotations
@@ -11,22 +13,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import json
 import os
 import pathlib
 import shutil
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import controlplane
+import faultproxy
 import pytest
 from prometheus_client import parser
-from support import kube_objects
+from support import kube_objects, node_group, observe
 
 from dractl.kube import client
 
@@ -53,13 +54,7 @@ class Replica:
     health_port: int = 0
 
     def entries(self) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text(encoding="utf-8", errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict):
-                    found.append(entry)
-        return found
+        return observe.log_entries(self.log)
 
     def logged(self, event: str) -> dict[str, Any] | None:
         """The first log entry whose event starts with `event`; fails at once if the process has exited."""
@@ -78,16 +73,9 @@ class Replica:
             lambda: self.logged(event), what=f"{self.name} logged {event!r} ({self.log})", timeout=timeout
         )
 
-    def http(self, port: int, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
-
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         """One sample from /metrics, or None when the series does not exist."""
-        _, text = self.http(self.metrics_port, "/metrics")
+        _, text = observe.get(self.metrics_port, "/metrics")
         for family in parser.text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
@@ -114,14 +102,20 @@ def kubeconfig(control_plane: controlplane.ControlPlane, tmp_path: pathlib.Path)
 
 
 @pytest.fixture
-def start_replica(
-    kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path
-) -> Iterator[Callable[[str], Replica]]:
+def start_replica(kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path) -> Iterator[Callable[..., Replica]]:
     """Starts `dractl controller` replicas on the test namespace and waits until each serves; stops them at the end
-    (last started first, each even when stopping another failed)."""
+    (last started first, each even when stopping another failed). `start(name, via=..., controllers=..., extra=...)`
+    talks through the kubeconfig `via` (default: the test's own), runs `controllers` (default: claims) and takes the
+    `extra` flags last."""
     with contextlib.ExitStack() as started:
 
-        def start(name: str) -> Replica:
+        def start(
+            name: str,
+            *,
+            via: pathlib.Path | None = None,
+            controllers: Sequence[str] = ("claims",),
+            extra: Sequence[str] = (),
+        ) -> Replica:
             log = tmp_path / f"{name}.log"
             args = [
                 sys.executable,
@@ -129,9 +123,9 @@ def start_replica(
                 "dractl",
                 "controller",
                 "--kubeconfig",
-                str(kubeconfig),
+                str(via or kubeconfig),
                 "--controllers",
-                "claims",
+                ",".join(controllers),
                 "--namespace",
                 namespace,
                 "--lease-namespace",
@@ -148,6 +142,7 @@ def start_replica(
                 "0",
                 "--log-format",
                 "json",
+                *extra,
             ]
             env = {key: value for key, value in os.environ.items() if not key.startswith("DRACTL_")}
             with log.open("wb") as sink:
@@ -205,15 +200,15 @@ def _wait_claim(api: client.Client, namespace: str, pod: dict[str, Any]) -> str:
 
 
 def test_one_replica_leads_makes_claims_serves_probes_and_releases_the_lease_on_sigterm(
-    kube_client: client.Client, namespace: str, start_replica: Callable[[str], Replica]
+    kube_client: client.Client, namespace: str, start_replica: Callable[..., Replica]
 ) -> None:
     """Guards: the process leads, a pod with a claim template gets its claim, /readyz /healthz /metrics answer,
     stdlib logs come out as JSON, and SIGTERM exits 0 promptly with the lease released."""
     a = start_replica("a")
     a.wait_logged("controllers started")
     assert _holder(kube_client, namespace) == a.identity
-    assert a.http(a.health_port, "/readyz") == (200, "leader: claims synced\n")
-    assert a.http(a.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(a.health_port, "/readyz") == (200, "leader: claims synced\n")
+    assert observe.get(a.health_port, "/healthz") == (200, "ok\n")
     assert a.metric("dractl_controller_leader") == 1
     assert a.metric("dractl_controller_queue_depth", {"controller": "claims"}) is not None
     # The first campaign found no Lease: one 404 on GET, counted by the process-level API error metric.
@@ -235,7 +230,7 @@ def test_one_replica_leads_makes_claims_serves_probes_and_releases_the_lease_on_
 
 
 def test_two_replicas_one_leads_and_the_other_takes_over_when_it_is_killed(
-    kube_client: client.Client, namespace: str, start_replica: Callable[[str], Replica]
+    kube_client: client.Client, namespace: str, start_replica: Callable[..., Replica]
 ) -> None:
     """Guards: of two replicas only the Lease holder runs controllers (the standby builds none and is ready);
     after SIGKILL of the leader the standby takes over within the lease duration and keeps making claims, without
@@ -243,8 +238,8 @@ def test_two_replicas_one_leads_and_the_other_takes_over_when_it_is_killed(
     a = start_replica("a")
     a.wait_logged("controllers started")
     b = start_replica("b")
-    assert b.http(b.health_port, "/readyz") == (200, "standby: another replica leads\n")
-    assert b.http(b.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(b.health_port, "/readyz") == (200, "standby: another replica leads\n")
+    assert observe.get(b.health_port, "/healthz") == (200, "ok\n")
     assert _holder(kube_client, namespace) == a.identity
     assert (a.metric("dractl_controller_leader"), b.metric("dractl_controller_leader")) == (1, 0)
 
@@ -262,7 +257,7 @@ def test_two_replicas_one_leads_and_the_other_takes_over_when_it_is_killed(
     assert _holder(kube_client, namespace) == b.identity
     assert int(_lease(kube_client, namespace).get("leaseTransitions") or 0) == 1
     assert b.metric("dractl_controller_leader") == 1
-    controlplane.wait_until(lambda: b.http(b.health_port, "/readyz")[0] == 200, what="b is ready as the leader")
+    controlplane.wait_until(lambda: observe.get(b.health_port, "/readyz")[0] == 200, what="b is ready as the leader")
 
     second = _pod(kube_client, namespace, "second")
     second_claim = _wait_claim(kube_client, namespace, second)
@@ -285,7 +280,7 @@ def _steal(api: client.Client, namespace: str) -> None:
 
 
 def test_a_replica_that_loses_its_lease_stops_and_exits_1(
-    kube_client: client.Client, namespace: str, start_replica: Callable[[str], Replica]
+    kube_client: client.Client, namespace: str, start_replica: Callable[..., Replica]
 ) -> None:
     """Guards: when another holder renews the Lease, the replica gives up after its renew deadline, stops its
     controllers and exits 1 (so the Deployment restarts it), as client-go's processes do."""
@@ -305,3 +300,67 @@ def test_a_replica_that_loses_its_lease_stops_and_exits_1(
     assert a.logged("leader election lost") is not None
     assert a.logged("controllers stopped") is not None
     assert _holder(kube_client, namespace) == "thief"
+
+
+def test_a_leader_paused_past_its_lease_writes_nothing_after_the_takeover_and_no_device_goes_twice(
+    kube_client: client.Client,
+    namespace: str,
+    fault_proxy: faultproxy.FaultProxy,
+    start_replica: Callable[..., Replica],
+) -> None:
+    """Guards: a leader paused with SIGSTOP while it has pods in hand, long enough for the standby to take over, sends
+    not one write once resumed (the fault proxy in front of it sees none arrive after the takeover): its writes are
+    fenced on the lease, and it exits 1. The standby's resync finishes the work: every pod bound with the one claim
+    it records, allocated and reserved for it, no device in two claims.
+
+    The pause lands while the leader's one claim worker waits for the answer to a create the proxy holds (less
+    than lease duration - renew deadline): a request already on its way when a process stops is what that margin
+    is for, and the instant between the fence's last check and the socket is too short for a test to aim at."""
+    node_group.ensure_device_classes(kube_client)
+    group = node_group.Group(kube_client, namespace=namespace, scheduler_name="dractl")
+    try:
+        node = group.node("dgx-a100-01")  # 8 GPUs
+        _template(kube_client, namespace)
+        both = ("claims", "scheduler")
+        a = start_replica("a", via=fault_proxy.kubeconfig, controllers=both, extra=["--workers", "1"])
+        a.wait_logged("controllers started")
+        b = start_replica("b", controllers=both)
+        held = RENEW_DEADLINE / 4  # Each write of the leader waits this long in the proxy.
+        fault_proxy.add(
+            faultproxy.latency(held, method="POST", count=None), faultproxy.latency(held, method="PATCH", count=None)
+        )
+        pods = [group.pod(f"p{i}", claims=[kube_objects.from_template("gpu-template")]) for i in range(8)]
+        controlplane.wait_until(
+            lambda: any(target.split("?")[0].endswith("/resourceclaims") for _, target in fault_proxy.holding),
+            what="the proxy holds the leader's first claim create",
+        )
+        a.process.send_signal(signal.SIGSTOP)
+        try:
+            controlplane.wait_until(
+                lambda: _holder(kube_client, namespace) == b.identity,
+                what="the standby takes the lease over",
+                timeout=TAKEOVER_TIMEOUT,
+            )
+            takeover = time.monotonic()
+            for pod in pods:
+                group.wait_bound(pod["metadata"]["name"])
+        finally:
+            a.process.send_signal(signal.SIGCONT)
+        assert a.wait_exit() == 1
+        assert a.logged("leader election lost") is not None
+        late = [f"{r.method} {r.target}" for r in fault_proxy.writes() if r.received >= takeover]
+        assert late == []
+
+        claims = kube_client.list(client.RESOURCE_CLAIMS, namespace=namespace).items
+        devices = [
+            (result["pool"], result["device"])
+            for claim in claims
+            for result in claim["status"]["allocation"]["devices"]["results"]
+        ]
+        assert len(devices) == len(set(devices)) == len(claims) == len(pods)
+        for pod in pods:
+            assert group.bound(pod["metadata"]["name"]) == node
+            claim = group.pod_claim(pod["metadata"]["name"])
+            assert [entry["uid"] for entry in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
+    finally:
+        group.cleanup()

@@ -103,6 +103,18 @@ def test_without_binaries_the_reason_is_one_line_saying_how_to_get_them(isolated
     assert "KUBEBUILDER_ASSETS" in message and "DRACTL_K8S_ARCHIVES" in message
 
 
+def test_pins_come_from_both_tables_beside_the_archives(tmp_path: pathlib.Path) -> None:
+    """Guards: README.md rows and REAL-NODE.md rows naming several archives in one cell (containerd, its shim and
+    ctr) all give their sha256 pins, in order; a row whose names and digests do not pair up gives none."""
+    (tmp_path / "README.md").write_text("| `etcd.xz` | etcd | " + "a" * 64 + " |\n")
+    (tmp_path / "REAL-NODE.md").write_text(
+        "| file | what | sha256 |\n|---|---|---|\n"
+        f"| `containerd.xz`, `ctr.xz` | containerd 2.1.9 | {'b' * 64}, {'c' * 64} |\n"
+        f"| `runc.xz`, `kubelet.xz` | two names, one digest | {'d' * 64} |\n"
+    )
+    assert controlplane.pinned_sha256(tmp_path) == {"etcd": "a" * 64, "containerd": "b" * 64, "ctr": "c" * 64}
+
+
 @pytest.fixture
 def isolated_tmp(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
     """TMPDIR pointed at an empty directory, to see what a start leaves behind."""

@@ -1,4 +1,5 @@
-"""The fault proxy forwards faithfully and injects exactly the faults its rules name (409, 5xx, 410, drops, delay)."""
+"""The fault proxy forwards faithfully and injects exactly the faults its rules name (409, 5xx, 429 with Retry-After,
+cut answers, 410, drops, delay)."""
 
 from __future__ import annotations
 
@@ -212,6 +213,39 @@ def test_conflicts_are_not_retried(
     with pytest.raises(client.Conflict):
         proxied_client.get(client.NAMESPACES, namespace)
     assert len(fault_proxy.requests) == 1
+
+
+def test_an_injected_status_carries_retry_after_only_when_asked(
+    fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: respond(..., retry_after=N) answers with a `Retry-After: N` header; without it, no such header."""
+    path = f"/api/v1/namespaces/{namespace}"
+    fault_proxy.add(faultproxy.respond(429, method="GET", path=path, retry_after=3), faultproxy.respond(503, path=path))
+    answers = []
+    for _ in range(2):
+        connection = _connection(fault_proxy)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            response.read()
+            answers.append((response.status, response.getheader("Retry-After")))
+        finally:
+            connection.close()
+    assert answers == [(429, "3"), (503, None)]
+
+
+def test_a_cut_answer_lets_the_server_act_and_gives_the_caller_none(
+    kube_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: a cut_answer rule forwards the request, the server carries it out (the object exists), and the
+    caller's connection is closed without an answer; the log has the server's status; later requests are answered."""
+    fault_proxy.add(faultproxy.cut_answer(method="POST", path="/resourceclaimtemplates"))
+    with _cut_off():
+        _request(fault_proxy, "POST", _templates_path(namespace), kube_objects.template("t", namespace=namespace))
+    assert kube_client.get(client.RESOURCE_CLAIM_TEMPLATES, "t", namespace=namespace)["metadata"]["name"] == "t"
+    assert [(r.method, r.status, r.fault) for r in fault_proxy.requests] == [("POST", 201, "cut answer")]
+    assert _request(fault_proxy, "GET", f"{_templates_path(namespace)}/t")[0] == 200
+    assert fault_proxy.busy_upstreams == 0
 
 
 def test_watch_gone_gives_the_caller_a_gone_error(

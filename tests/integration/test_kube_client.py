@@ -1,11 +1,17 @@
-"""The kube client against a real kube-apiserver: CRUD on DRA and core objects, preconditions, errors, decoding."""
+"""The kube client against a real kube-apiserver: CRUD on DRA and core objects, preconditions, errors, decoding, and
+which failed requests it sends again (faults from the fault proxy)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+
+import controlplane
+import faultproxy
 import pytest
 
 from dractl import model
-from dractl.kube import client
+from dractl.kube import client, finalizers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,6 +98,69 @@ def test_merge_patch_with_a_stale_resource_version_is_a_conflict(kube_client: cl
             "mp",
             namespace=namespace,
             patch={"metadata": {"resourceVersion": first["metadata"]["resourceVersion"], "labels": {"x": "2"}}},
+        )
+
+
+def test_a_finalizer_added_with_a_patch_keeps_the_spec_bytes_and_a_stale_version_writes_nothing(
+    kube_client: client.Client, namespace: str
+) -> None:
+    """Guards: `finalizers.add_with_patch` on a claim without opaque configuration (selectors, a capacity request):
+    the finalizer is appended to the ones there, the stored spec is the same bytes after the API server's JSON round
+    trip, a second call finds it there and sends nothing, and a call at a stale resourceVersion is a Conflict that
+    changes nothing."""
+    body = _claim("fin", namespace)
+    body["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"memory": "8Gi"}}
+    body["metadata"]["finalizers"] = ["example.com/first"]
+    created = kube_client.create(client.RESOURCE_CLAIMS, body)
+    version = created["metadata"]["resourceVersion"]
+    before = finalizers.read(kube_client.get_protobuf(client.RESOURCE_CLAIMS, "fin", namespace=namespace))
+    wanted = "resource.kubernetes.io/delete-protection"
+    stored = finalizers.add_with_patch(
+        kube_client,
+        client.RESOURCE_CLAIMS,
+        "fin",
+        namespace=namespace,
+        resource_version=version,
+        finalizers=before.finalizers,
+        add=wanted,
+    )
+    assert stored is not None and stored["metadata"]["finalizers"] == ["example.com/first", wanted]
+    after = finalizers.read(kube_client.get_protobuf(client.RESOURCE_CLAIMS, "fin", namespace=namespace))
+    assert after.sections[2] == before.sections[2]
+    assert (
+        finalizers.add_with_patch(
+            kube_client,
+            client.RESOURCE_CLAIMS,
+            "fin",
+            namespace=namespace,
+            resource_version=after.resource_version,
+            finalizers=after.finalizers,
+            add=wanted,
+        )
+        is None
+    )
+    with pytest.raises(client.Conflict):
+        finalizers.add_with_patch(
+            kube_client,
+            client.RESOURCE_CLAIMS,
+            "fin",
+            namespace=namespace,
+            resource_version=version,
+            finalizers=("example.com/first",),
+            add="example.com/second",
+        )
+    final = kube_client.get(client.RESOURCE_CLAIMS, "fin", namespace=namespace)
+    assert final["metadata"]["finalizers"] == ["example.com/first", wanted]
+    assert final["metadata"]["resourceVersion"] == after.resource_version
+    for name in final["metadata"]["finalizers"]:  # Let the namespace go.
+        latest = kube_client.get(client.RESOURCE_CLAIMS, "fin", namespace=namespace)
+        finalizers.change(
+            kube_client,
+            client.RESOURCE_CLAIMS,
+            "fin",
+            namespace=namespace,
+            resource_version=latest["metadata"]["resourceVersion"],
+            remove=name,
         )
 
 
@@ -247,6 +316,19 @@ def test_missing_namespace_is_not_found(kube_client: client.Client) -> None:
         kube_client.get(client.RESOURCE_CLAIMS, "x", namespace="no-such-namespace-here")
 
 
+def test_the_log_of_a_missing_pod_is_not_found_and_of_an_unbound_pod_empty(
+    kube_client: client.Client, namespace: str
+) -> None:
+    """Guards: read_log of a missing pod raises NotFound; a pod no node runs yet has an empty log (the API server
+    answers 200 with no text). The log of a running container is read in e2e/ on a real kubelet."""
+    with pytest.raises(client.NotFound):
+        kube_client.read_log(namespace, "nobody")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": namespace}}
+    pod["spec"] = {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}
+    kube_client.create(client.PODS, pod)
+    assert kube_client.read_log(namespace, "p", container="main") == ""
+
+
 def test_list_follows_continue_tokens(
     kube_client: client.Client, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -257,3 +339,119 @@ def test_list_follows_continue_tokens(
     listed = kube_client.list(client.RESOURCE_CLAIMS, namespace=namespace)
     assert sorted(item["metadata"]["name"] for item in listed.items) == [f"page-{i}" for i in range(5)]
     assert all(item["kind"] == "ResourceClaim" for item in listed.items)
+
+
+def _generated(namespace: str) -> dict[str, object]:
+    """A claim whose name the server picks (generateName), as the claim controller creates them."""
+    body = _claim("unused", namespace)
+    body["metadata"] = {"generateName": "pod-gpu-", "namespace": namespace}
+    return body
+
+
+def _claim_names(api: client.Client, namespace: str) -> list[str]:
+    return sorted(item["metadata"]["name"] for item in api.list(client.RESOURCE_CLAIMS, namespace=namespace).items)
+
+
+def test_a_create_whose_answer_is_cut_after_the_server_committed_it_leaves_exactly_one_claim(
+    proxied_client: client.Client, kube_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: a POST with generateName whose answer is lost after the server created the claim is not sent again
+    (a second would make a second claim): the caller gets Transient, and the namespace holds exactly one claim."""
+    fault_proxy.add(faultproxy.cut_answer(method="POST", path="/resourceclaims"))
+    with pytest.raises(client.Transient) as raised:
+        proxied_client.create(client.RESOURCE_CLAIMS, _generated(namespace))
+    assert not raised.value.unsent
+    assert [(r.method, r.status, r.fault) for r in fault_proxy.requests] == [("POST", 201, "cut answer")]
+    [name] = _claim_names(kube_client, namespace)
+    assert name.startswith("pod-gpu-")
+
+
+WRITE_FAULTS = {
+    "post-503": (faultproxy.respond(503, method="POST"), 1, 0),
+    "post-503-retry-after": (faultproxy.respond(503, method="POST", retry_after=0), 1, 0),
+    "post-500-forever": (faultproxy.respond(500, method="POST", count=None), 1, 0),
+    "post-429": (faultproxy.respond(429, method="POST", retry_after=0), 2, 1),
+    "post-429-twice": (faultproxy.respond(429, method="POST", retry_after=0, count=2), 3, 1),
+}
+
+
+@pytest.mark.parametrize(("rule", "posts", "claims"), list(WRITE_FAULTS.values()), ids=list(WRITE_FAULTS))
+def test_a_create_is_sent_again_only_when_the_server_turned_it_away(
+    proxied_client: client.Client,
+    kube_client: client.Client,
+    fault_proxy: faultproxy.FaultProxy,
+    namespace: str,
+    rule: faultproxy.Rule,
+    posts: int,
+    claims: int,
+) -> None:
+    """Guards: a generateName create answered 5xx (with or without Retry-After) is sent once and raises Transient;
+    one answered 429 (refused unread) is sent again until it is created: exactly one claim either way."""
+    fault_proxy.add(rule)
+    if claims:
+        created = proxied_client.create(client.RESOURCE_CLAIMS, _generated(namespace))
+        assert _claim_names(kube_client, namespace) == [created["metadata"]["name"]]
+    else:
+        with pytest.raises(client.Transient):
+            proxied_client.create(client.RESOURCE_CLAIMS, _generated(namespace))
+        assert _claim_names(kube_client, namespace) == []
+    assert [r.method for r in fault_proxy.requests] == ["POST"] * posts
+
+
+def test_a_read_whose_answer_is_cut_is_sent_again(
+    proxied_client: client.Client, kube_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: a GET whose answer broke off is sent again and returns the object."""
+    kube_client.create(client.RESOURCE_CLAIMS, _claim("read", namespace))
+    fault_proxy.add(faultproxy.cut_answer(method="GET", path="/resourceclaims/read"))
+    assert proxied_client.get(client.RESOURCE_CLAIMS, "read", namespace=namespace)["metadata"]["name"] == "read"
+    assert [(r.method, r.fault) for r in fault_proxy.requests] == [("GET", "cut answer"), ("GET", "")]
+
+
+def test_a_patch_is_sent_again_after_a_retry_after_but_not_after_a_cut_answer(
+    proxied_client: client.Client, kube_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: a PATCH answered 503 with Retry-After is sent again (and lands); a PATCH whose answer is cut after the
+    server applied it is not sent again: Transient, and the patch is there once."""
+    kube_client.create(client.RESOURCE_CLAIMS, _claim("p", namespace))
+    fault_proxy.add(faultproxy.respond(503, method="PATCH", retry_after=0))
+    patched = proxied_client.patch(
+        client.RESOURCE_CLAIMS, "p", {"metadata": {"labels": {"a": "1"}}}, namespace=namespace
+    )
+    assert patched["metadata"]["labels"] == {"a": "1"}
+    assert [(r.method, r.status) for r in fault_proxy.requests] == [("PATCH", 503), ("PATCH", 200)]
+    fault_proxy.clear()
+    fault_proxy.add(faultproxy.cut_answer(method="PATCH"))
+    with pytest.raises(client.Transient):
+        proxied_client.patch(client.RESOURCE_CLAIMS, "p", {"metadata": {"labels": {"b": "2"}}}, namespace=namespace)
+    assert [(r.method, r.fault) for r in fault_proxy.requests] == [("PATCH", "cut answer")]
+    labels = kube_client.get(client.RESOURCE_CLAIMS, "p", namespace=namespace)["metadata"]["labels"]
+    assert labels == {"a": "1", "b": "2"}
+
+
+def test_a_burst_of_concurrent_requests_reuses_its_connections(
+    control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
+    """Guards connection reuse: two bursts of 24 GETs at once (more than the official client's 5 per CPU) open
+    at most 24 connections in all (a connection thrown away after one use costs a TLS handshake each time)."""
+    api = client.connect(control_plane.kubeconfig)
+    try:
+        api.create(client.RESOURCE_CLAIMS, _claim("c", namespace))
+        pool = api.api_client.rest_client.pool_manager.connection_from_url(api.host)
+        start = threading.Barrier(24)
+
+        def get() -> None:
+            start.wait(timeout=30)
+            api.get_resource_claim(namespace, "c")
+
+        def burst() -> None:
+            with concurrent.futures.ThreadPoolExecutor(24) as threads:
+                for done in [threads.submit(get) for _ in range(24)]:
+                    done.result(timeout=60)
+
+        burst()
+        burst()
+        # Never more connections than requests at once: the second burst found the first one's waiting in the pool.
+        assert pool.num_connections <= 24
+    finally:
+        api.close()

@@ -1,11 +1,14 @@
-"""Lease leader election against a real kube-apiserver: one leader, takeover after expiry, release on stop."""
+"""Lease leader election against a real kube-apiserver: one leader, takeover after expiry, release on stop, and the
+fence that stops a leader's writes once its renew deadline has passed or another holder took the Lease."""
 
 from __future__ import annotations
 
 import datetime
 import threading
+from typing import Any
 
 import controlplane
+import faultproxy
 import pytest
 
 from dractl.kube import client, leader
@@ -130,3 +133,137 @@ def test_release_on_stop_lets_the_successor_lead_at_once(kube_client: client.Cli
     assert _holder(kube_client, namespace) == ""
     assert b.try_acquire_or_renew()
     assert _holder(kube_client, namespace) == "b"
+
+
+def _fenced(elector: leader.Elector) -> str:
+    """The message of the fence's refusal, or "" when it lets a write through."""
+    try:
+        elector.fence.check("PATCH /x")
+    except client.Fenced as refused:
+        return refused.message
+    return ""
+
+
+def test_the_fence_opens_on_acquiring_and_closes_at_the_renew_deadline(
+    kube_client: client.Client, namespace: str
+) -> None:
+    """Guards: writes pass the fence only while this elector leads and its last renewal began less than the renew
+    deadline ago (on its own clock); each renewal moves the deadline on; past it, a renewal is not even tried."""
+    clock = FakeClock()
+    a = _elector(kube_client, namespace, "a", clock)
+    assert "does not hold the Lease" in _fenced(a)
+    assert a.try_acquire_or_renew()
+    assert _fenced(a) == ""
+    clock.advance(9.9)
+    assert _fenced(a) == ""
+    assert a.try_acquire_or_renew()
+    clock.advance(9.9)
+    assert _fenced(a) == ""
+    clock.advance(0.1)
+    assert _fenced(a) == (
+        f"PATCH /x: not sent: the Lease {namespace}/dractl-controller was last renewed 10.0s ago, past the renew "
+        "deadline (10s): another replica may lead"
+    )
+    assert not a.try_acquire_or_renew()
+    assert "past the renew deadline" in _fenced(a)
+    assert _holder(kube_client, namespace) == "a"
+
+
+def test_a_leader_that_sees_another_holder_gives_up_at_once(kube_client: client.Client, namespace: str) -> None:
+    """Guards: when a step finds the Lease held (and freshly renewed) by another identity, the leader does not wait
+    for its renew deadline: the fence closes, on_stopped is called and run() ends without a release."""
+    clock = FakeClock()  # Never moves: only the other holder can end this leadership.
+    a = leader.Elector(
+        kube_client,
+        leader.Config(namespace=namespace, name="dractl-controller", identity="a", retry_period=0.05),
+        clock=clock,
+    )
+    calls: list[str] = []
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=a.run,
+        args=(stop,),
+        kwargs={"on_started": lambda: calls.append("started"), "on_stopped": lambda: calls.append("stopped")},
+        daemon=True,
+    )
+    runner.start()
+    try:
+        controlplane.wait_until(lambda: calls == ["started"], what="a leads")
+        lease = kube_client.get(client.LEASES, "dractl-controller", namespace=namespace)
+        lease["spec"] = {**lease["spec"], "holderIdentity": "b", "renewTime": "2026-01-01T00:00:01.000000Z"}
+        kube_client.update(client.LEASES, lease)
+        controlplane.wait_until(lambda: not runner.is_alive(), what="a's run() ended on its own", timeout=30)
+    finally:
+        stop.set()
+        runner.join(timeout=30)
+    assert calls == ["started", "stopped"]
+    assert "does not hold the Lease" in _fenced(a) and not a.leading
+    assert _holder(kube_client, namespace) == "b"
+
+
+def test_a_leader_paused_past_its_renew_deadline_gives_up_without_a_write(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: a leader whose clock jumps past the renew deadline between two steps (the process was paused) sends
+    nothing when it goes on: no renewal, no release; it calls on_stopped and run() ends."""
+    clock = FakeClock()
+    a = leader.Elector(
+        proxied_client,
+        leader.Config(namespace=namespace, name="dractl-controller", identity="a", retry_period=0.05),
+        clock=clock,
+    )
+    calls: list[str] = []
+    writes_before: list[int] = []
+
+    def on_step(leading: bool) -> None:
+        if leading and not writes_before:
+            writes_before.append(len(fault_proxy.writes()))
+            clock.advance(10.5)  # The pause, between this step and the next one.
+
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=a.run,
+        args=(stop,),
+        kwargs={
+            "on_started": lambda: calls.append("started"),
+            "on_stopped": lambda: calls.append("stopped"),
+            "on_step": on_step,
+        },
+        daemon=True,
+    )
+    runner.start()
+    try:
+        controlplane.wait_until(lambda: not runner.is_alive(), what="a's run() ended on its own", timeout=30)
+    finally:
+        stop.set()
+        runner.join(timeout=30)
+    assert calls == ["started", "stopped"]
+    assert writes_before == [1]  # The create of the Lease.
+    assert [r.method for r in fault_proxy.writes()] == ["POST"]
+    assert "does not hold the Lease" in _fenced(a) and not a.leading
+
+
+def test_a_renewal_read_before_a_pause_is_not_written_after_it(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards: when the process is paused past the renew deadline between reading the Lease and writing the
+    renewal, the renewal is not sent: the step fails and the fence stays shut."""
+    clock = FakeClock()
+    pause = {"seconds": 0.0}
+
+    class PausingClient(client.Client):
+        def get(self, resource: client.Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
+            answer = super().get(resource, name, namespace=namespace)
+            clock.advance(pause["seconds"])
+            return answer
+
+    api = PausingClient(proxied_client.api_client)
+    a = _elector(api, namespace, "a", clock)
+    assert a.try_acquire_or_renew()
+    clock.advance(5)
+    assert a.try_acquire_or_renew()  # An ordinary renewal: read, then write.
+    assert [r.method for r in fault_proxy.writes()] == ["POST", "PUT"]
+    pause["seconds"] = 10.5
+    assert not a.try_acquire_or_renew()
+    assert [r.method for r in fault_proxy.writes()] == ["POST", "PUT"]
+    assert "past the renew deadline" in _fenced(a)

@@ -168,6 +168,22 @@ def test_a_conflicting_write_is_retried_after_a_fresh_list(
     assert [(t["key"], t["effect"]) for t in devices["gpu-1"]["taints"]] == [(f"{DRIVER}/gpu-lost", "NoSchedule")]
 
 
+def test_a_slice_deleted_between_the_list_and_its_update_is_created_after_a_fresh_list(
+    kube_client: client.Client, proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy
+) -> None:
+    """Guards: a 404 on an update (someone deleted the slice after the publisher listed it) makes the publisher
+    list again and finish, as a 409 does, instead of failing the publish."""
+    node, _ = _node(kube_client)
+    publisher = publish.Publisher(proxied_client, driver=DRIVER, node_name=node)
+    publisher.publish(_desired("t4-x2", node))
+    fault_proxy.add(faultproxy.respond(404, method="PUT", path="/resourceslices/"))
+    taint = model.DeviceTaint(key=f"{DRIVER}/gpu-lost", effect="NoSchedule")
+    publisher.publish(_desired("t4-x2", node, taints={"gpu-0": (taint,)}))
+    assert any(r.fault == "status 404" for r in fault_proxy.requests)
+    devices = {device["name"]: device for raw in _published(kube_client, node) for device in raw["spec"]["devices"]}
+    assert [(t["key"], t["effect"]) for t in devices["gpu-0"]["taints"]] == [(f"{DRIVER}/gpu-lost", "NoSchedule")]
+
+
 def test_a_missing_node_is_one_clear_error(kube_client: client.Client) -> None:
     """Guards: publishing for a node that has no Node object fails with a message naming the node, writing nothing."""
     node = f"node-missing-{uuid.uuid4().hex[:6]}"

@@ -12,7 +12,6 @@ with a direct client. Claims are made from templates by dractl's claim controlle
 from __future__ import annotations
 
 import contextlib
-import pathlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,156 +22,18 @@ import faultproxy
 import prometheus_client
 import pytest
 import yaml
-from support import kube_objects
+from support import kube_objects, node_group
 
-import dractl
 from dractl.controller import claims as claims_ctl
 from dractl.controller import scheduler as sched
-from dractl.kube import client, workqueue
+from dractl.kube import client, finalizers, workqueue
 
 pytestmark = pytest.mark.timeout(240)
 
-EXAMPLES = pathlib.Path(dractl.__file__).parent / "examples"
-GROUP_LABEL = "test.dractl.io/group"
-FINALIZER = "resource.kubernetes.io/delete-protection"
+EXAMPLES = node_group.EXAMPLES
+Group = node_group.Group
+FINALIZER = node_group.FINALIZER
 ONE_GPU = kube_objects.ONE_GPU
-
-
-def _ensure_device_classes(api: client.Client) -> None:
-    for document in yaml.safe_load_all((EXAMPLES / "00-deviceclasses.yaml").read_text()):
-        if document and document["metadata"]["name"] in ("gpu.nvidia.com", "mig.nvidia.com"):
-            try:
-                api.create(client.DEVICE_CLASSES, document)
-            except client.AlreadyExists:
-                pass  # Made by an earlier test of the session; cluster-scoped and identical.
-
-
-class Group:
-    """One test's world: its namespace, its nodes (a unique label and a taint only its pods tolerate, slices copied
-    from an example node under a new name) and the scheduler name its pods ask for."""
-
-    def __init__(self, api: client.Client, *, namespace: str, scheduler_name: str) -> None:
-        self.api = api
-        self.namespace = namespace
-        self.scheduler_name = scheduler_name
-        self.id = uuid.uuid4().hex[:8]
-        self.nodes: list[str] = []
-
-    @property
-    def toleration(self) -> dict[str, str]:
-        return {"key": GROUP_LABEL, "operator": "Equal", "value": self.id, "effect": "NoSchedule"}
-
-    def node(self, example: str, *, slices: bool = True) -> str:
-        """Create a node (Ready, 32 CPUs, 256Gi, 110 pods) named after `example` and, with `slices`, its slices."""
-        name = f"{example}-{self.id}-{len(self.nodes)}"
-        self.nodes.append(name)
-        self.api.create(
-            client.NODES,
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": name, "labels": {GROUP_LABEL: self.id, "kubernetes.io/hostname": name}},
-                "spec": {"taints": [{"key": GROUP_LABEL, "value": self.id, "effect": "NoSchedule"}]},
-            },
-        )
-        kube_objects.make_ready(self.api, name)
-        if slices:
-            self.publish(example, name)
-        return name
-
-    def publish(self, example: str, node: str) -> None:
-        """Create the example node's slices as node `node` would publish them."""
-        [path] = EXAMPLES.glob(f"2*-{example}.yaml")
-        for document in yaml.safe_load_all(path.read_text().replace(example, node)):
-            if document:
-                self.api.create(client.RESOURCE_SLICES, document)
-
-    def pod(self, name: str, *, claims: list[dict[str, str]], scheduler: str = "", cpu: str = "100m") -> dict[str, Any]:
-        """Create a pod for `scheduler` (default: the test's) that only this group's nodes take."""
-        placement = {
-            "schedulerName": scheduler or self.scheduler_name,
-            "nodeSelector": {GROUP_LABEL: self.id},
-            "tolerations": [self.toleration],
-        }
-        body = kube_objects.pod(name, namespace=self.namespace, claims=claims, cpu=cpu, **placement)
-        return self.api.create(client.PODS, body)
-
-    def template(self, name: str, spec: dict[str, Any]) -> None:
-        self.api.create(
-            client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template(name, namespace=self.namespace, spec=spec)
-        )
-
-    def claim(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.api.create(client.RESOURCE_CLAIMS, kube_objects.claim(name, namespace=self.namespace, spec=spec))
-
-    def get_claim(self, name: str) -> dict[str, Any]:
-        return self.api.get(client.RESOURCE_CLAIMS, name, namespace=self.namespace)
-
-    def allocate(self, name: str, *, node: str, devices: list[str], pod: dict[str, Any] | None = None) -> None:
-        """Write claim `name`'s allocation on `node` as a scheduler would (with `pod`: the finalizer, and the pod
-        reserved)."""
-        status: dict[str, Any] = {"allocation": kube_objects.allocation(node, devices, node=node)}
-        if pod is not None:
-            self.api.patch(
-                client.RESOURCE_CLAIMS, name, namespace=self.namespace, patch={"metadata": {"finalizers": [FINALIZER]}}
-            )
-            status["reservedFor"] = kube_objects.reserved_for([pod])
-        self.api.patch(
-            client.RESOURCE_CLAIMS, name, namespace=self.namespace, subresource="status", patch={"status": status}
-        )
-
-    def get_pod(self, name: str) -> dict[str, Any]:
-        return self.api.get(client.PODS, name, namespace=self.namespace)
-
-    def bound(self, pod: str) -> str:
-        """The node pod `pod` is bound to, or ""."""
-        return str(self.get_pod(pod)["spec"].get("nodeName") or "")
-
-    def wait_bound(self, pod: str, *, timeout: float = 60.0) -> str:
-        """The node pod `pod` is bound to, once it is (a bounded wait)."""
-        return controlplane.wait_until(lambda: self.bound(pod), what=f"pod {pod} is bound", timeout=timeout)
-
-    def scheduled_condition(self, pod: str) -> dict[str, Any] | None:
-        for condition in (self.get_pod(pod).get("status") or {}).get("conditions") or ():
-            if condition["type"] == "PodScheduled":
-                return dict(condition)
-        return None
-
-    def wait_condition(self, pod: str) -> dict[str, Any]:
-        """Pod `pod`'s PodScheduled condition, once it has one (a bounded wait)."""
-        return controlplane.wait_until(
-            lambda: self.scheduled_condition(pod), what=f"pod {pod} has a PodScheduled condition"
-        )
-
-    def pod_claim(self, pod: str, pod_claim: str = "gpu") -> dict[str, Any]:
-        """The claim pod `pod` uses for `pod_claim` (direct or recorded)."""
-        raw = self.get_pod(pod)
-        for entry in raw["spec"].get("resourceClaims") or ():
-            if entry["name"] == pod_claim and entry.get("resourceClaimName"):
-                return self.get_claim(entry["resourceClaimName"])
-        for entry in (raw.get("status") or {}).get("resourceClaimStatuses") or ():
-            if entry["name"] == pod_claim:
-                return self.get_claim(entry["resourceClaimName"])
-        raise AssertionError(f"pod {pod} has no claim {pod_claim}")
-
-    def events(self, pod: str, reason: str) -> list[dict[str, Any]]:
-        return [
-            event
-            for event in self.api.list(client.EVENTS, namespace=self.namespace).items
-            if event["involvedObject"].get("name") == pod and event["reason"] == reason
-        ]
-
-    def cleanup(self) -> None:
-        for name in self.nodes:
-            for item in self.api.list(client.RESOURCE_SLICES, field_selector=f"spec.nodeName={name}").items:
-                try:
-                    self.api.delete(client.RESOURCE_SLICES, item["metadata"]["name"])
-                except client.NotFound:
-                    pass
-            try:
-                self.api.delete(client.NODES, name)
-            except client.NotFound:
-                pass
 
 
 def _devices(claim: dict[str, Any]) -> list[tuple[str, str]]:
@@ -187,7 +48,7 @@ def _reserved(claim: dict[str, Any]) -> list[str]:
 @pytest.fixture
 def group(kube_client: client.Client, namespace: str, scheduler_name: str) -> Iterator[Group]:
     """The test's namespace and node group (nodes and slices removed at the end), with the example DeviceClasses."""
-    _ensure_device_classes(kube_client)
+    node_group.ensure_device_classes(kube_client)
     made = Group(kube_client, namespace=namespace, scheduler_name=scheduler_name)
     yield made
     made.cleanup()
@@ -413,6 +274,73 @@ def test_a_failed_bind_leaves_no_claim_allocated_and_is_retried(
     assert len(_devices(claim)) == 1
 
 
+def test_the_pod_says_why_each_attempt_failed_and_a_retry_replaces_it(
+    fault_proxy: faultproxy.FaultProxy,
+    group: Group,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: the PodScheduled condition and the Warning Events follow the attempts: Unschedulable while no node
+    has a GPU; once one has, a refused finalizer write replaces it with SchedulerError naming the step, the claim
+    and the error (and an Event saying the same); once writes pass, the pod is bound (PodScheduled True)."""
+    node = group.node("t4-node-01", slices=False)
+    group.claim("c", ONE_GPU)
+    group.pod("told", claims=[kube_objects.of_claim("c")])
+    make_scheduler()
+    assert group.wait_condition("told")["reason"] == "Unschedulable"
+    fault_proxy.add(faultproxy.respond(500, method="PATCH", path=r"/resourceclaims/c\?", count=None))
+    group.publish("t4-node-01", node)
+    failed = controlplane.wait_until(
+        lambda: (
+            (found := group.scheduled_condition("told")) is not None and found["reason"] == "SchedulerError" and found
+        ),
+        what="the condition says why the write failed",
+    )
+    assert failed["status"] == "False"
+    assert failed["message"].startswith(
+        f"scheduling on node {node} failed while adding the finalizer to ResourceClaim {group.namespace}/c: 500"
+    ), failed["message"]
+    messages = [event["message"] for event in group.events("told", "FailedScheduling")]
+    assert failed["message"] in messages and any("cannot allocate all claims" in message for message in messages)
+    fault_proxy.clear()
+    assert group.wait_bound("told") == node
+    condition = group.scheduled_condition("told")
+    assert condition is not None and condition["status"] == "True"
+
+
+def test_a_pod_that_records_another_claim_before_its_binding_is_bound_with_that_one(
+    kube_client: client.Client,
+    fault_proxy: faultproxy.FaultProxy,
+    group: Group,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: the issue's lost pods: the scheduler allocated claim a, the pod's record, but before the binding the
+    pod records claim b (as when kube-controller-manager records its own claim late): the binding, made at the
+    pod's version the decision saw, is refused, the live read then shows b, a is taken back (allocation,
+    reservation, finalizer), the pod says why, and the retry binds the pod with b allocated and reserved for it."""
+    node = group.node("t4-node-01")
+    pod = group.pod("late", claims=[kube_objects.from_template("one-gpu")])
+    annotations = {"resource.kubernetes.io/pod-claim-name": "gpu"}
+    for name in ("a", "b"):
+        kube_client.create(
+            client.RESOURCE_CLAIMS,
+            kube_objects.claim(name, namespace=group.namespace, annotations=annotations, owner=pod),
+        )
+    record = {"status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "a"}]}}
+    kube_client.patch(client.PODS, "late", namespace=group.namespace, subresource="status", patch=record)
+    # The scheduler's first binding waits 3 s at the proxy; meanwhile the record changes.
+    fault_proxy.add(faultproxy.latency(3.0, method="POST", path=rf"/namespaces/{group.namespace}/pods/late/binding"))
+    make_scheduler()
+    controlplane.wait_until(lambda: _devices(group.get_claim("a")), what="the scheduler allocated claim a")
+    record["status"]["resourceClaimStatuses"][0]["resourceClaimName"] = "b"
+    kube_client.patch(client.PODS, "late", namespace=group.namespace, subresource="status", patch=record)
+    assert group.wait_bound("late") == node
+    a, b = group.get_claim("a"), group.get_claim("b")
+    assert _devices(a) == [] and _reserved(a) == [] and FINALIZER not in (a["metadata"].get("finalizers") or ())
+    assert len(_devices(b)) == 1 and _reserved(b) == [pod["metadata"]["uid"]]
+    [told] = [event["message"] for event in group.events("late", "FailedScheduling") if "records b" in event["message"]]
+    assert f"pod {group.namespace}/late records b for spec.resourceClaims[gpu] now, not a" in told
+
+
 def test_claims_allocated_before_the_start_are_held(
     group: Group,
     make_scheduler: Callable[..., sched.Scheduler],
@@ -465,6 +393,42 @@ def test_beside_kube_scheduler_its_pods_are_untouched_and_its_claims_count_as_us
     assert condition["reason"] == "Unschedulable"
     touched = [r.target for r in fault_proxy.writes() if "upstream" in r.target]
     assert touched == []
+
+
+def test_where_kube_controller_manager_makes_no_claims_dractls_claim_controller_does_it_all(
+    upstream_without_claims: controlplane.Components,
+    kube_client: client.Client,
+    group: Group,
+    claim_controller: claims_ctl.ClaimController,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: the `claims,scheduler` set-up (kube-controller-manager with --controllers=*,-resource-claim-controller):
+    dractl's claim controller makes and records the claims of the pods of both schedulers and never stops writing;
+    kube-scheduler binds its pod and dractl its own, each claim allocated and reserved for its pod; once the pods
+    have finished, their claims are deallocated, unprotected and deleted. (A node per scheduler: two schedulers
+    deciding in the same instant on one node can pick the same device, see README.)"""
+    nodes = {"theirs": group.node("t4-node-01"), "mine": group.node("t4-node-01")}
+    group.template("one-gpu", ONE_GPU)
+    template = [kube_objects.from_template("one-gpu")]
+    pods = {
+        "theirs": group.pod("theirs", scheduler="default-scheduler", claims=template, node=nodes["theirs"]),
+        "mine": group.pod("mine", claims=template, node=nodes["mine"]),
+    }
+    make_scheduler()
+    for name, pod in pods.items():
+        assert group.wait_bound(name, timeout=90) == nodes[name]
+        claim = group.pod_claim(name)
+        assert _reserved(claim) == [pod["metadata"]["uid"]] and len(_devices(claim)) == 1
+        assert {entry["manager"] for entry in claim["metadata"]["managedFields"]} >= {"dractl"}
+    assert claim_controller.deferring_to is None
+    for name in pods:
+        kube_client.patch(
+            client.PODS, name, namespace=group.namespace, subresource="status", patch={"status": {"phase": "Succeeded"}}
+        )
+    controlplane.wait_until(
+        lambda: not kube_client.list(client.RESOURCE_CLAIMS, namespace=group.namespace).items,
+        what="the finished pods' claims are deallocated and deleted",
+    )
 
 
 def test_a_restart_between_the_claim_write_and_the_binding_binds_without_a_second_allocation(
@@ -554,6 +518,239 @@ def test_conflicts_and_broken_watches_lose_no_pod_and_allocate_nothing_twice(
         assert len(_reserved(claim)) == 1
 
 
+# --- Claims of every shape: allocated, bound, their spec left byte for byte as stored ------------------
+
+T4 = 'device.attributes["gpu.nvidia.com"].productName == "Tesla T4"'
+TAINT_KEY = "test.dractl.io/maintenance"
+TIME_SLICING = {
+    "apiVersion": "resource.nvidia.com/v1beta1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+}
+MPS = {
+    "apiVersion": "resource.nvidia.com/v1beta1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+}
+SELECTOR_FORMS = [
+    T4,  # string attribute
+    'device.attributes["gpu.nvidia.com"].productName.startsWith("Tesla")',  # string extension
+    'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("8Gi")) >= 0',  # quantity
+    'device.attributes["gpu.nvidia.com"].cudaComputeCapability.isGreaterThan(semver("7.0.0"))',  # version
+    'device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:00"',  # another domain
+    '"uuid" in device.attributes["gpu.nvidia.com"]',  # presence
+    'device.attributes["gpu.nvidia.com"].?numaNode.orValue(0) == 0',  # optional
+    'cel.bind(mem, device.capacity["gpu.nvidia.com"].memory, mem.isGreaterThan(quantity("1Gi")))',  # cel.bind
+    'device.driver == "gpu.nvidia.com"',  # the driver
+]
+
+
+def _selectors(*expressions: str) -> list[dict[str, Any]]:
+    return [{"cel": {"expression": expression}} for expression in expressions]
+
+
+def _gpu(name: str, *, product: str, memory: str, numa: int = 0, **extra: Any) -> dict[str, Any]:
+    """One device of the features slice: a GPU of `product` with `memory`; `extra` adds device fields."""
+    return {
+        "name": name,
+        "attributes": {
+            "type": {"string": "gpu"},
+            "productName": {"string": product},
+            "uuid": {"string": f"GPU-{name}"},
+            "cudaComputeCapability": {"version": "7.5.0"},
+            "numaNode": {"int": numa},
+            "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
+        },
+        "capacity": {"memory": {"value": memory}},
+        **extra,
+    }
+
+
+def _features_slice(node: str) -> dict[str, Any]:
+    """A slice with two T4s, a tainted A10 and an L4 several claims may share (consumable memory)."""
+    shared = _gpu("shared-0", product="NVIDIA L4", memory="24Gi", allowMultipleAllocations=True)
+    shared["capacity"]["memory"]["requestPolicy"] = {"default": "4Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}
+    devices = [
+        _gpu("gpu-0", product="Tesla T4", memory="16Gi"),
+        _gpu("gpu-1", product="Tesla T4", memory="16Gi"),
+        _gpu("gpu-2", product="NVIDIA A10", memory="24Gi", taints=[{"key": TAINT_KEY, "effect": "NoSchedule"}]),
+        shared,
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-features"},
+        "spec": {
+            "driver": kube_objects.DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def _request(name: str = "gpu", *, device_class: str = "gpu.nvidia.com", **exactly: Any) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": device_class, **exactly}}
+
+
+def _config(parameters: dict[str, Any], requests: list[str] | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"opaque": {"driver": kube_objects.DRIVER, "parameters": parameters}}
+    if requests is not None:
+        entry["requests"] = requests
+    return entry
+
+
+def _feature_cases(mps_class: str) -> dict[str, dict[str, Any]]:
+    """Claim specs by case name: one shape of the API each."""
+    return {
+        "opaque-config-time-slicing": {
+            "devices": {"requests": [_request(selectors=_selectors(T4))], "config": [_config(TIME_SLICING, ["gpu"])]}
+        },
+        "opaque-config-mps": {"devices": {"requests": [_request(selectors=_selectors(T4))], "config": [_config(MPS)]}},
+        "opaque-config-of-the-class": {"devices": {"requests": [_request(device_class=mps_class)]}},
+        "every-selector-form": {"devices": {"requests": [_request(selectors=_selectors(*SELECTOR_FORMS))]}},
+        "first-available": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "firstAvailable": [
+                            {"name": "eight", "deviceClassName": "gpu.nvidia.com", "count": 8},
+                            {"name": "one", "deviceClassName": "gpu.nvidia.com", "selectors": _selectors(T4)},
+                        ],
+                    }
+                ]
+            }
+        },
+        "allocation-mode-all": {"devices": {"requests": [_request(allocationMode="All", selectors=_selectors(T4))]}},
+        "admin-access": {"devices": {"requests": [_request(adminAccess=True, selectors=_selectors(T4))]}},
+        "tolerations": {
+            "devices": {
+                "requests": [
+                    _request(
+                        selectors=_selectors('device.attributes["gpu.nvidia.com"].productName == "NVIDIA A10"'),
+                        tolerations=[{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                    )
+                ]
+            }
+        },
+        "capacity-request": {
+            "devices": {
+                "requests": [
+                    _request(
+                        selectors=_selectors('device.attributes["gpu.nvidia.com"].productName == "NVIDIA L4"'),
+                        capacity={"requests": {"memory": "8Gi"}},
+                    )
+                ]
+            }
+        },
+        "constraints": {
+            "devices": {
+                "requests": [_request("a", selectors=_selectors(T4)), _request("b", selectors=_selectors(T4))],
+                "constraints": [
+                    {"requests": ["a", "b"], "matchAttribute": "resource.kubernetes.io/pcieRoot"},
+                    {"requests": ["a", "b"], "distinctAttribute": "gpu.nvidia.com/uuid"},
+                ],
+            }
+        },
+    }
+
+
+def _spec_bytes(api: client.Client, namespace: str, name: str) -> bytes:
+    """The claim's spec exactly as the API server stores it."""
+    return finalizers.read(api.get_protobuf(client.RESOURCE_CLAIMS, name, namespace=namespace)).sections[2]
+
+
+def _config_sources(claim: dict[str, Any]) -> list[tuple[str, str]]:
+    entries = claim["status"]["allocation"]["devices"].get("config") or ()
+    return [(entry["source"], entry["opaque"]["parameters"]["sharing"]["strategy"]) for entry in entries]
+
+
+def test_claims_of_every_shape_are_allocated_and_bound_with_their_spec_unchanged_byte_for_byte(
+    kube_client: client.Client,
+    group: Group,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: claims with opaque config (TimeSlicing and MPS in the claim, MPS in the class), every CEL selector
+    form, firstAvailable, allocationMode All, adminAccess, tolerations of a device taint, a capacity request and
+    constraints are each allocated as asked, reserved for their pod (with the finalizer), the pod is bound, and the
+    claim's spec is the same bytes as stored before (opaque parameters the Python client sent with spaces, which a
+    JSON write re-encodes: the API server then refuses it as a change of the immutable spec)."""
+    admin = {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
+    kube_client.patch(client.NAMESPACES, group.namespace, patch=admin)
+    mps_class = f"gpu-mps-{group.id}"
+    kube_client.create(
+        client.DEVICE_CLASSES,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": mps_class},
+            "spec": {
+                "selectors": _selectors('device.attributes["gpu.nvidia.com"].type == "gpu"', T4),
+                "config": [_config(MPS)],
+            },
+        },
+    )
+    try:
+        cases = _feature_cases(mps_class)
+        stored: dict[str, bytes] = {}
+        created: dict[str, dict[str, Any]] = {}
+        pods: dict[str, dict[str, Any]] = {}
+        nodes: dict[str, str] = {}
+        for case, spec in cases.items():
+            nodes[case] = group.node("t4-node-01", slices=False)
+            kube_client.create(client.RESOURCE_SLICES, _features_slice(nodes[case]))
+            created[case] = group.claim(case, spec)["spec"]
+            stored[case] = _spec_bytes(kube_client, group.namespace, case)
+            pods[case] = group.pod(case, claims=[kube_objects.of_claim(case)], node=nodes[case])
+        make_scheduler()
+        for case in cases:
+            try:
+                assert group.wait_bound(case) == nodes[case], case
+            except AssertionError as error:
+                raise AssertionError(f"{error}; PodScheduled: {group.scheduled_condition(case)}") from error
+            claim = group.get_claim(case)
+            assert _spec_bytes(kube_client, group.namespace, case) == stored[case], case
+            assert claim["spec"] == created[case], case
+            assert _reserved(claim) == [pods[case]["metadata"]["uid"]], case
+            assert FINALIZER in claim["metadata"]["finalizers"], case
+        results = {case: group.get_claim(case)["status"]["allocation"]["devices"]["results"] for case in cases}
+        assert _config_sources(group.get_claim("opaque-config-time-slicing")) == [("FromClaim", "TimeSlicing")]
+        assert _config_sources(group.get_claim("opaque-config-mps")) == [("FromClaim", "MPS")]
+        assert _config_sources(group.get_claim("opaque-config-of-the-class")) == [("FromClass", "MPS")]
+        assert [r["device"] for r in results["every-selector-form"]] in (["gpu-0"], ["gpu-1"])
+        assert [r["request"] for r in results["first-available"]] == ["gpu/one"]
+        assert sorted(r["device"] for r in results["allocation-mode-all"]) == ["gpu-0", "gpu-1"]
+        assert [r.get("adminAccess") for r in results["admin-access"]] == [True]
+        [tolerated] = results["tolerations"]
+        assert tolerated["device"] == "gpu-2" and tolerated["tolerations"][0]["key"] == TAINT_KEY
+        [share] = results["capacity-request"]
+        assert share["device"] == "shared-0" and share["consumedCapacity"] == {"memory": "8Gi"} and share["shareID"]
+        assert sorted(r["device"] for r in results["constraints"]) == ["gpu-0", "gpu-1"]
+    finally:
+        kube_client.delete(client.DEVICE_CLASSES, mps_class)
+
+
+def test_a_template_claim_with_opaque_config_made_by_dractl_is_allocated_and_bound(
+    group: Group,
+    claim_controller: claims_ctl.ClaimController,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: the issue's case: the claim dractl's claim controller makes from a template with a GpuConfig
+    (the seed's time-slicing pattern) is allocated with the claim's config and the pod bound; the claim's spec is
+    the template's."""
+    node = group.node("t4-node-01")
+    spec = {"devices": {"requests": [_request()], "config": [_config(TIME_SLICING, ["gpu"])]}}
+    group.template("time-sliced", spec)
+    group.pod("sliced", claims=[kube_objects.from_template("time-sliced")])
+    make_scheduler()
+    assert group.wait_bound("sliced") == node
+    claim = group.pod_claim("sliced")
+    template = group.api.get(client.RESOURCE_CLAIM_TEMPLATES, "time-sliced", namespace=group.namespace)
+    assert claim["spec"] == template["spec"]["spec"]
+    assert _config_sources(claim) == [("FromClaim", "TimeSlicing")]
+
+
 @pytest.mark.timeout(600)
 def test_a_burst_of_a_thousand_pods_binds_or_explains_every_one_and_a_resync_writes_nothing(
     control_plane: controlplane.ControlPlane,
@@ -579,7 +776,7 @@ def _burst(api: client.Client, proxied: client.Client, proxy: faultproxy.FaultPr
 
     namespace, scheduler_name = "burst", "dractl-burst"
     kube_objects.make_namespace(api, namespace)
-    _ensure_device_classes(api)
+    node_group.ensure_device_classes(api)
     group = Group(api, namespace=namespace, scheduler_name=scheduler_name)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda _: group.node("dgx-h100-01"), range(nodes)))
@@ -654,3 +851,81 @@ def _burst(api: client.Client, proxied: client.Client, proxy: faultproxy.FaultPr
             timeout=120,
         )
     assert [(r.method, r.target) for r in proxy.writes()] == []
+
+
+@pytest.mark.timeout(600)
+def test_a_mixed_burst_beside_kube_controller_manager_binds_every_pod_to_the_claims_it_records() -> None:
+    """Guards: the default install (dractl's scheduler only) beside kube-controller-manager (which makes the claims)
+    and kube-scheduler: 300 pods from one template, every other one for dractl, created at once: every pod is bound,
+    the claim each records is the one allocated and reserved for it, one claim per pod, no device twice; once the
+    pods are gone, no claim is left. Each scheduler has its own nodes (two schedulers deciding in the same instant
+    on one node can pick the same device). On a control plane of its own, with kube's clients at raised limits."""
+    pods, nodes = 300, 20
+    with controlplane.running() as plane, contextlib.ExitStack() as stack:
+        components = plane.start_components(api_qps=500)
+        stack.callback(components.stop)
+        api = client.connect(plane.kubeconfig)
+        stack.callback(api.close)
+        _mixed_burst(api, pods=pods, nodes=nodes)
+
+
+def _mixed_burst(api: client.Client, *, pods: int, nodes: int) -> None:
+    import concurrent.futures
+
+    namespace = "mixed"
+    kube_objects.make_namespace(api, namespace)
+    node_group.ensure_device_classes(api)
+    groups = {
+        name: Group(api, namespace=namespace, scheduler_name=name) for name in ("default-scheduler", "dractl-mixed")
+    }
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: groups[list(groups)[i % 2]].node("dgx-h100-01"), range(2 * nodes)))
+    groups["dractl-mixed"].template("one-gpu", ONE_GPU)
+    template = [kube_objects.from_template("one-gpu")]
+    scheduler = sched.Scheduler(
+        api, scheduler_name="dractl-mixed", workers=4, registry=prometheus_client.CollectorRegistry()
+    )
+    scheduler.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            created = list(
+                pool.map(lambda i: groups[list(groups)[i % 2]].pod(f"p{i:04d}", claims=template), range(pods))
+            )
+
+        def unbound() -> list[str]:
+            items = api.list(client.PODS, namespace=namespace).items
+            return [p["metadata"]["name"] for p in items if not p["spec"].get("nodeName")]
+
+        deadline = time.monotonic() + 300
+        while left := unbound():  # A list of 300 pods per second, not per 50 ms.
+            assert time.monotonic() < deadline, f"timed out waiting for every pod to be bound: {len(left)} unbound"
+            time.sleep(1.0)
+    finally:
+        scheduler.stop()
+
+    claims = {c["metadata"]["name"]: c for c in api.list(client.RESOURCE_CLAIMS, namespace=namespace).items}
+    assert len(claims) == pods, f"{len(claims)} claims for {pods} pods"
+    taken: list[tuple[str, str]] = []
+    for pod in api.list(client.PODS, namespace=namespace).items:
+        [record] = pod["status"]["resourceClaimStatuses"]
+        claim = claims[record["resourceClaimName"]]
+        assert _reserved(claim) == [pod["metadata"]["uid"]], (pod["metadata"]["name"], claim["metadata"]["name"])
+        assert len(_devices(claim)) == 1, claim["metadata"]["name"]
+        assert claim["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+        taken += _devices(claim)
+    assert len(set(taken)) == pods, "no device twice"
+
+    def finish_and_delete(pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        api.patch(
+            client.PODS, name, namespace=namespace, subresource="status", patch={"status": {"phase": "Succeeded"}}
+        )
+        api.delete(client.PODS, name, namespace=namespace)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(finish_and_delete, created))
+    controlplane.wait_until(
+        lambda: not api.list(client.RESOURCE_CLAIMS, namespace=namespace).items,
+        what="no claim is left once the pods are gone",
+        timeout=180,
+    )

@@ -15,6 +15,19 @@ ALLOCATION = model.AllocationResult(
 )
 
 
+KCM_APPLY = {
+    "manager": "ResourceClaimController",
+    "operation": "Apply",
+    "apiVersion": "v1",
+    "time": "2026-11-27T04:26:50Z",
+    "fieldsType": "FieldsV1",
+    "fieldsV1": {"f:status": {"f:resourceClaimStatuses": {'k:{"name":"gpu"}': {".": {}, "f:name": {}}}}},
+    "subresource": "status",
+}
+"""The managedFields entry kube-controller-manager 1.36.2's resourceclaim controller leaves on a pod whose claim it
+recorded (read from a real one)."""
+
+
 def pod(
     name: str = "trainer",
     *,

@@ -14,7 +14,7 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dractl.kube import client
+from dractl.kube import client, finalizers
 
 GPU_CLASS = "gpu.nvidia.com"
 DRIVER = "gpu.nvidia.com"
@@ -144,6 +144,27 @@ def create_allocated_claim(
     created = api.create(client.RESOURCE_CLAIMS, claim(name, namespace=namespace, spec=spec))
     api.update_status(client.RESOURCE_CLAIMS, {**created, "status": {"allocation": dict(allocated)}})
     return created
+
+
+def _protobuf_field(number: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field (field numbers under 16: a one-byte key)."""
+    length, size = bytearray(), len(payload)
+    while size >= 0x80:
+        length.append(size & 0x7F | 0x80)
+        size >>= 7
+    length.append(size)
+    return bytes([number << 3 | 2]) + bytes(length) + payload
+
+
+def protobuf_object(
+    *, uid: str, resource_version: str, finalizers_: Sequence[str], spec: bytes = b"spec", other_meta: bytes = b""
+) -> bytes:
+    """An object as `Client.get_protobuf` returns it, with only what `dractl.kube.finalizers` reads (uid,
+    resourceVersion, finalizers), then `other_meta` (encoded metadata fields), and `spec` as the bytes of its spec:
+    for stub clients and unit tests."""
+    meta = _protobuf_field(5, uid.encode()) + _protobuf_field(6, resource_version.encode())
+    meta += b"".join(_protobuf_field(14, item.encode()) for item in finalizers_) + other_meta
+    return finalizers.MAGIC + _protobuf_field(2, _protobuf_field(1, meta) + _protobuf_field(2, spec))
 
 
 def make_ready(api: client.Client, name: str, *, allocatable: Mapping[str, str] = NODE_ALLOCATABLE) -> None:

@@ -98,8 +98,10 @@ def claim(
     finalizer: bool = False,
     owner: str = "",
     version: str = "3",
+    opaque: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A claim for `count` GPUs; `allocated_on` a node gives it `devices` there; `reserved` lists pod names."""
+    """A claim for `count` GPUs; `allocated_on` a node gives it `devices` there; `reserved` lists pod names; `opaque`
+    gives its request these opaque parameters (`spec.devices.config`)."""
     metadata: dict[str, Any] = {"name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": version}
     if finalizer:
         metadata["finalizers"] = [FINALIZER]
@@ -126,10 +128,13 @@ def claim(
         status["reservedFor"] = [
             {"resource": "pods", "name": pod_name, "uid": f"uid-{pod_name}"} for pod_name in reserved
         ]
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS, "count": count}}]}
+    if opaque is not None:
+        devices["config"] = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": opaque}}]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": metadata,
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS, "count": count}}]}},
+        "spec": {"devices": devices},
         "status": status,
     }

@@ -16,7 +16,9 @@ API = "resource.nvidia.com/v1beta1"
 
 
 class Claims:
-    """An in-memory ClaimSource: `put` a claim, `delete` it; counts reads."""
+    """An in-memory ClaimSource: `put` a claim, `delete` it; counts reads. Its claims on a node are those with a
+    result in the node's pool and a consumer in `reservedFor` (a pod there: no pods are modelled). `error`, when
+    set, is what every read raises (an API outage)."""
 
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], model.ResourceClaim] = {}
@@ -35,6 +37,17 @@ class Claims:
         if self.error is not None:
             raise self.error
         return self.claims.get((namespace, name))
+
+    def claims_on_node(self, *, driver: str, node: str) -> list[model.ResourceClaim]:
+        if self.error is not None:
+            raise self.error
+        return [
+            c
+            for c in self.claims.values()
+            if c.reserved_for
+            and c.allocation is not None
+            and any(r.driver == driver and r.pool == node for r in c.allocation.results)
+        ]
 
 
 def result(
@@ -83,11 +96,18 @@ def claim(
     *,
     namespace: str = "default",
     allocated: bool = True,
+    reserved: bool = False,
 ) -> model.ResourceClaim:
+    """A claim; `reserved` adds a pod to its reservedFor (for `Claims`, a pod on this node)."""
     return model.ResourceClaim(
         meta=model.ObjectMeta(name=name, namespace=namespace, uid=uid),
         spec=model.ResourceClaimSpec(),
         allocation=model.AllocationResult(results=tuple(results), config=tuple(configs)) if allocated else None,
+        reserved_for=(
+            (model.ResourceClaimConsumerReference(resource="pods", name=f"pod-{name}", uid=f"pod-{uid}"),)
+            if reserved
+            else ()
+        ),
     )
 
 
@@ -103,7 +123,7 @@ class Node:
     boot_id: pathlib.Path
     proc: pathlib.Path
     dynamic_mig: bool
-    warnings: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[state.Notice] = dataclasses.field(default_factory=list)
     common: cdi.CommonEdits = dataclasses.field(default_factory=cdi.NoCommonEdits)
 
     def state(self) -> state.State:

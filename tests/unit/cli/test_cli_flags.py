@@ -3,8 +3,12 @@ stating its default."""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 import click
 import pytest
+from click.testing import CliRunner
 
 from dractl import cli
 
@@ -36,3 +40,31 @@ def test_every_flag_is_mirrored_by_its_env_var_and_states_its_default(path: str)
         envvars = [option.envvar] if isinstance(option.envvar, str) else list(option.envvar or ())
         assert envvars[:1] == [expected] and option.show_envvar, (path, flag)
         assert "(default: " in (option.help or "") and (option.help or "").endswith(").")
+
+
+CLIENT_MODES = {
+    "node-agent": (["node-agent", "--node-name", "n1"], "dractl.node.agent"),
+    "explain-claim": (["explain", "claim", "ns/c"], "dractl.explain"),
+    "explain-pod": (["explain", "pod", "ns/p"], "dractl.explain"),
+}
+
+
+@pytest.mark.parametrize(("args", "module"), list(CLIENT_MODES.values()), ids=list(CLIENT_MODES))
+def test_the_client_rate_limit_flags_reach_every_mode_that_talks_to_the_api(
+    args: list[str], module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards: --kube-api-qps and --kube-api-burst (and their DRACTL_ variables) land in the settings of the node
+    agent and of explain (the controller's are tested with its other flags); unset, they are kube-scheduler's
+    50 and 100."""
+    seen: list[Any] = []
+    monkeypatch.setattr(importlib.import_module(module), "run", lambda settings, **_: seen.append(settings) or 0)
+    runner = CliRunner()
+    empty = {"DRACTL_KUBE_API_QPS": "", "DRACTL_KUBE_API_BURST": ""}
+    for extra, env in (
+        ([], empty),
+        (["--kube-api-qps", "7.5", "--kube-api-burst", "9"], empty),
+        ([], {"DRACTL_KUBE_API_QPS": "300", "DRACTL_KUBE_API_BURST": "600"}),
+    ):
+        result = runner.invoke(cli.main, [*args, *extra], env=env, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    assert [(s.kube_api_qps, s.kube_api_burst) for s in seen] == [(50.0, 100), (7.5, 9), (300.0, 600)]

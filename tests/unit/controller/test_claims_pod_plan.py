@@ -119,3 +119,51 @@ def test_unbound_finished_or_deleted_pods_are_not_reserved() -> None:
 def test_the_reservation_limit_is_the_apis() -> None:
     """Guards: the controller refuses to grow reservedFor past the API's limit of 256 entries."""
     assert limits.MAX_RESERVED_FOR == 256
+
+
+# --- Another claim controller ------------------------------------------------------------------
+
+USER_CREATE = {
+    "manager": "kubectl",
+    "operation": "Update",
+    "time": "2026-11-27T04:26:46Z",
+    "fieldsV1": {"f:spec": {"f:resourceClaims": {}}},
+}
+
+
+def _raw_pod(*managed: dict[str, object]) -> dict[str, object]:
+    """A pod as kube-controller-manager 1.36.2 leaves it (its managedFields as read from a real one)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p", "managedFields": list(managed)},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}],
+        },
+        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-ppvd7"}]},
+    }
+
+
+def test_who_recorded_the_claims_is_read_from_the_managed_fields() -> None:
+    """Guards: only entries owning status.resourceClaimStatuses count, with their manager and time; odd entries are
+    ignored, not a crash."""
+    pod = controller.decode_pod(_raw_pod(build.KCM_APPLY, USER_CREATE, {"manager": 3}, "junk"))  # type: ignore[arg-type]
+    assert pod is not None
+    assert pod.claim_status_writers == {("ResourceClaimController", "2026-11-27T04:26:50Z")}
+
+
+def test_another_managers_new_or_newer_write_of_the_claim_statuses_is_another_controller() -> None:
+    """Guards: kube-controller-manager's apply on a pod seen without it (or with an older one) is reported; dractl's
+    own write, an unchanged entry and an entry that went away are not."""
+    before = controller.decode_pod(_raw_pod(USER_CREATE))
+    after = controller.decode_pod(_raw_pod(USER_CREATE, build.KCM_APPLY))
+    later = controller.decode_pod(_raw_pod(USER_CREATE, {**build.KCM_APPLY, "time": "2026-11-27T05:00:00Z"}))
+    ours = controller.decode_pod(_raw_pod(USER_CREATE, {**build.KCM_APPLY, "manager": "dractl", "operation": "Update"}))
+    assert before is not None and after is not None and later is not None and ours is not None
+    assert controller.other_claim_writer(before, after, ours="dractl") == "ResourceClaimController"
+    assert controller.other_claim_writer(None, after, ours="dractl") == "ResourceClaimController"
+    assert controller.other_claim_writer(after, later, ours="dractl") == "ResourceClaimController"
+    assert controller.other_claim_writer(after, after, ours="dractl") is None
+    assert controller.other_claim_writer(after, before, ours="dractl") is None
+    assert controller.other_claim_writer(before, ours, ours="dractl") is None

@@ -9,13 +9,16 @@ from typing import Any
 import prometheus_client
 import pytest
 from support import controller_inputs as build
+from support import kube_objects
 
 from dractl.controller import claims as controller
-from dractl.kube import client
+from dractl.kube import client, finalizers
 
 
 class StubClient:
-    """Answers reads from fixed objects and records every write as (method, plural, name or body)."""
+    """Answers reads from fixed objects and records every write as (method, plural, name or body). A claim's
+    protobuf form (for the finalizer write) has its UID, the version its last write gave and the delete-protection
+    finalizer."""
 
     def __init__(
         self, *, templates: dict[str, dict[str, Any]] | None = None, pods: dict[str, dict[str, Any]] | None = None
@@ -23,6 +26,23 @@ class StubClient:
         self.templates = templates or {}
         self.pods = pods or {}
         self.writes: list[tuple[str, str, Any]] = []
+        self.versions: dict[str, str] = {}
+
+    def get_protobuf(self, resource: client.Resource, name: str, *, namespace: str = "") -> bytes:
+        return kube_objects.protobuf_object(
+            uid=f"uid-{name}",
+            resource_version=self.versions.get(name, "3"),
+            finalizers_=[controller.DELETE_PROTECTION_FINALIZER],
+        )
+
+    def update_protobuf(self, resource: client.Resource, name: str, body: bytes, *, namespace: str = "") -> Any:
+        stored = finalizers.read(body)
+        self.writes.append(("PUT", resource.plural, {"resourceVersion": stored.resource_version, "finalizers": []}))
+        assert stored.sections[2] == b"spec", "the spec's bytes travel unchanged"
+        self.versions[name] = str(len(self.writes) + 10)
+        return {
+            "metadata": {"name": name, "resourceVersion": self.versions[name], "finalizers": list(stored.finalizers)}
+        }
 
     def get(self, resource: client.Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
         if resource is client.RESOURCE_CLAIM_TEMPLATES and name in self.templates:
@@ -31,8 +51,11 @@ class StubClient:
             return copy.deepcopy(self.pods[name])
         raise client.NotFound(404, "NotFound", f"{resource.plural} {name!r} not found")
 
+    field_manager = client.FIELD_MANAGER
+
     def list(self, resource: client.Resource, *, namespace: str = "", **_: Any) -> client.ListResult:
-        return client.ListResult((), "1")
+        items = tuple(copy.deepcopy(body) for body in self.pods.values()) if resource is client.PODS else ()
+        return client.ListResult(items, "1")
 
     def create(self, resource: client.Resource, body: dict[str, Any], *, namespace: str = "") -> dict[str, Any]:
         self.writes.append(("POST", resource.plural, body))
@@ -42,7 +65,8 @@ class StubClient:
         self, resource: client.Resource, name: str, patch: dict[str, Any], *, namespace: str = "", subresource: str = ""
     ) -> dict[str, Any]:
         self.writes.append(("PATCH", f"{resource.plural}/{subresource}".rstrip("/"), patch))
-        return {"metadata": {"name": name, "resourceVersion": str(len(self.writes) + 10)}}
+        self.versions[name] = str(len(self.writes) + 10)
+        return {"metadata": {"name": name, "resourceVersion": self.versions[name]}}
 
     def delete(
         self, resource: client.Resource, name: str, *, namespace: str = "", resource_version: str = "", uid: str = ""
@@ -140,8 +164,8 @@ def test_a_full_claim_gets_a_warning_instead_of_a_257th_reservation() -> None:
 
 def test_a_finished_pods_claim_is_unreserved_deallocated_unprotected_and_deleted_in_order() -> None:
     """Guards: the writes of the cleanup are exactly: status (reservedFor and allocation cleared) at the read
-    resourceVersion, finalizer removal at the new one, delete with the UID and the newest resourceVersion; the
-    deallocation is counted."""
+    resourceVersion, finalizer removal at the new one (a protobuf PUT of the claim as stored, without the
+    finalizer), delete with the UID and the newest resourceVersion; the deallocation is counted."""
     job = build.pod("job", phase="Succeeded")
     claim = build.claim("job-gpu-abcde", owner=job, reserved=(build.ref(job),), allocated=True, finalizer=True)
     stub = StubClient()
@@ -157,7 +181,7 @@ def test_a_finished_pods_claim_is_unreserved_deallocated_unprotected_and_deleted
                 "status": {"reservedFor": None, "allocation": None, "devices": None},
             },
         ),
-        ("PATCH", "resourceclaims", {"metadata": {"resourceVersion": "11", "finalizers": None}}),
+        ("PUT", "resourceclaims", {"resourceVersion": "11", "finalizers": []}),
         ("DELETE", "resourceclaims", {"name": "job-gpu-abcde", "resourceVersion": "12", "uid": "uid-job-gpu-abcde"}),
     ]
 
@@ -215,3 +239,34 @@ def test_a_duplicate_seen_before_the_recorded_claim_is_deleted_once_that_claim_a
     assert stub.writes == [
         ("DELETE", "resourceclaims", {"name": "theirs", "resourceVersion": "3", "uid": "uid-theirs"})
     ]
+
+
+def test_another_claim_controller_seen_at_work_stops_every_write_with_one_log_line_and_the_metric(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Guards: a pod kube-controller-manager recorded before the start (the first list) is history and changes
+    nothing; its record of a pod while the controller runs makes the controller stop writing for good (a pod that
+    still needs a claim gets none), with one warning naming the manager and the pod, and the metric at 1."""
+    before = _raw_pod("early", recorded="early-gpu-x")
+    before["metadata"]["managedFields"] = [build.KCM_APPLY]
+    stub = StubClient(pods={"early": before}, templates={"one-gpu": {"metadata": {"name": "one-gpu"}, "spec": {}}})
+    ctl = _controller(stub)
+    ctl.pods._list()
+    assert ctl.deferring_to is None
+    assert ctl.registry.get_sample_value("dractl_claim_controller_deferring") == 0
+
+    late = _raw_pod("late", recorded="late-gpu-y")
+    late["metadata"]["managedFields"] = [{**build.KCM_APPLY, "time": "2026-11-27T05:00:00Z"}]
+    ctl.pods._apply("ns/late", late)
+    later = _raw_pod("later", recorded="later-gpu-z")
+    later["metadata"]["managedFields"] = [{**build.KCM_APPLY, "time": "2026-11-27T05:00:01Z"}]
+    ctl.pods._apply("ns/later", later)
+    assert ctl.deferring_to == "ResourceClaimController"
+    assert ctl.registry.get_sample_value("dractl_claim_controller_deferring") == 1
+    [warning] = [r.getMessage() for r in caplog.records if "stops writing" in r.getMessage()]
+    assert "'ResourceClaimController' recorded claims in pod ns/late" in warning
+
+    needy = build.pod("needy", templates={"gpu": "one-gpu"})
+    ctl.pods.store._put(needy.key, "7", needy)
+    ctl.sync("pod:ns/needy")
+    assert stub.writes == []

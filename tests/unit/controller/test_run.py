@@ -16,15 +16,13 @@ import queue
 import re
 import socket
 import threading
-import urllib.error
-import urllib.request
 from typing import Any
 
 import controlplane
 import prometheus_client
 import pytest
-import structlog
 from click.testing import CliRunner
+from support import observe
 
 from dractl import cli, config, daemon
 from dractl.controller import run
@@ -33,6 +31,8 @@ from dractl.kube import leader
 
 FLAGS = {
     "--kubeconfig": "DRACTL_KUBECONFIG",
+    "--kube-api-qps": "DRACTL_KUBE_API_QPS",
+    "--kube-api-burst": "DRACTL_KUBE_API_BURST",
     "--controllers": "DRACTL_CONTROLLERS",
     "--scheduler-name": "DRACTL_SCHEDULER_NAME",
     "--policy": "DRACTL_POLICY",
@@ -48,12 +48,6 @@ FLAGS = {
     "--health-port": "DRACTL_HEALTH_PORT",
     "--log-format": "DRACTL_LOG_FORMAT",
 }
-
-
-@pytest.fixture(autouse=True)
-def _reset_structlog() -> collections.abc.Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture
@@ -94,7 +88,7 @@ def test_defaults_reach_the_settings(captured: list[config.ControllerConfig]) ->
     result = _invoke(env={name: "" for name in FLAGS.values()} | {"DRACTL_LEADER_ELECT": ""})
     assert result.exit_code == 0, result.stderr
     assert captured == [config.ControllerConfig()]
-    assert captured[0].controllers == ("claims", "scheduler") and captured[0].leader_elect
+    assert captured[0].controllers == ("scheduler",) and captured[0].leader_elect
 
 
 def test_flags_reach_the_settings(captured: list[config.ControllerConfig], tmp_path: pathlib.Path) -> None:
@@ -103,6 +97,10 @@ def test_flags_reach_the_settings(captured: list[config.ControllerConfig], tmp_p
     result = _invoke(
         "--kubeconfig",
         str(kubeconfig),
+        "--kube-api-qps",
+        "12.5",
+        "--kube-api-burst",
+        "30",
         "--controllers",
         " claims, ,claims",
         "--scheduler-name",
@@ -135,6 +133,8 @@ def test_flags_reach_the_settings(captured: list[config.ControllerConfig], tmp_p
     assert captured == [
         config.ControllerConfig(
             kubeconfig=kubeconfig,
+            kube_api_qps=12.5,
+            kube_api_burst=30,
             controllers=("claims",),
             scheduler_name="gpu-sched",
             policy=config.Policy.FIRST_FIT,
@@ -156,6 +156,8 @@ def test_flags_reach_the_settings(captured: list[config.ControllerConfig], tmp_p
 def test_env_vars_set_the_flags(captured: list[config.ControllerConfig]) -> None:
     """Guards: each DRACTL_ variable acts like its flag (booleans included)."""
     env = {
+        "DRACTL_KUBE_API_QPS": "200",
+        "DRACTL_KUBE_API_BURST": "400",
         "DRACTL_CONTROLLERS": "claims",
         "DRACTL_SCHEDULER_NAME": "other",
         "DRACTL_POLICY": "first-fit",
@@ -183,11 +185,15 @@ def test_env_vars_set_the_flags(captured: list[config.ControllerConfig]) -> None
     assert (settings.leader_elect, settings.lease_name, settings.lease_namespace) == (False, "l1", "ns2")
     assert (settings.lease_duration, settings.renew_deadline, settings.retry_period) == (30.0, 20.0, 5.0)
     assert (settings.metrics_port, settings.health_port, settings.log_format) == (0, 0, config.LogFormat.JSON)
+    assert (settings.kube_api_qps, settings.kube_api_burst) == (200.0, 400)
 
 
 BAD = {
     "workers-zero": (["--workers", "0"], "--workers"),
     "workers-text": (["--workers", "many"], "--workers"),
+    "kube-api-qps-zero": (["--kube-api-qps", "0"], "--kube-api-qps"),
+    "kube-api-qps-text": (["--kube-api-qps", "fast"], "--kube-api-qps"),
+    "kube-api-burst-zero": (["--kube-api-burst", "0"], "--kube-api-burst"),
     "policy": (["--policy", "best"], "--policy"),
     "unknown-option": (["--frobnicate"], "--frobnicate"),
     "lease-duration-negative": (["--lease-duration", "-1"], "--lease-duration"),
@@ -247,6 +253,14 @@ def test_check_accepts_the_defaults_and_names_registered_by_others() -> None:
     assert run.check(both, {}) == "--controllers: unknown controller 'claims' (known: none)"
 
 
+def test_check_refuses_a_rate_limit_that_would_never_send() -> None:
+    """Guards: settings built without the CLI get the same one-line answer for a QPS not above 0 or a burst below 1."""
+    assert run.check(config.ControllerConfig(kube_api_qps=0)) == (
+        "--kube-api-qps: must be more than 0 requests per second, got 0"
+    )
+    assert run.check(config.ControllerConfig(kube_api_burst=0)) == "--kube-api-burst: must be at least 1 request, got 0"
+
+
 def test_parse_names_keeps_order_and_drops_blanks_and_repeats() -> None:
     """Guards: "b, a,,b " is ("b", "a"): the start order is the order given."""
     assert run.parse_names("b, a,,b ") == ("b", "a")
@@ -271,7 +285,7 @@ def test_identity_is_unique_per_process_start() -> None:
 def test_api_errors_are_counted_by_verb_resource_and_code(tmp_path: pathlib.Path) -> None:
     """Guards: a request that gets no answer is counted once per call in api_errors{verb, resource, code="0"}."""
     metrics = run.ProcessMetrics.create(standard=False)
-    base = kube_client.connect(_unreachable_kubeconfig(tmp_path), attempts=1)
+    base = kube_client.connect(controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"), attempts=1)
     api = run.CountingClient(base, errors=metrics.api_errors, timeout=2)
     try:
         for _ in range(2):
@@ -300,6 +314,7 @@ class FakeController:
         self.fail = fail
         self.synced = True
         self.queue: list[str] = []
+        self.stop_timeouts: list[float] = []
 
     def start(self) -> None:
         self.log.append(f"start {self.name}")
@@ -312,6 +327,7 @@ class FakeController:
     def stop(self, timeout: float = 10.0) -> None:
         assert timeout > 0
         self.log.append(f"stop {self.name}")
+        self.stop_timeouts.append(timeout)
 
 
 class FakeElector:
@@ -468,7 +484,9 @@ def test_stopping_stops_the_controllers_before_the_lease_is_released() -> None:
 
 
 def test_losing_the_lease_stops_the_controllers_and_exits_1() -> None:
-    """Guards: a lost lease (not asked to stop) stops every controller and exits 1, so the pod restarts."""
+    """Guards: a lost lease (not asked to stop) exits 1 at once, so the pod restarts: every controller is told to
+    stop but given only the short lost-lease bound (the fence refuses their writes already), not the drain of a
+    clean stop."""
     log: list[str] = []
     elector = FakeElector(log)
     h = _harness(elector=elector, log=log)
@@ -478,6 +496,8 @@ def test_losing_the_lease_stops_the_controllers_and_exits_1() -> None:
     assert h.finish() == run.EXIT_FAILED
     assert log[-2:] == ["stop scheduler", "stop claims"] and "release" not in log
     assert h.leader_gauge == 0
+    timeouts = [*h.controllers["scheduler"].stop_timeouts, *h.controllers["claims"].stop_timeouts]
+    assert len(timeouts) == 2 and sum(timeouts) <= run.LOST_STOP_TIMEOUT_S + 0.1
 
 
 def test_a_controller_that_cannot_start_ends_the_process_with_1_and_stops_the_others() -> None:
@@ -570,32 +590,6 @@ def test_stdlib_logs_come_out_in_the_same_json_lines_and_undo_removes_the_handle
     assert second["level"] == "error" and "ValueError: bad" in second["exception"]
 
 
-def _unreachable_kubeconfig(tmp_path: pathlib.Path) -> pathlib.Path:
-    """A kubeconfig naming a closed local port: building a client from it works, no request ever answers."""
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{controlplane.free_ports(1)[0]}"}}],
-                "users": [{"name": "u", "user": {}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            }
-        )
-    )
-    return path
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
 def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0(tmp_path: pathlib.Path) -> None:
     """Guards: run() wires factories, metrics and probes: with --metrics-port equal to --health-port one listener
     answers /metrics, /healthz and /readyz; the controllers get the settings; setting `stop` exits 0."""
@@ -608,7 +602,7 @@ def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0
 
     [port] = controlplane.free_ports(1)
     settings = config.ControllerConfig(
-        kubeconfig=_unreachable_kubeconfig(tmp_path),
+        kubeconfig=controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"),
         leader_elect=False,
         metrics_port=port,
         health_port=port,
@@ -625,12 +619,12 @@ def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0
     thread.start()
     try:
         controlplane.wait_until(lambda: "start claims" in log, what="the controller started", timeout=20)
-        controlplane.wait_until(lambda: _get(port, "/readyz")[0] == 200, what="ready", timeout=20)
-        assert _get(port, "/readyz") == (200, "running: claims synced\n")
-        assert _get(port, "/healthz") == (200, "ok\n")
-        status, text = _get(port, "/metrics")
+        controlplane.wait_until(lambda: observe.get(port, "/readyz")[0] == 200, what="ready", timeout=20)
+        assert observe.get(port, "/readyz") == (200, "running: claims synced\n")
+        assert observe.get(port, "/healthz") == (200, "ok\n")
+        status, text = observe.get(port, "/metrics")
         assert status == 200 and "dractl_controller_leader 1.0" in text
-        assert _get(port, "/nothing")[0] == 404
+        assert observe.get(port, "/nothing")[0] == 404
         assert seen[0].settings is settings and seen[0].registry is not None
     finally:
         stop.set()
@@ -648,7 +642,7 @@ def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: pathlib.Path) -> None:
         taken.listen(1)
         port = taken.getsockname()[1]
         settings = config.ControllerConfig(
-            kubeconfig=_unreachable_kubeconfig(tmp_path),
+            kubeconfig=controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"),
             metrics_port=-1,
             health_port=port,
             log_format=config.LogFormat.JSON,
@@ -662,7 +656,7 @@ def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: pathlib.Path) -> None:
 def test_the_real_elector_steps_its_heartbeat_even_while_the_api_is_away(tmp_path: pathlib.Path) -> None:
     """Guards: leader.Elector.run calls on_step(leading=False) after each failed attempt, so /healthz sees a live
     loop (not a wedged one) while the API server is unreachable, and the elector never claims to lead."""
-    base = kube_client.connect(_unreachable_kubeconfig(tmp_path), attempts=1)
+    base = kube_client.connect(controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig"), attempts=1)
     elector = leader.Elector(
         base,
         leader.Config(

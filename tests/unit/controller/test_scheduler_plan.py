@@ -213,16 +213,14 @@ ALLOCATION = model.AllocationResult(
 )
 
 
-def test_the_finalizer_is_added_once_with_the_claims_resource_version() -> None:
-    """Guards: the delete-protection finalizer is appended to the existing ones with a precondition, and not twice."""
+def test_the_finalizer_is_needed_only_where_it_is_missing() -> None:
+    """Guards: a claim with other finalizers still needs the delete-protection one, a claim with it does not."""
     body = raw.claim("c")
     body["metadata"]["finalizers"] = ["other"]
     plain = client.decode(body, strict=True)
     assert isinstance(plain, model.ResourceClaim)
-    assert schedplan.finalizer_patch(plain) == {
-        "metadata": {"resourceVersion": "3", "finalizers": ["other", raw.FINALIZER]}
-    }
-    assert schedplan.finalizer_patch(claim("c", finalizer=True)) is None
+    assert schedplan.needs_finalizer(plain)
+    assert not schedplan.needs_finalizer(claim("c", finalizer=True))
 
 
 def test_the_allocation_patch_writes_the_allocation_and_reserves_the_pod() -> None:
@@ -266,7 +264,7 @@ KEEP_OTHER = schedplan.Undo(status={"reservedFor": [{"resource": "pods", "name":
             ONLY_TRAINER,
             True,
             True,
-            schedplan.Undo(status=DEALLOCATE, metadata={"finalizers": None}, deallocates=True),
+            schedplan.Undo(status=DEALLOCATE, remove_finalizer=True, deallocates=True),
             id="allocated-here-only-consumer",
         ),
         pytest.param(
@@ -282,7 +280,7 @@ KEEP_OTHER = schedplan.Undo(status={"reservedFor": [{"resource": "pods", "name":
             claim("c", finalizer=True),
             True,
             True,
-            schedplan.Undo(metadata={"finalizers": None}),
+            schedplan.Undo(remove_finalizer=True),
             id="allocation-never-landed",
         ),
         pytest.param(claim("c"), True, True, schedplan.Undo(), id="nothing-landed"),
@@ -326,11 +324,106 @@ def test_the_condition_patch_sets_unschedulable_once_and_keeps_other_conditions(
     assert again["status"]["conditions"][1]["lastTransitionTime"] == "2026-11-23T10:00:00Z"
 
 
-def test_the_binding_names_the_pod_its_uid_and_the_node() -> None:
-    """Guards: the core/v1 Binding body (the UID makes a replaced pod of the same name refuse it)."""
-    assert schedplan.binding(info(raw.pod()), "n1") == {
+def test_a_failed_attempt_replaces_the_condition_with_a_scheduler_error() -> None:
+    """Guards: a failed write is reported as PodScheduled=False/SchedulerError, replacing an earlier Unschedulable
+    (same message, other reason: still a write), and the same failure again writes nothing."""
+    refused = info(
+        raw.pod(
+            conditions=[
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "boom",
+                    "lastTransitionTime": "t0",
+                }
+            ]
+        )
+    )
+    patch = schedplan.condition_patch(refused, "boom", now="t1", reason=schedplan.SCHEDULER_ERROR)
+    assert patch is not None
+    [condition] = patch["status"]["conditions"]
+    assert (condition["reason"], condition["message"], condition["lastTransitionTime"]) == (
+        "SchedulerError",
+        "boom",
+        "t0",
+    )
+    failed = info(raw.pod(conditions=patch["status"]["conditions"]))
+    assert schedplan.condition_patch(failed, "boom", now="t2", reason=schedplan.SCHEDULER_ERROR) is None
+
+
+def test_the_binding_names_the_pod_its_uid_its_version_and_the_node() -> None:
+    """Guards: the core/v1 Binding body (the UID makes a replaced pod of the same name refuse it, the version a pod
+    changed since it was read)."""
+    assert schedplan.binding(info(raw.pod()), "n1", resource_version="12") == {
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": {"name": "trainer", "namespace": "ns", "uid": "uid-trainer"},
+        "metadata": {"name": "trainer", "namespace": "ns", "uid": "uid-trainer", "resourceVersion": "12"},
         "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
     }
+
+
+DECIDED = info(raw.pod(claims={"data": "shared"}, templates={"gpu": "one-gpu"}, recorded={"gpu": "trainer-gpu-a"}))
+
+
+@pytest.mark.parametrize(
+    ("live", "problem"),
+    [
+        pytest.param(
+            raw.pod(claims={"data": "shared"}, templates={"gpu": "one-gpu"}, recorded={"gpu": "trainer-gpu-a"}),
+            None,
+            id="unchanged",
+        ),
+        pytest.param(
+            raw.pod(claims={"data": "shared"}, templates={"gpu": "one-gpu"}, recorded={"gpu": "trainer-gpu-b"}),
+            "pod ns/trainer records trainer-gpu-b for spec.resourceClaims[gpu] now, not trainer-gpu-a",
+            id="another-claim-recorded",
+        ),
+        pytest.param(
+            raw.pod(claims={"data": "shared"}, templates={"gpu": "one-gpu"}, recorded={"gpu": None}),
+            "pod ns/trainer records no claim for spec.resourceClaims[gpu] now, not trainer-gpu-a",
+            id="recorded-as-not-needed",
+        ),
+        pytest.param(
+            raw.pod(
+                claims={"data": "shared"}, templates={"gpu": "one-gpu"}, recorded={"gpu": "trainer-gpu-a"}, node="n2"
+            ),
+            "pod ns/trainer is already bound to node n2",
+            id="bound-meanwhile",
+        ),
+        pytest.param(None, "pod ns/trainer can no longer be read", id="unreadable"),
+    ],
+)
+def test_the_pod_read_before_binding_must_record_the_claims_it_was_scheduled_with(
+    live: dict[str, Any] | None, problem: str | None
+) -> None:
+    """Guards: the live pod voids the decision when it records another claim (or none) for a pod claim, is bound
+    already or cannot be read; the same records let it be bound."""
+    found = schedplan.changed_since(DECIDED.state, None if live is None else info(live).state)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(problem), found
+
+
+def test_a_replaced_or_deleted_pod_voids_the_decision() -> None:
+    """Guards: another UID under the same name, or a deletion timestamp, is never bound with the old decision."""
+    replaced = raw.pod(claims={"data": "shared"}, templates={"gpu": "one-gpu"}, recorded={"gpu": "trainer-gpu-a"})
+    replaced["metadata"]["uid"] = "uid-new"
+    assert schedplan.changed_since(DECIDED.state, info(replaced).state) == (
+        "pod ns/trainer was replaced (UID uid-new, not uid-trainer)"
+    )
+    deleting = raw.pod(claims={"data": "shared"}, templates={"gpu": "one-gpu"}, recorded={"gpu": "trainer-gpu-a"})
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+    assert schedplan.changed_since(DECIDED.state, info(deleting).state) == "pod ns/trainer is being deleted"
+
+
+def test_only_a_new_condition_or_version_is_no_reason_to_schedule_again() -> None:
+    """Guards: the scheduler's own PodScheduled write (a new condition and resourceVersion) does not count as a
+    change of the pod (it would undo a failed attempt's backoff), a newly recorded claim does."""
+    before = info(raw.pod(templates={"gpu": "one-gpu"}))
+    condition = [{"type": "PodScheduled", "status": "False", "reason": "SchedulerError", "message": "boom"}]
+    written = info(raw.pod(templates={"gpu": "one-gpu"}, conditions=condition, version="6"))
+    recorded = info(raw.pod(templates={"gpu": "one-gpu"}, recorded={"gpu": "c"}, conditions=condition, version="7"))
+    assert not schedplan.scheduling_changed(before, written)
+    assert schedplan.scheduling_changed(written, recorded)

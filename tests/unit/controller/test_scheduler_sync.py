@@ -9,10 +9,12 @@ from typing import Any
 
 import prometheus_client
 import pytest
+from support import kube_objects
 from support import scheduler_inputs as raw
 
+from dractl.controller import nodefit
 from dractl.controller import scheduler as sched
-from dractl.kube import client, informer, workqueue
+from dractl.kube import client, finalizers, informer, workqueue
 
 
 def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
@@ -27,8 +29,9 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
 
 
 class StubApi:
-    """Objects by (plural, namespace, name); merge patches honour the resourceVersion precondition; every write is
-    recorded as (method, path) and `fail(method, fragment, error)` makes matching requests raise instead."""
+    """Objects by (plural, namespace, name); merge patches, protobuf PUTs (of the finalizers) and bindings honour the
+    resourceVersion precondition; every write is recorded as (method, path) and `fail(method, fragment, error)`
+    makes matching requests raise instead."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -83,6 +86,9 @@ class StubApi:
             raise fault[0]
         if subresource == "binding":
             pod = self.objects[("pods", namespace, body["metadata"]["name"])]
+            wanted = body["metadata"].get("resourceVersion")
+            if wanted and wanted != pod["metadata"]["resourceVersion"]:
+                raise client.Conflict(409, "Conflict", f"{path}: the pod has been modified")
             pod["spec"]["nodeName"] = body["target"]["name"]
             self._bump(pod)
         if fault is not None:
@@ -115,6 +121,32 @@ class StubApi:
         body = copy.deepcopy(dict(patch))
         (body.get("metadata") or {}).pop("resourceVersion", None)
         _merge(stored, body)
+        self._bump(stored)
+        return copy.deepcopy(stored)
+
+    def get_protobuf(self, resource: client.Resource, name: str, *, namespace: str = "") -> bytes:
+        found = self.get(resource, name, namespace=namespace)
+        return kube_objects.protobuf_object(
+            uid=found["metadata"]["uid"],
+            resource_version=found["metadata"]["resourceVersion"],
+            finalizers_=found["metadata"].get("finalizers") or (),
+        )
+
+    def update_protobuf(self, resource: client.Resource, name: str, body: bytes, *, namespace: str = "") -> Any:
+        path = f"{namespace}/{resource.plural}/{name}"
+        self.writes.append(("PUT", path))
+        sent = finalizers.read(body)
+        self.bodies.append({"finalizers": list(sent.finalizers)})
+        fault = self._fault("PUT", path)
+        if fault is not None:
+            raise fault[0]
+        stored = self.objects[(resource.plural, namespace, name)]
+        if sent.resource_version != stored["metadata"]["resourceVersion"]:
+            raise client.Conflict(409, "Conflict", f"{path}: the object has been modified")
+        if sent.finalizers:
+            stored["metadata"]["finalizers"] = list(sent.finalizers)
+        else:
+            stored["metadata"].pop("finalizers", None)
         self._bump(stored)
         return copy.deepcopy(stored)
 
@@ -195,17 +227,22 @@ def _reserved(body: dict[str, Any]) -> list[str]:
 
 
 def test_a_decision_writes_the_finalizer_the_allocation_and_the_binding_and_a_resync_writes_nothing() -> None:
-    """Guards: the exact writes of one decision, in order (finalizer, status with allocation and reservedFor,
-    binding), the metrics, and that syncing the converged pod again writes nothing."""
+    """Guards: the exact requests of one decision, in order and nothing else (finalizer by a merge patch at the
+    claim's version, status with allocation and reservedFor, binding at the version of the pod the decision was
+    made from; no read), the metrics, and that syncing the converged pod again writes nothing."""
     cluster = Cluster()
     cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
     cluster.scheduler.open_ledger()
+    cluster.api.fail("GET", "", client.ApiError(500, "Unexpected", "the decision read something"))
     cluster.sync("trainer")
+    cluster.api.faults.clear()
     assert cluster.api.writes == [
         ("PATCH", "ns/resourceclaims/c"),
         ("PATCH", "ns/resourceclaims/c/status"),
         ("POST", "ns/pods/trainer/binding"),
     ]
+    assert cluster.api.bodies[0] == {"metadata": {"resourceVersion": "3", "finalizers": [raw.FINALIZER]}}
+    assert cluster.api.bodies[-1]["metadata"]["resourceVersion"] == "5"
     stored = cluster.api.claim("c")
     assert stored["metadata"]["finalizers"] == [raw.FINALIZER]
     assert _devices(stored) == ["gpu-0"] and _reserved(stored) == ["trainer"]
@@ -217,6 +254,24 @@ def test_a_decision_writes_the_finalizer_the_allocation_and_the_binding_and_a_re
     cluster.seen()
     cluster.sync("trainer")
     assert len(cluster.api.writes) == 3
+
+
+def test_a_claim_with_opaque_configuration_gets_its_finalizer_by_a_protobuf_read_and_put() -> None:
+    """Guards: a claim whose spec holds opaque parameters (stored as raw bytes, which a patch's JSON round trip would
+    re-encode) gets the finalizer through `finalizers.change`: a protobuf GET and PUT at the claim's version, then
+    the status and the binding as for any claim."""
+    cluster = Cluster()
+    sharing = {"apiVersion": "gpu.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}
+    cluster.add(raw.claim("c", opaque=sharing), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.sync("trainer")
+    assert cluster.api.writes == [
+        ("PUT", "ns/resourceclaims/c"),
+        ("PATCH", "ns/resourceclaims/c/status"),
+        ("POST", "ns/pods/trainer/binding"),
+    ]
+    assert cluster.api.bodies[0] == {"finalizers": [raw.FINALIZER]}
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
 
 
 def test_pods_bound_but_not_yet_seen_bound_count_on_their_node() -> None:
@@ -231,9 +286,45 @@ def test_pods_bound_but_not_yet_seen_bound_count_on_their_node() -> None:
     assert condition["message"] == "0/1 nodes are available: 1 Insufficient cpu."
 
 
+def test_the_node_filters_remembered_answers_follow_every_change_of_usage_and_nodes() -> None:
+    """Guards: the node filter's answers, kept per pod shape and brought up to date from the nodes changed since,
+    equal `nodefit` computed afresh over every node after each change: pods bound and finished, a pod assumed by a
+    decision, a node added, changed (cordoned) and deleted, and a second pod shape used in between."""
+    cluster = Cluster(nodes=3, cpu="4")
+    cluster.scheduler.open_ledger()
+    needs = {size: nodefit.PodNeeds.from_raw(raw.pod(f"probe-{size}", cpu=size)) for size in ("1", "3")}
+
+    def agrees() -> None:
+        for size, probe in needs.items():
+            feasible, reasons, infos = cluster.scheduler._filter(probe)
+            fresh = nodefit.filter_nodes(probe, infos, cluster.scheduler._node_used)
+            assert (sorted(feasible), reasons) == fresh, size
+            assert list(feasible) == sorted(feasible)
+
+    agrees()
+    cluster.add(raw.pod("a", node="n1", cpu="2"), raw.pod("b", node="n2", cpu="3"))
+    agrees()
+    cluster.add(raw.pod("c", cpu="2"))
+    cluster.sync("c")  # Assumed on a node before the cache sees it bound.
+    agrees()
+    _delete(cluster.scheduler.pods, raw.pod("b", node="n2", cpu="3"))
+    agrees()
+    _feed(cluster.scheduler.nodes, raw.node("n4", cpu="2"))
+    agrees()
+    _feed(cluster.scheduler.nodes, {**raw.node("n1", cpu="4"), "spec": {"unschedulable": True}})
+    agrees()
+    _delete(cluster.scheduler.nodes, raw.node("n3", cpu="4"))
+    agrees()
+    finished = raw.pod("a", node="n1", cpu="2")
+    finished["status"]["phase"] = "Succeeded"
+    _feed(cluster.scheduler.pods, finished)
+    agrees()
+
+
 def test_a_conflict_on_the_allocation_takes_back_the_finalizer_and_gives_back_the_devices() -> None:
     """Guards: a 409 on the status write raises (retry with backoff) after removing the finalizer this attempt
-    added; the allocator holds nothing for the claim, so the retry allocates the same device again."""
+    added, then says on the pod (condition SchedulerError, Warning Event) which step failed; the allocator holds
+    nothing for the claim, so the retry allocates the same device again."""
     cluster = Cluster()
     cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
     cluster.scheduler.open_ledger()
@@ -243,9 +334,15 @@ def test_a_conflict_on_the_allocation_takes_back_the_finalizer_and_gives_back_th
     assert cluster.api.writes == [
         ("PATCH", "ns/resourceclaims/c"),
         ("PATCH", "ns/resourceclaims/c/status"),
+        ("PUT", "ns/resourceclaims/c"),
         ("POST", "ns/events"),
-        ("PATCH", "ns/resourceclaims/c"),
+        ("PATCH", "ns/pods/trainer/status"),
     ]
+    condition = cluster.api.condition("trainer")
+    assert (condition["reason"], condition["message"]) == (
+        "SchedulerError",
+        "scheduling on node n1 failed while writing the allocation of ResourceClaim ns/c: 409 Conflict: modified",
+    )
     stored = cluster.api.claim("c")
     assert not stored["metadata"].get("finalizers") and _devices(stored) == []
     assert cluster.scheduler.allocator.held("uid-c") is None
@@ -273,6 +370,96 @@ def test_a_failed_binding_takes_back_the_allocation_and_the_reservation() -> Non
     assert cluster.scheduler.allocator.held("uid-c") is None
     [event] = [body for body in cluster.api.bodies if isinstance(body, dict) and body.get("kind") == "Event"]
     assert event["reason"] == "FailedScheduling" and "boom" in event["message"]
+
+
+def test_a_pod_recording_another_claim_before_its_binding_is_not_bound_and_the_allocation_is_taken_back() -> None:
+    """Guards: the cache says the pod records claim `ours`, but the API's pod records `theirs` (kube-controller-manager
+    recorded its own claim meanwhile): the binding at the decision's version is refused, the live read shows
+    `theirs`, so the pod is not bound, `ours` is deallocated and unprotected again, the pod says why (SchedulerError
+    naming both claims); once the cache shows `theirs`, the retry allocates and binds with it."""
+    cluster = Cluster()
+    cluster.add(
+        raw.claim("ours", owner="trainer"),
+        raw.claim("theirs", owner="trainer"),
+        raw.pod(templates={"gpu": "one-gpu"}, recorded={"gpu": "ours"}),
+    )
+    cluster.scheduler.open_ledger()
+    cluster.api.put(raw.pod(templates={"gpu": "one-gpu"}, recorded={"gpu": "theirs"}, version="6"))
+    with pytest.raises(sched.PodChanged, match="records theirs for spec.resourceClaims.gpu. now, not ours"):
+        cluster.sync("trainer")
+    assert cluster.api.writes.count(("POST", "ns/pods/trainer/binding")) == 1
+    assert not cluster.api.pod("trainer")["spec"].get("nodeName")
+    ours = cluster.api.claim("ours")
+    assert _devices(ours) == [] and _reserved(ours) == [] and not ours["metadata"].get("finalizers")
+    assert cluster.scheduler.allocator.held("uid-ours") is None
+    condition = cluster.api.condition("trainer")
+    assert condition["reason"] == "SchedulerError"
+    assert "failed while binding to node n1: pod ns/trainer records theirs" in condition["message"]
+
+    cluster.seen()
+    cluster.sync("trainer")
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+    assert _reserved(cluster.api.claim("theirs")) == ["trainer"] and _devices(cluster.api.claim("ours")) == []
+
+
+def test_a_pod_changed_in_something_else_is_bound_at_the_version_a_live_read_gives() -> None:
+    """Guards: a pod written by someone else since the decision (not its claims) makes the binding at the decision's
+    version fail (409); the live read shows the same claims, and the binding at the read's version binds it."""
+    cluster = Cluster()
+    cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.api._bump(cluster.api.objects[("pods", "ns", "trainer")])  # A label written by someone else, say.
+    cluster.sync("trainer")
+    bindings = [body for body in cluster.api.bodies if isinstance(body, dict) and body.get("kind") == "Binding"]
+    assert [binding["metadata"]["resourceVersion"] for binding in bindings] == ["5", "101"]
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+    assert _devices(cluster.api.claim("c")) == ["gpu-0"]
+
+
+def test_a_pod_changed_between_its_read_and_its_binding_is_refused_by_the_precondition() -> None:
+    """Guards: the binding carries the version of the pod it is sure of (the decision's, then the live read's), so a
+    pod changed again between that read and the binding is not bound (409) and the allocation is taken back."""
+    cluster = Cluster()
+    cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.api._bump(cluster.api.objects[("pods", "ns", "trainer")])
+    real_get = cluster.api.get
+
+    def get_then_change(resource: client.Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
+        found = real_get(resource, name, namespace=namespace)
+        if resource is client.PODS:
+            cluster.api._bump(cluster.api.objects[("pods", namespace, name)])  # Written by someone else at once.
+        return found
+
+    cluster.api.get = get_then_change  # type: ignore[method-assign]
+    with pytest.raises(client.Conflict):
+        cluster.sync("trainer")
+    assert not cluster.api.pod("trainer")["spec"].get("nodeName")
+    assert _devices(cluster.api.claim("c")) == []
+
+
+def test_each_failed_attempt_replaces_what_the_pod_says() -> None:
+    """Guards: the pod's condition and Events follow the attempts: a failed binding gives SchedulerError with its
+    error, and the next attempt's failure replaces that message (a new Event with the new message)."""
+    cluster = Cluster()
+    cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    cluster.api.fail("POST", "binding", client.Transient(500, "InternalError", "first"))
+    with pytest.raises(client.Transient):
+        cluster.sync("trainer")
+    assert cluster.api.condition("trainer")["message"].endswith("while binding to node n1: 500 InternalError: first")
+    cluster.api.faults.clear()
+    cluster.api.fail("POST", "binding", client.Transient(503, "Unavailable", "second"))
+    cluster.seen()
+    with pytest.raises(client.Transient):
+        cluster.sync("trainer")
+    condition = cluster.api.condition("trainer")
+    assert (condition["reason"], condition["message"]) == (
+        "SchedulerError",
+        "scheduling on node n1 failed while binding to node n1: 503 Unavailable: second",
+    )
+    events = [body["message"] for body in cluster.api.bodies if isinstance(body, dict) and body.get("kind") == "Event"]
+    assert [message.rsplit(": ", 1)[-1] for message in events] == ["first", "second"]
 
 
 def test_a_failed_binding_keeps_a_shared_claims_allocation_and_removes_only_the_pod() -> None:

@@ -3,65 +3,29 @@ api_errors metric is built on it)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import urllib3.exceptions
+from support.scripted_client import Response, scripted
 
 from dractl.kube import client
-
-
-class _Response:
-    """A 2xx answer carrying `document`, or a stream that breaks when read (for watches)."""
-
-    def __init__(self, document: dict[str, Any] | None = None, *, broken: bool = False) -> None:
-        self.data = json.dumps(document or {}).encode()
-        self.broken = broken
-
-    def read(self) -> bytes:
-        return self.data
-
-    def stream(self, amount: int) -> Iterator[bytes]:
-        if self.broken:
-            raise urllib3.exceptions.ProtocolError("connection reset")
-        yield self.data
-
-    def release_conn(self) -> None:
-        return None
-
-    def shutdown(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
 
 Heard = list[tuple[str, str, int]]
 
 
 def _client(
-    answers: list[_Response | client.ApiError], monkeypatch: pytest.MonkeyPatch, *, attempts: int = 1
+    answers: list[Response | client.ApiError], monkeypatch: pytest.MonkeyPatch, *, attempts: int = 1
 ) -> tuple[client.Client, Heard, list[str]]:
     """A client (no API server) whose requests take `answers` in order, what its `on_error` heard as (verb,
     plural, status), and the methods of the requests sent."""
     heard: Heard = []
-    sent: list[str] = []
-    made = client.Client(
-        None,  # type: ignore[arg-type]
+    made, sent = scripted(
+        answers,
+        monkeypatch,
         attempts=attempts,
         on_error=lambda verb, resource, error: heard.append((verb, resource.plural, error.status)),
     )
-
-    def send(method: str, path: str, **_: Any) -> _Response:
-        sent.append(method)
-        answer = answers.pop(0)
-        if isinstance(answer, client.ApiError):
-            raise answer
-        return answer
-
-    monkeypatch.setattr(made, "_send", send)
     return made, heard, sent
 
 
@@ -104,7 +68,7 @@ def test_retries_are_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_list_failing_on_a_later_page_is_heard_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guards: a paged list is one call: a 410 on its second page is heard once, as `list`."""
-    first = _Response({"items": [{"metadata": {"name": "a"}}], "metadata": {"continue": "next"}})
+    first = Response({"items": [{"metadata": {"name": "a"}}], "metadata": {"continue": "next"}})
     api, heard, sent = _client([first, client.error_from_status(410, b"")], monkeypatch)
     with pytest.raises(client.Gone):
         api.list(client.PODS)
@@ -114,7 +78,7 @@ def test_a_list_failing_on_a_later_page_is_heard_once(monkeypatch: pytest.Monkey
 
 def test_calls_that_succeed_or_fail_before_sending_are_not_heard(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guards: on_error hears only of ApiErrors: not of answers, nor of an update refused before it is sent."""
-    api, heard, sent = _client([_Response({"metadata": {"name": "p"}})], monkeypatch)
+    api, heard, sent = _client([Response({"metadata": {"name": "p"}})], monkeypatch)
     assert api.get(client.PODS, "p", namespace="ns")["kind"] == "Pod"
     with pytest.raises(ValueError, match="resourceVersion is required"):
         api.update(client.PODS, {"metadata": {"name": "p", "namespace": "ns"}})
@@ -124,7 +88,7 @@ def test_calls_that_succeed_or_fail_before_sending_are_not_heard(monkeypatch: py
 
 def test_a_watch_breaking_while_it_streams_is_not_heard(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guards: errors raised while a watch streams are the reader's (the informer's), not a failed call."""
-    api, heard, _ = _client([_Response(broken=True)], monkeypatch)
+    api, heard, _ = _client([Response(broken=True)], monkeypatch)
     stream = api.watch(client.PODS, resource_version="1")
     with pytest.raises(client.Transient, match="watch connection broke"):
         list(stream)

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import io
 import os
 import pathlib
-import shutil
+import re
 import signal
-import tempfile
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 
+import controlplane
 import grpc
 import pytest
 import structlog
+from support import kubelet, observe
 from support.state_inputs import Claims, claim, result
 
 from dractl import config, model
@@ -29,7 +30,7 @@ from dractl._proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from dractl.node import agent, fakegpu
+from dractl.node import agent, backend, fakegpu
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
@@ -70,32 +71,9 @@ class FakePublisher:
             return self.cond.wait_for(lambda: bool(self.published) and predicate(self.published[-1]), timeout=timeout)
 
 
-@pytest.fixture(autouse=True)
-def _reset_structlog() -> collections.abc.Iterator[None]:
-    yield
-    structlog.reset_defaults()
-
-
-@pytest.fixture
-def sock_dir() -> collections.abc.Iterator[pathlib.Path]:
-    path = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.fixture
 def settings(tmp_path: pathlib.Path, sock_dir: pathlib.Path) -> config.NodeAgent:
-    return config.NodeAgent(
-        node_name=NODE,
-        device_source=config.DeviceSource.FAKE,
-        fake_profile="a100-80gb-x8",
-        cdi_root=tmp_path / "cdi",
-        kubelet_registrar_dir=sock_dir / "reg",
-        kubelet_plugins_dir=sock_dir / "plugins",
-        state_dir=tmp_path / "state",
-        health_port=0,
-        metrics_port=0,
-    )
+    return kubelet.agent_settings(tmp_path, sock_dir, health_port=0, metrics_port=0)
 
 
 @pytest.fixture
@@ -121,15 +99,6 @@ def node_agent(
     a.start()
     yield a
     a.stop()
-
-
-def _get(port: int | None, path: str) -> tuple[int, str]:
-    assert port is not None
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
 
 
 def _tainted(slices: tuple[model.ResourceSlice, ...], device: str) -> tuple[model.DeviceTaint, ...]:
@@ -164,16 +133,9 @@ def test_prepare_through_the_agent_is_counted_in_metrics(
 ) -> None:
     """Guards: a claim prepared over the socket writes its CDI spec, and /metrics counts the call and the devices."""
     ref = claims.put(claim("train", UID, [result("gpu-2")]))
-    with grpc.insecure_channel(f"unix:{node_agent.sockets.dra}") as channel:
-        response = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-            dra_v1_pb2.NodePrepareResourcesRequest(
-                claims=[dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=UID)]
-            ),
-            timeout=10,
-        )
-    assert response.claims[UID].error == ""
+    assert kubelet.prepare(node_agent.sockets.dra, ref)[UID].error == ""
     assert (settings.cdi_root / f"k8s.gpu.nvidia.com-claim_{UID}.yaml").exists()
-    status, text = _get(node_agent.metrics_port, "/metrics")
+    status, text = observe.get(node_agent.metrics_port, "/metrics")
     assert status == 200
     assert 'dractl_node_requests_total{api="v1",operation="prepare"} 1.0' in text
     assert 'dractl_node_claims_total{operation="prepare"} 1.0' in text
@@ -200,15 +162,15 @@ def test_an_xid_taints_the_slice_and_shows_on_the_health_stream(
         model.DeviceTaint(key=f"{DRIVER}/xid", value="79", effect="NoSchedule"),
     )
     assert _tainted(publisher.published[-1], "gpu-1") == ()
-    assert "dractl_node_unhealthy_devices 1.0" in _get(node_agent.metrics_port, "/metrics")[1]
+    assert "dractl_node_unhealthy_devices 1.0" in observe.get(node_agent.metrics_port, "/metrics")[1]
 
 
 def test_liveness_checks_both_sockets(node_agent: agent.Agent) -> None:
     """Guards: /healthz is 200 while both sockets answer and 503 naming the failing calls once they do not."""
-    assert _get(node_agent.health_port, "/healthz") == (200, "ok\n")
+    assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
     assert node_agent.plugin is not None
     node_agent.plugin.stop(grace_s=0)
-    status, text = _get(node_agent.health_port, "/healthz")
+    status, text = observe.get(node_agent.health_port, "/healthz")
     assert status == 503
     assert "/pluginregistration.Registration/GetInfo" in text and "NodePrepareResources" in text
 
@@ -385,7 +347,7 @@ def test_a_recurring_publish_failure_logs_its_traceback_once_until_a_publish_suc
 def test_bad_fake_profile_is_one_line(settings: config.NodeAgent) -> None:
     """Guards: an unknown --fake-profile ends with one error line naming it and exit 1, no traceback, no sockets."""
     err = io.StringIO()
-    bad = config.NodeAgent(**{**_fields(settings), "fake_profile": "no-such-profile"})
+    bad = dataclasses.replace(settings, fake_profile="no-such-profile")
     assert agent.run(bad, err=err) == 1
     lines = err.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dractl node-agent: error: ") and "no-such-profile" in lines[0]
@@ -397,7 +359,7 @@ def test_nvml_without_a_driver_is_one_line(settings: config.NodeAgent) -> None:
     if _driver_present():
         pytest.skip("an NVIDIA driver is present here; this test needs a machine without one")
     err = io.StringIO()
-    real = config.NodeAgent(**{**_fields(settings), "device_source": config.DeviceSource.NVML})
+    real = dataclasses.replace(settings, device_source=config.DeviceSource.NVML)
     assert agent.run(real, err=err) == 1
     lines = err.getvalue().splitlines()
     assert len(lines) == 1
@@ -440,25 +402,6 @@ def test_sigterm_shuts_down_gracefully(
     assert signal.getsignal(signal.SIGTERM) is original
 
 
-def test_log_format_json_writes_json_lines() -> None:
-    """Guards: --log-format json makes every log line a JSON object with event, level and timestamp."""
-    import json
-
-    out = io.StringIO()
-    agent.configure_logging(config.LogFormat.JSON, stream=out)
-    structlog.get_logger("t").info("hello", claim="ns/c")
-    record = json.loads(out.getvalue().splitlines()[-1])
-    assert (
-        record["event"] == "hello" and record["level"] == "info" and record["claim"] == "ns/c" and "timestamp" in record
-    )
-
-
-def _fields(settings: config.NodeAgent) -> dict[str, object]:
-    import dataclasses
-
-    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
-
-
 def _driver_present() -> bool:
     """Whether real NVML initializes here (then the no-driver tests cannot run)."""
     from dractl.node import backend, nvml
@@ -468,3 +411,141 @@ def _driver_present() -> bool:
     except backend.NvmlError:
         return False
     return True
+
+
+@pytest.mark.parametrize("endpoint", ["health", "metrics"])
+def test_a_taken_port_is_one_line_naming_the_flags_before_anything_is_served(
+    endpoint: str, settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards: a port another process holds ends the start with one line naming the address, the port and both
+    flags, before any slice is published or any socket made."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        taken = dataclasses.replace(settings, **{f"{endpoint}_port": port, f"{endpoint}_address": "127.0.0.1"})
+        err = io.StringIO()
+        a = agent.Agent(taken, gpus=gpus, claims=claims, publisher=publisher)
+        assert agent.run(taken, err=err, agent=a) == 1
+    path = "/healthz" if endpoint == "health" else "/metrics"
+    assert err.getvalue().splitlines() == [
+        f"dractl node-agent: error: cannot serve {path} on 127.0.0.1:{port} (--{endpoint}-address 127.0.0.1, "
+        f"--{endpoint}-port {port}): Address already in use; choose another with --{endpoint}-port or "
+        f"--{endpoint}-address, or -1 to turn it off"
+    ]
+    assert publisher.published == []
+    assert not a.sockets.registration.exists() and not a.sockets.dra.exists()
+
+
+def test_an_address_that_is_not_an_ip_is_one_line(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards --metrics-address: a host name instead of an IP address is one line naming the flag."""
+    bad = dataclasses.replace(settings, metrics_address="node-a.local")
+    err = io.StringIO()
+    assert agent.run(bad, err=err, agent=agent.Agent(bad, gpus=gpus, claims=claims, publisher=publisher)) == 1
+    assert err.getvalue() == "dractl node-agent: error: --metrics-address 'node-a.local' is not an IP address\n"
+
+
+def test_a_prepare_stuck_in_nvml_fails_healthz_naming_the_claim_and_the_call(
+    settings: config.NodeAgent, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards: a prepare that hangs in an NVML call (dynamic MIG, create_compute_instance) makes /healthz 503 with
+    the claim and the call once it has run longer than the bound; the probe itself answers at once."""
+    gpus = fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=NODE)
+    gpus.fail("create_compute_instance", action=fakegpu.FaultAction.HANG)
+    dynamic = dataclasses.replace(settings, mig_mode=config.MigMode.DYNAMIC)
+    a = agent.Agent(dynamic, gpus=gpus, claims=claims, publisher=publisher, health_poll_s=0.05, stuck_after_s=0.2)
+    a.start()
+    ref = claims.put(claim("infer", UID, [result("gpu-1-mig-1g10gb-19-0")]))
+    answers: list[object] = []
+    try:
+        assert observe.get(a.health_port, "/healthz") == (200, "ok\n")
+        with grpc.insecure_channel(f"unix:{a.sockets.dra}") as channel:
+            call = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources.future(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[dra_v1_pb2.Claim(namespace=ref.namespace, name=ref.name, uid=UID)]
+                ),
+                timeout=60,
+            )
+            call.add_done_callback(lambda done: answers.append(done.result()))
+            controlplane.wait_until(gpus.hung, what="the prepare hanging in NVML", timeout=20)
+            status, text = controlplane.wait_until(
+                lambda: (answer := observe.get(a.health_port, "/healthz"))[0] == 503 and answer,
+                what="/healthz failing on the stuck prepare",
+                timeout=20,
+            )
+            assert re.fullmatch(
+                f"NodePrepareResources of claim {ref.namespace}/{ref.name} \\(uid {UID}\\) has run for [0-9]+ s, "
+                "waiting in NVML create_compute_instance\n",
+                text,
+            ), text
+            gpus.close()  # Ends the hang: the prepare fails and rolls back.
+            call.result(timeout=30)
+    finally:
+        a.stop()
+    assert answers and "injected hang" in str(answers[0])
+
+
+def test_an_agent_restarted_after_mig_prepares_publishes_what_the_first_one_did(
+    settings: config.NodeAgent, claims: Claims, publisher: FakePublisher, tmp_path: pathlib.Path
+) -> None:
+    """Guards the rule for whole and MIG across restarts: in dynamic mode an A100 whose MIG instance was prepared
+    (MIG mode turned on) and released (left on) is published whole again by the next agent, with the same devices
+    as the first agent published."""
+    dynamic = dataclasses.replace(settings, mig_mode=config.MigMode.DYNAMIC)
+
+    def fresh() -> fakegpu.FakeGpus:
+        return fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=NODE, state_file=tmp_path / "gpus.json")
+
+    first = agent.Agent(dynamic, gpus=fresh(), claims=claims, publisher=publisher, health_poll_s=0.05)
+    first.start()
+    try:
+        ref = claims.put(claim("infer", UID, [result("gpu-0-mig-1g10gb-19-0")]))
+        assert kubelet.prepare(first.sockets.dra, ref)[UID].error == ""
+        assert kubelet.unprepare(first.sockets.dra, ref)[UID].error == ""
+    finally:
+        first.stop()
+    published_first = publisher.published[0]
+    assert {"gpu-0", "gpu-0-mig-1g10gb-19-0"} <= {d.name for s in published_first for d in s.devices}
+    assert fresh().gpus()[0].mig_mode is backend.MigMode.ENABLED and fresh().gpu_instances(0) == ()
+    second = agent.Agent(dynamic, gpus=fresh(), claims=claims, publisher=publisher, health_poll_s=0.05)
+    second.start()
+    second.stop()
+    assert publisher.published[-1] == published_first
+
+
+def test_healthz_listens_on_an_ipv6_address(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards --health-address on an IPv6 node: /healthz is served on [::1]."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback address")
+    v6 = dataclasses.replace(settings, health_address="::1")
+    a = agent.Agent(v6, gpus=gpus, claims=claims, publisher=publisher)
+    a.start()
+    try:
+        assert observe.get(a.health_port, "/healthz", host="[::1]") == (200, "ok\n")
+    finally:
+        a.stop()
+
+
+def test_a_mig_prepare_on_an_a100_another_client_holds_is_a_per_claim_error(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards the Ampere reset rule at prepare: turning MIG on for a MIG device on an A100 that DCGM holds fails
+    that claim with NVML's answer naming the GPU and the holder, leaves no instance, and the GPU stays whole."""
+    gpus.hold(1, "dcgm-exporter")
+    dynamic = dataclasses.replace(settings, mig_mode=config.MigMode.DYNAMIC)
+    a = agent.Agent(dynamic, gpus=gpus, claims=claims, publisher=publisher, health_poll_s=0.05)
+    a.start()
+    try:
+        ref = claims.put(claim("infer", UID, [result("gpu-1-mig-1g10gb-19-0")]))
+        error = kubelet.prepare(a.sockets.dra, ref)[UID].error
+    finally:
+        a.stop()
+    assert f"{ref.namespace}/{ref.name}" in error and "GPU 1" in error and "dcgm-exporter" in error, error
+    assert gpus.gpus()[1].mig_mode is backend.MigMode.DISABLED and gpus.gpu_instances(1) == ()

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import collections.abc
 import pathlib
 import re
-import shutil
-import tempfile
 
 import pytest
-import structlog
 from click.testing import CliRunner
 
 from dractl import cli
@@ -25,35 +21,30 @@ FLAGS = {
     "--kubelet-registrar-dir": "DRACTL_KUBELET_REGISTRAR_DIR",
     "--kubelet-plugins-dir": "DRACTL_KUBELET_PLUGINS_DIR",
     "--state-dir": "DRACTL_STATE_DIR",
+    "--pod-uid": "DRACTL_POD_UID",
     "--kubeconfig": "DRACTL_KUBECONFIG",
+    "--kube-api-qps": "DRACTL_KUBE_API_QPS",
+    "--kube-api-burst": "DRACTL_KUBE_API_BURST",
     "--health-port": "DRACTL_HEALTH_PORT",
     "--metrics-port": "DRACTL_METRICS_PORT",
     "--log-format": "DRACTL_LOG_FORMAT",
 }
 
 
-@pytest.fixture(autouse=True)
-def _reset_structlog() -> collections.abc.Iterator[None]:
-    yield
-    structlog.reset_defaults()
-
-
 @pytest.fixture
-def dirs() -> collections.abc.Iterator[list[str]]:
-    path = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    yield [
+def dirs(sock_dir: pathlib.Path) -> list[str]:
+    return [
         "--kubelet-registrar-dir",
-        str(path / "reg"),
+        str(sock_dir / "reg"),
         "--kubelet-plugins-dir",
-        str(path / "plugins"),
+        str(sock_dir / "plugins"),
         "--cdi-root",
-        str(path / "cdi"),
+        str(sock_dir / "cdi"),
         "--health-port",
         "-1",
         "--metrics-port",
         "-1",
     ]
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_every_flag_states_its_default_and_env_var() -> None:
@@ -68,6 +59,7 @@ def test_every_flag_states_its_default_and_env_var() -> None:
     assert len(described) == len(FLAGS)
     assert all("(default:" in block for block in described)
     assert "NODE_NAME" in text.replace("DRACTL_NODE_NAME", "")
+    assert "POD_UID" in text.replace("DRACTL_POD_UID", "")
 
 
 def test_nvml_without_a_driver_is_one_line_and_exit_1(dirs: list[str]) -> None:

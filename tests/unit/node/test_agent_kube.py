@@ -2,32 +2,20 @@
 
 from __future__ import annotations
 
-import collections.abc
 import pathlib
-import shutil
-import tempfile
 import uuid
 
 import controlplane
-import grpc
 import pytest
-import structlog
-from support import kube_objects
+from support import kube_objects, kubelet
 
-from dractl import config, model
-from dractl._proto import dra_v1_pb2, dra_v1_pb2_grpc
+from dractl import model
 from dractl.kube import client
-from dractl.node import agent, fakegpu
+from dractl.node import agent, fakegpu, state
 
 pytestmark = pytest.mark.timeout(180)
 
 DRIVER = "gpu.nvidia.com"
-
-
-@pytest.fixture(autouse=True)
-def _reset_structlog() -> collections.abc.Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture
@@ -35,13 +23,6 @@ def node_name(kube_client: client.Client) -> str:
     name = f"node-{uuid.uuid4().hex[:8]}"
     kube_client.create(client.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
     return name
-
-
-@pytest.fixture
-def sock_dir() -> collections.abc.Iterator[pathlib.Path]:
-    path = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _slices(kube_client: client.Client, node: str) -> tuple[model.ResourceSlice, ...]:
@@ -58,21 +39,13 @@ def test_agent_publishes_prepares_and_taints_through_the_api(
     tmp_path: pathlib.Path,
 ) -> None:
     """Guards: with a real API the agent publishes the 8 GPUs, prepares an allocated claim it reads from the API,
-    writes an XID taint into the slice, reports a reset checkpoint as a Warning Event on the Node, and leaves the
-    slices in place on stop."""
-    settings = config.NodeAgent(
-        node_name=node_name,
-        device_source=config.DeviceSource.FAKE,
-        cdi_root=tmp_path / "cdi",
-        kubelet_registrar_dir=sock_dir / "reg",
-        kubelet_plugins_dir=sock_dir / "plugins",
-        state_dir=tmp_path / "state",
-        kubeconfig=pathlib.Path(control_plane.kubeconfig),
-        health_port=-1,
-        metrics_port=-1,
+    writes an XID taint into the slice, reports a checkpoint rebuilt after corruption as a Warning Event on the Node,
+    and leaves the slices in place on stop."""
+    settings = kubelet.agent_settings(
+        tmp_path, sock_dir, node_name=node_name, kubeconfig=pathlib.Path(control_plane.kubeconfig)
     )
     gpus = fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=node_name)
-    # A corrupt checkpoint is reset with a Warning Event on the Node, not a crash.
+    # A corrupt checkpoint is rebuilt with a Warning Event on the Node, not a crash.
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "checkpoint.json").write_text("{not json")
     node_agent = agent.Agent(settings, gpus=gpus, health_poll_s=0.05)
@@ -90,20 +63,14 @@ def test_agent_publishes_prepares_and_taints_through_the_api(
             allocated=kube_objects.allocation(node_name, ["gpu-3"]),
         )
         uid = created["metadata"]["uid"]
-        with grpc.insecure_channel(f"unix:{node_agent.sockets.dra}") as channel:
-            stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
-            response = stub.NodePrepareResources(
-                dra_v1_pb2.NodePrepareResourcesRequest(
-                    claims=[
-                        dra_v1_pb2.Claim(namespace=namespace, name="c", uid=uid),
-                        dra_v1_pb2.Claim(namespace=namespace, name="gone", uid="0000"),
-                    ]
-                ),
-                timeout=30,
-            )
-        assert response.claims[uid].error == ""
-        assert [d.device_name for d in response.claims[uid].devices] == ["gpu-3"]
-        assert response.claims["0000"].error != ""
+        answers = kubelet.prepare(
+            node_agent.sockets.dra,
+            state.ClaimRef(namespace=namespace, name="c", uid=uid),
+            state.ClaimRef(namespace=namespace, name="gone", uid="0000"),
+        )
+        assert answers[uid].error == ""
+        assert [d.device_name for d in answers[uid].devices] == ["gpu-3"]
+        assert answers["0000"].error != ""
 
         gpus.inject_xid(3, 79)
 
@@ -117,10 +84,10 @@ def test_agent_publishes_prepares_and_taints_through_the_api(
 
         events = kube_client.list(client.EVENTS, namespace="default").items
         warnings = [
-            e for e in events if e["involvedObject"].get("name") == node_name and e["reason"] == "NodeStateReset"
+            e for e in events if e["involvedObject"].get("name") == node_name and e["reason"] == "CheckpointRebuilt"
         ]
         assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
-        assert "checkpoint" in warnings[0]["message"]
+        assert "checkpoint" in warnings[0]["message"] and "is corrupt (not JSON" in warnings[0]["message"]
     finally:
         node_agent.stop()
     assert not node_agent.sockets.dra.exists()

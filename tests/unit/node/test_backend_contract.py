@@ -222,3 +222,15 @@ def test_nvml_error_carries_code_and_name() -> None:
     assert error.code == 23 and error.name == "NVML_ERROR_INSUFFICIENT_RESOURCES"
     assert str(error) == "NVML_ERROR_INSUFFICIENT_RESOURCES: GPU 0: placement 0+4 taken"
     assert backend.NvmlError(4242).name == "NVML_ERROR_4242"
+
+
+def test_a_healthy_gpu_needs_no_recovery(nvml_backend: backend.NvmlBackend) -> None:
+    """Guards the recovery-action read health relies on: a GPU in use needs no reset, or the driver says it
+    cannot tell (NOT_SUPPORTED), never another error."""
+    for gpu in nvml_backend.gpus():
+        try:
+            action = nvml_backend.recovery_action(gpu.minor)
+        except backend.NvmlError as error:
+            assert error.code == backend.Return.NOT_SUPPORTED, error
+            continue
+        assert action is backend.RecoveryAction.NONE

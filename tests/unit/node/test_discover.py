@@ -83,7 +83,7 @@ def test_env_vars_mirror_flags() -> None:
     assert any("sharedCounters" in i["spec"] for i in items)
     devices = {d["name"]: d for i in items for d in i["spec"].get("devices", [])}
     assert devices["gpu-3"].get("allowMultipleAllocations") is None  # it consumes counters: not shared
-    assert "gpu-0" not in devices and "gpu-0-mig-1g10gb-19-3" in devices
+    assert "gpu-0" in devices and "gpu-0-mig-1g10gb-19-3" in devices  # dynamic MIG: whole and MIG, whatever the mode
 
 
 def test_node_name_flag_wins_over_environment() -> None:

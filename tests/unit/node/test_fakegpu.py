@@ -504,3 +504,40 @@ def test_fail_refuses_a_fault_that_cannot_fire(kwargs: dict[str, Any], problem: 
     """Guards the in-process API: a fault that would never fire is a ValueError, not a silent no-op."""
     with pytest.raises(ValueError, match=problem):
         _fake().fail(code=backend.Return.TIMEOUT, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("profile", "refused"),
+    [("a100-80gb-x8", True), ("h100-80gb-x8", False)],
+    ids=["ampere-needs-a-reset", "hopper-toggles-in-place"],
+)
+def test_a_mig_mode_change_needing_a_reset_is_refused_while_another_client_holds_the_gpu(
+    profile: str, refused: bool
+) -> None:
+    """Guards NVML's activation rule: on Ampere a MIG mode change resets the GPU, which fails with IN_USE (mode
+    unchanged) while DCGM or a process holds it, and works once it is released; Hopper changes it in place."""
+    fake = fakegpu.FakeGpus(fakegpu.load_profile(profile), node_name="n")
+    fake.hold(0, "dcgm-exporter")
+    if refused:
+        with pytest.raises(backend.NvmlError, match="needs a reset.*dcgm-exporter") as caught:
+            fake.set_mig_mode(0, backend.MigMode.ENABLED)
+        assert caught.value.code == backend.Return.IN_USE
+        assert fake.gpus()[0].mig_mode is backend.MigMode.DISABLED
+        fake.release(0, "dcgm-exporter")
+    fake.set_mig_mode(0, backend.MigMode.ENABLED)
+    assert fake.gpus()[0].mig_mode is backend.MigMode.ENABLED
+
+
+def test_turning_mig_off_with_gpu_instances_is_refused_and_setting_the_same_mode_is_harmless() -> None:
+    """Guards: MIG off while a GPU instance exists is IN_USE on any GPU; setting the mode a GPU is in succeeds
+    without a change, even while a client holds it (NVML has nothing to activate)."""
+    fake = fakegpu.FakeGpus(fakegpu.load_profile("h100-80gb-x8"), node_name="n")
+    fake.set_mig_mode(0, backend.MigMode.ENABLED)
+    fake.create_gpu_instance(0, profile_id=19, placement=backend.Placement(start=0, size=1))
+    with pytest.raises(backend.NvmlError, match="GPU instance") as caught:
+        fake.set_mig_mode(0, backend.MigMode.DISABLED)
+    assert caught.value.code == backend.Return.IN_USE
+    ampere = fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name="n")
+    ampere.hold(1, "a CUDA process")
+    ampere.set_mig_mode(1, backend.MigMode.DISABLED)
+    assert ampere.gpus()[1].mig_mode is backend.MigMode.DISABLED

@@ -6,23 +6,27 @@ import threading
 import time
 
 import pytest
+import structlog
 from support import devices
 
 from dractl import model
-from dractl.node import backend, health
+from dractl.node import backend, fakegpu, health
 
 DRIVER = "gpu.nvidia.com"
 POOL = "node-a"
 
 
 class EventBackend:
-    """The two backend calls the monitor makes: queued events, and a probe that fails for lost GPUs."""
+    """The backend calls the monitor makes: queued events, a probe that fails for lost GPUs, and the recovery
+    action per GPU (NONE unless set; a GPU in `mute` answers NOT_SUPPORTED, as older drivers do)."""
 
     def __init__(self) -> None:
         self.events: list[backend.Event] = []
         self.lost: set[int] = set()
         self.wait_error: backend.NvmlError | None = None
         self.cond = threading.Condition()
+        self.recovery: dict[int, backend.RecoveryAction] = {}
+        self.mute: set[int] = set()
 
     def push(self, *events: backend.Event) -> None:
         with self.cond:
@@ -41,6 +45,11 @@ class EventBackend:
         if minor in self.lost:
             raise backend.NvmlError(backend.Return.GPU_IS_LOST, f"gpu {minor}")
         return backend.ComputeMode.DEFAULT
+
+    def recovery_action(self, minor: int) -> backend.RecoveryAction:
+        if minor in self.mute:
+            raise backend.NvmlError(backend.Return.NOT_SUPPORTED, f"gpu {minor}")
+        return self.recovery.get(minor, backend.RecoveryAction.NONE)
 
 
 class Clock:
@@ -143,13 +152,71 @@ def test_gpu_lost_clears_when_the_gpu_answers_again(monitor: health.Monitor, fak
 
 def test_xid_clears_after_a_quiet_period_only(monitor: health.Monitor, clock: Clock) -> None:
     """Guards: an XID taint stays until the GPU has been free of XIDs for xid_quiet_s, then clears."""
-    monitor.handle([backend.Event(kind=backend.EventKind.XID, minor=1, xid=48)])
+    monitor.handle([backend.Event(kind=backend.EventKind.XID, minor=1, xid=94)])
     clock.now += 59
     monitor.check_recovery()
-    assert monitor.taints()["gpu-1"] == (_xid("48"),)
+    assert monitor.taints()["gpu-1"] == (_xid("94"),)
     clock.now += 1
     monitor.check_recovery()
     assert monitor.taints()["gpu-1"] == ()
+
+
+RESET = model.DeviceTaint(key=f"{DRIVER}/reset-required", value="gpu-reset", effect="NoSchedule")
+
+
+@pytest.mark.parametrize("xid", sorted(health.RESET_XIDS))
+def test_an_xid_that_needs_a_reset_stays_until_the_gpu_is_reset(
+    monitor: health.Monitor, fake: EventBackend, clock: Clock, xid: int
+) -> None:
+    """Guards: an XID after which the GPU must be reset (48 and the others of NVIDIA's catalog) is not cleared by
+    quiet time; NVML's recovery action adds reset-required; once NVML says no recovery is needed any more (the
+    GPU was reset), both taints clear."""
+    fake.recovery[1] = backend.RecoveryAction.GPU_RESET
+    monitor.handle([backend.Event(kind=backend.EventKind.XID, minor=1, xid=xid)])
+    clock.now += 3600
+    monitor.check_recovery()
+    assert monitor.taints()["gpu-1"] == (_xid(str(xid)), RESET)
+    assert {h.device: h.status for h in monitor.report()}["gpu-1"] is health.Status.UNHEALTHY
+    fake.recovery[1] = backend.RecoveryAction.NONE
+    monitor.check_recovery()
+    assert monitor.taints()["gpu-1"] == ()
+
+
+def test_where_nvml_cannot_tell_a_reset_xid_stays_for_the_agents_life(
+    monitor: health.Monitor, fake: EventBackend, clock: Clock
+) -> None:
+    """Guards: on a driver without the recovery action (NOT_SUPPORTED), or one that never asked for a reset, XID 48
+    stays tainted however long it is quiet, and a later application XID does not replace it."""
+    fake.mute.add(1)
+    monitor.handle([backend.Event(kind=backend.EventKind.XID, minor=1, xid=48)])
+    monitor.handle([backend.Event(kind=backend.EventKind.XID, minor=1, xid=94)])
+    clock.now += 86400
+    monitor.check_recovery()
+    assert monitor.taints()["gpu-1"] == (_xid("48"),)
+    fake.mute.clear()
+    monitor.check_recovery()
+    assert monitor.taints()["gpu-1"] == (_xid("48"),)
+
+
+def test_a_reset_xid_on_a_mig_device_taints_the_whole_gpu(monitor: health.Monitor) -> None:
+    """Guards: a MIG device's XID 48 needs the parent GPU reset, so the GPU and all its MIG devices are tainted."""
+    monitor.handle([backend.Event(kind=backend.EventKind.XID, minor=0, gpu_uuid="GPU-0", mig_uuid="MIG-b", xid=48)])
+    taints = monitor.taints()
+    assert taints["gpu-0"] == taints["gpu-0-mig-1g10gb-19-0"] == taints["gpu-0-mig-1g10gb-19-1"] == (_xid("48"),)
+    assert taints["gpu-1"] == ()
+
+
+def test_a_gpu_waiting_for_a_reset_when_the_agent_starts_is_tainted(fake: EventBackend, clock: Clock) -> None:
+    """Guards: an agent started after the XID (a restart without a reset) still keeps the GPU from new work: NVML's
+    pending recovery action taints it and its MIG devices reset-required until the reset."""
+    fake.recovery[0] = backend.RecoveryAction.NODE_REBOOT
+    monitor = health.Monitor(backend=fake, driver_name=DRIVER, pool=POOL, devices=DEVICES, clock=clock)  # type: ignore[arg-type]
+    reboot = model.DeviceTaint(key=f"{DRIVER}/reset-required", value="node-reboot", effect="NoSchedule")
+    assert monitor.taints()["gpu-0"] == monitor.taints()["gpu-0-mig-1g10gb-19-0"] == (reboot,)
+    assert monitor.taints()["gpu-1"] == ()
+    fake.recovery[0] = backend.RecoveryAction.NONE
+    monitor.check_recovery()
+    assert monitor.taints()["gpu-0"] == ()
 
 
 def test_observers_get_the_full_mapping_on_each_change_only(monitor: health.Monitor) -> None:
@@ -185,6 +252,30 @@ def test_unreadable_events_report_unknown(monitor: health.Monitor, fake: EventBa
     fake.wait_error = None
     monitor.poll_once()
     assert {h.status for h in monitor.report()} == {health.Status.HEALTHY}
+
+
+def test_a_failure_to_read_events_is_logged_once_not_at_every_poll(monitor: health.Monitor, fake: EventBackend) -> None:
+    """Guards issue 15 (NVML read failures were logged every second): a failure is logged when it starts and when it
+    changes, not at each of the polls it repeats in, and the first read that works again is logged once."""
+    with structlog.testing.capture_logs() as logs:
+        fake.wait_error = backend.NvmlError(backend.Return.UNKNOWN, "event set")
+        for _ in range(5):
+            monitor.poll_once()
+        fake.wait_error = backend.NvmlError(backend.Return.DRIVER_NOT_LOADED, "driver")
+        for _ in range(3):
+            monitor.poll_once()
+        fake.wait_error = None
+        for _ in range(3):
+            monitor.poll_once()
+    assert [(entry["log_level"], entry["event"]) for entry in logs] == [
+        ("warning", "health: reading GPU events failed; devices report Unknown"),
+        ("warning", "health: reading GPU events failed; devices report Unknown"),
+        ("info", "health: reading GPU events works again"),
+    ]
+    assert [entry.get("error") for entry in logs[:2]] == [
+        str(backend.NvmlError(backend.Return.UNKNOWN, "event set")),
+        str(backend.NvmlError(backend.Return.DRIVER_NOT_LOADED, "driver")),
+    ]
 
 
 def test_wait_report_returns_on_change_and_the_thread_stops_promptly(
@@ -224,3 +315,20 @@ def test_devices_from_slices_reads_minor_and_uuid() -> None:
         health.MonitoredDevice("gpu-3", 3, "GPU-3"),
         health.MonitoredDevice("gpu-3-mig-3g40gb-9-4", 3, None),
     )
+
+
+def test_through_the_fake_gpus_xid_48_stays_until_reset_gpu() -> None:
+    """Guards the fake driver's side of it: an XID injected with its recovery action keeps the GPU tainted past
+    the quiet period until the test resets the GPU, as `nvidia-smi -r` would."""
+    gpus = fakegpu.FakeGpus(fakegpu.load_profile("t4-x2"), node_name="n")
+    clock = Clock()
+    devices = (health.MonitoredDevice("gpu-0", 0, gpus.gpus()[0].uuid), health.MonitoredDevice("gpu-1", 1))
+    monitor = health.Monitor(backend=gpus, driver_name=DRIVER, pool=POOL, devices=devices, poll_s=0, clock=clock)  # type: ignore[arg-type]
+    gpus.inject_xid(0, 48, recovery=backend.RecoveryAction.GPU_RESET)
+    monitor.poll_once()
+    clock.now += 3600
+    monitor.poll_once()
+    assert monitor.taints()["gpu-0"] == (_xid("48"), RESET)
+    gpus.reset_gpu(0)
+    monitor.poll_once()
+    assert monitor.taints() == {"gpu-0": (), "gpu-1": ()}

@@ -156,7 +156,17 @@ class ScriptedLib:
         return 0
 
     def nvmlDeviceSetMigMode(self, handle: Any, mode: int) -> int:
+        self.calls.append(("set_mig_mode", mode))
         return int(pynvml.NVML_ERROR_IN_USE) if mode == 0 else 0
+
+    recovery = (int(pynvml.NVML_SUCCESS), 0)  # (field return code, recovery action)
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> Any:
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for value, field in zip(values, field_ids, strict=True):
+            value.fieldId = field
+            value.nvmlReturn, value.value.uiVal = self.recovery
+        return values
 
     def nvmlEventSetCreate(self) -> Any:
         return "event-set"
@@ -245,11 +255,39 @@ def test_create_passes_the_placement_and_maps_refusals(lib: ScriptedLib) -> None
     assert caught.value.code == backend.Return.INSUFFICIENT_RESOURCES
 
 
-def test_mig_mode_activation_status_is_an_error(lib: ScriptedLib) -> None:
-    """Guards that a non-success activation status from nvmlDeviceSetMigMode is raised with its code."""
-    with pytest.raises(backend.NvmlError) as caught:
+def test_mig_mode_activation_status_is_an_error_and_the_pending_change_is_withdrawn(lib: ScriptedLib) -> None:
+    """Guards that a non-success activation status from nvmlDeviceSetMigMode (a change that needs a GPU reset) is
+    raised with its code and a reason, after the current mode is set again so no change stays pending for the
+    next reset to apply under running work."""
+    with pytest.raises(backend.NvmlError, match="takes effect only after a GPU reset") as caught:
         nvml.NvmlBackend().set_mig_mode(3, backend.MigMode.DISABLED)
     assert caught.value.code == backend.Return.IN_USE
+    assert [call for call in lib.calls if call[0] == "set_mig_mode"] == [("set_mig_mode", 0), ("set_mig_mode", 1)]
+
+
+@pytest.mark.parametrize(
+    ("field", "expected"),
+    [
+        pytest.param((int(pynvml.NVML_SUCCESS), 0), backend.RecoveryAction.NONE, id="none"),
+        pytest.param((int(pynvml.NVML_SUCCESS), 1), backend.RecoveryAction.GPU_RESET, id="reset"),
+        pytest.param((int(pynvml.NVML_SUCCESS), 4), backend.RecoveryAction.DRAIN_AND_RESET, id="drain-reset"),
+        pytest.param((int(pynvml.NVML_ERROR_NOT_SUPPORTED), 0), backend.Return.NOT_SUPPORTED, id="old-driver"),
+        pytest.param((int(pynvml.NVML_SUCCESS), 99), backend.Return.NOT_SUPPORTED, id="unknown-action"),
+    ],
+)
+def test_recovery_action_reads_nvmls_field(
+    lib: ScriptedLib, field: tuple[int, int], expected: backend.RecoveryAction | backend.Return
+) -> None:
+    """Guards the recovery-action read: the field's value maps to RecoveryAction; a per-field error (older drivers)
+    or an action this code does not know is NvmlError with NOT_SUPPORTED, never a wrong answer."""
+    lib.recovery = field
+    b = nvml.NvmlBackend()
+    if isinstance(expected, backend.RecoveryAction):
+        assert b.recovery_action(3) is expected
+    else:
+        with pytest.raises(backend.NvmlError) as caught:
+            b.recovery_action(3)
+        assert caught.value.code == expected
 
 
 def test_unknown_minor_is_not_found(lib: ScriptedLib) -> None:

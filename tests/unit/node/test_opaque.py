@@ -88,6 +88,12 @@ def test_mps_fields_are_decoded_with_limits_in_mib() -> None:
             id="interval",
         ),
         pytest.param(
+            _gpu({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": ["Long"]}}),
+            "sharing.timeSlicingConfig.interval",
+            "must be Default, Short, Medium or Long, got ['Long']",
+            id="interval-list",
+        ),
+        pytest.param(
             _gpu({"strategy": "TimeSlicing", "timeSlicingConfig": {"length": "Long"}}),
             "sharing.timeSlicingConfig.length",
             "unknown field",

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import collections.abc
 import pathlib
-import shutil
 import socket
-import tempfile
 import threading
 import time
 
 import grpc
 import pytest
+import structlog
 
 from dractl._proto import (
     dra_v1_pb2,
@@ -73,14 +72,6 @@ class FakePreparer:
                 raise self.errors[claim.uid]
         finally:
             self._leave()
-
-
-@pytest.fixture
-def sock_dir() -> collections.abc.Iterator[pathlib.Path]:
-    # pytest's tmp_path can exceed the 108-byte AF_UNIX limit once the socket names are added.
-    path = pathlib.Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -566,6 +557,157 @@ def test_claim_locks_are_taken_in_sorted_uid_order() -> None:
     assert locks._entries == {}
 
 
+# --- two agents on one node (rolling updates) -------------------------------------------------------------
+
+POD_A = "0f1e2d3c-aaaa-4000-8000-000000000001"
+POD_B = "0f1e2d3c-bbbb-4000-8000-000000000002"
+
+
+def _pod_sockets(sock_dir: pathlib.Path, pod_uid: str) -> plugin.Sockets:
+    return plugin.socket_paths(
+        driver_name=DRIVER, registrar_dir=sock_dir / "reg", plugins_dir=sock_dir / "plugins", pod_uid=pod_uid
+    )
+
+
+def test_socket_paths_with_a_pod_uid_are_upstreams_rolling_update_names() -> None:
+    """Guards: with a pod UID the sockets are <driver>-<podUID>-reg.sock and <driver>/dra-<podUID>.sock, as
+    upstream's kubeletplugin helper names them; a UID that cannot be part of a file name is refused naming the flag."""
+    sockets = plugin.socket_paths(
+        driver_name=DRIVER,
+        registrar_dir=pathlib.Path("/var/lib/kubelet/plugins_registry"),
+        plugins_dir=pathlib.Path("/var/lib/kubelet/plugins"),
+        pod_uid=POD_A,
+    )
+    assert sockets == plugin.Sockets(
+        registration=pathlib.Path(f"/var/lib/kubelet/plugins_registry/gpu.nvidia.com-{POD_A}-reg.sock"),
+        dra=pathlib.Path(f"/var/lib/kubelet/plugins/gpu.nvidia.com/dra-{POD_A}.sock"),
+    )
+    with pytest.raises(plugin.PluginError, match=r"^--pod-uid '\.\./x' must be letters, digits"):
+        plugin.socket_paths(
+            driver_name=DRIVER, registrar_dir=pathlib.Path("/r"), plugins_dir=pathlib.Path("/p"), pod_uid="../x"
+        )
+
+
+def test_a_second_plugin_on_served_sockets_refuses_to_start_and_leaves_them_alone(
+    running: plugin.Plugin, sockets: plugin.Sockets, preparer: FakePreparer
+) -> None:
+    """Guards issue 15: a second agent on the same fixed socket names no longer removes the running one's sockets
+    (whose SIGTERM then left none): it refuses with one line naming the socket and --pod-uid, and the first still
+    answers on both."""
+    with pytest.raises(plugin.PluginError) as caught:
+        plugin.check_sockets(sockets)
+    second = plugin.Plugin(driver_name=DRIVER, sockets=sockets, preparer=FakePreparer())
+    with pytest.raises(plugin.PluginError) as started:
+        second.start()
+    second.stop(grace_s=0)
+    message = (
+        f"another node agent is serving {sockets.dra}: stop it first, or give each agent its own sockets with "
+        "--pod-uid (rolling updates)"
+    )
+    assert str(caught.value) == str(started.value) == message
+    assert plugin.probe(sockets) == []
+
+
+def test_two_plugins_with_pod_uids_serve_side_by_side_and_one_stopping_leaves_the_other(
+    sock_dir: pathlib.Path, preparer: FakePreparer
+) -> None:
+    """Guards: two agents of a rolling update each serve their own sockets in the same directories, GetInfo names
+    each one's own DRA socket, and the old one's stop removes only its own sockets."""
+    old = plugin.Plugin(driver_name=DRIVER, sockets=_pod_sockets(sock_dir, POD_A), preparer=preparer)
+    new = plugin.Plugin(driver_name=DRIVER, sockets=_pod_sockets(sock_dir, POD_B), preparer=preparer)
+    old.start()
+    new.start()
+    try:
+        for p in (old, new):
+            with _channel(p.sockets.registration) as channel:
+                info = pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                    pluginregistration_pb2.InfoRequest(), timeout=5
+                )
+            assert info.endpoint == str(p.sockets.dra)
+        old.stop(grace_s=0)
+        assert not old.sockets.dra.exists() and not old.sockets.registration.exists()
+        assert plugin.probe(new.sockets) == []
+    finally:
+        old.stop(grace_s=0)
+        new.stop(grace_s=0)
+
+
+def test_claim_locks_hold_between_the_plugins_of_two_processes(sock_dir: pathlib.Path) -> None:
+    """Guards: with one claim lock file, an unprepare sent to the new agent while the old one still prepares that
+    claim waits for it (answering "still running" once its lock timeout passes, calling nothing), a call for another
+    claim goes through at once, and once the prepare is done the unprepare runs."""
+    lock_file = sock_dir / "claims.lock"
+    slow = FakePreparer()
+    slow.gate = threading.Event()
+    fast = FakePreparer()
+    old = plugin.Plugin(
+        driver_name=DRIVER, sockets=_pod_sockets(sock_dir, POD_A), preparer=slow, claim_lock_file=lock_file
+    )
+    new = plugin.Plugin(
+        driver_name=DRIVER,
+        sockets=_pod_sockets(sock_dir, POD_B),
+        preparer=fast,
+        claim_lock_file=lock_file,
+        claim_lock_timeout_s=0.2,
+    )
+    old.start()
+    new.start()
+    thread = threading.Thread(target=_call, args=(old.sockets, "prepare", ["u1"]))
+    thread.start()
+    try:
+        assert slow.entered.wait(timeout=10)
+        waited = _call(new.sockets, "unprepare", ["u1"])
+        other = _call(new.sockets, "unprepare", ["u2"])
+        calls_meanwhile = [(op, c.uid) for op, c in fast.calls]
+    finally:
+        slow.gate.set()
+        thread.join(timeout=20)
+    try:
+        after = _call(new.sockets, "unprepare", ["u1"])
+    finally:
+        old.stop(grace_s=0)
+        new.stop(grace_s=0)
+    busy = "another call for claim default/claim-u1 (uid u1) is still running; the kubelet retries"
+    assert waited.claims["u1"].error == busy  # type: ignore[attr-defined]
+    assert other.claims["u2"].error == ""  # type: ignore[attr-defined]
+    assert calls_meanwhile == [("unprepare", "u2")]
+    assert after.claims["u1"].error == ""  # type: ignore[attr-defined]
+    assert [(op, c.uid) for op, c in fast.calls] == [("unprepare", "u2"), ("unprepare", "u1")]
+
+
+def test_each_claims_outcome_is_logged_with_the_claim_and_the_reason(
+    running: plugin.Plugin, sockets: plugin.Sockets, preparer: FakePreparer
+) -> None:
+    """Guards issue 15: a failed prepare is a warning naming the claim, its uid and the reason (not a count), and a
+    successful one shows at info with its devices; the call's summary is only at debug."""
+    preparer.devices["u1"] = (GPU0,)
+    preparer.errors["u2"] = state.PrepareError("claim default/claim-u2: ResourceClaim not found")
+    with structlog.testing.capture_logs() as logs:
+        _call(sockets, "prepare", ["u1", "u2"])
+    outcomes = [
+        {key: entry[key] for key in ("log_level", "event", "claim", "uid") if key in entry}
+        | ({"devices": entry["devices"]} if "devices" in entry else {"error": entry.get("error")})
+        for entry in logs
+        if entry["log_level"] != "debug"
+    ]
+    assert outcomes == [
+        {
+            "log_level": "info",
+            "event": "plugin: prepare done",
+            "claim": "default/claim-u1",
+            "uid": "u1",
+            "devices": ["gpu-0"],
+        },
+        {
+            "log_level": "warning",
+            "event": "plugin: prepare failed",
+            "claim": "default/claim-u2",
+            "uid": "u2",
+            "error": "claim default/claim-u2: ResourceClaim not found",
+        },
+    ]
+
+
 # --- health stream --------------------------------------------------------------------------------
 
 
@@ -592,6 +734,9 @@ class _EventBackend:
 
     def compute_mode(self, minor: int) -> backend.ComputeMode:
         return backend.ComputeMode.DEFAULT
+
+    def recovery_action(self, minor: int) -> backend.RecoveryAction:
+        return backend.RecoveryAction.NONE
 
 
 def test_health_stream_reports_an_xid_as_unhealthy(sockets: plugin.Sockets, preparer: FakePreparer) -> None:

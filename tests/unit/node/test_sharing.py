@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 from collections.abc import Mapping, Sequence
 
@@ -31,57 +32,107 @@ def test_daemon_id_is_the_nvidia_drivers() -> None:
     assert a.startswith("uid-") and len(a) == len("uid-") + 5
 
 
-def test_nvidia_mps_runs_the_control_daemon_with_its_settings(tmp_path: pathlib.Path) -> None:
-    """Guards: nvidia-cuda-mps-control runs with per-daemon dirs and settings; stop quits, cleans up."""
-    calls: list[tuple[list[str], dict[str, str], str]] = []
+class ControlDaemon:
+    """Stands in for nvidia-cuda-mps-control in a runner: `-d` makes the control FIFO and holds it open for
+    reading, as the real daemon does; `die()` drops the reader, as a daemon gone with an earlier agent."""
 
-    def runner(argv: Sequence[str], env: Mapping[str, str], stdin: str) -> None:
-        calls.append((list(argv), dict(env), stdin))
-        if argv[-1] == "-d":
-            (tmp_path / "d1" / "pipe" / "control").touch()
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], dict[str, str], str]] = []
+        self.readers: list[int] = []
 
-    mps = sharing.NvidiaMps(root=tmp_path, runner=runner)
+    def __call__(self, argv: Sequence[str], env: Mapping[str, str], stdin: str) -> None:
+        self.calls.append((list(argv), dict(env), stdin))
+        if "-d" in argv:
+            control = pathlib.Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control"
+            os.mkfifo(control)
+            self.readers.append(os.open(control, os.O_RDONLY | os.O_NONBLOCK))
+
+    def die(self) -> None:
+        for fd in self.readers:
+            os.close(fd)
+        self.readers.clear()
+
+
+def _daemon_start(tmp_path: pathlib.Path, daemon: str, *flags: str) -> list[str]:
+    shm = str(tmp_path / daemon / "shm")
+    script = 'mount --bind "$1" /dev/shm && shift && exec "$@"'
+    prefix = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "mps-daemon", shm]
+    return [*prefix, "nvidia-cuda-mps-control", "-d", *flags]
+
+
+def test_nvidia_mps_runs_the_control_daemon_with_its_own_shm_and_settings(tmp_path: pathlib.Path) -> None:
+    """Guards: each daemon gets a tmpfs of its own, bound over /dev/shm in the daemon's own mount namespace, and
+    its settings; workloads mount that tmpfs (never the host's /dev/shm) and the pipe; stop quits and cleans up."""
+    daemon = ControlDaemon()
+    mps = sharing.NvidiaMps(root=tmp_path, runner=daemon)
     settings = sharing.MpsSettings(
         daemon_id="d1", uuids=("GPU-a", "GPU-b"), active_thread_percentage=25, pinned_limits_mib={"GPU-b": 2048}
     )
     mps.start(settings)
     mps.start(settings)  # running already: nothing more
-    assert mps.daemons() == ("d1",)
+    assert mps.daemons() == ("d1",) and mps.running("d1")
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "d1/pipe"), "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "d1/log")}
-    assert calls == [
-        (["nvidia-cuda-mps-control", "-d"], {**env, "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}, ""),
-        (
-            ["nvidia-cuda-mps-control"],
-            {**env, "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"},
-            "set_default_active_thread_percentage 25\n",
-        ),
-        (
-            ["nvidia-cuda-mps-control"],
-            {**env, "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"},
-            "set_default_device_pinned_mem_limit GPU-b 2048M\n",
-        ),
+    gpus = {**env, "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
+    mount = daemon.calls[0][0]
+    assert mount[:4] == ["mount", "-t", "tmpfs", "-o"] and mount[5:] == ["tmpfs", str(tmp_path / "d1/shm")]
+    assert mount[4].startswith("size=") and mount[4].endswith("k,mode=1777")
+    assert daemon.calls[1:] == [
+        (_daemon_start(tmp_path, "d1"), gpus, ""),
+        (["nvidia-cuda-mps-control"], gpus, "set_default_active_thread_percentage 25\n"),
+        (["nvidia-cuda-mps-control"], gpus, "set_default_device_pinned_mem_limit GPU-b 2048M\n"),
     ]
     edits = mps.workload_edits("d1")
     assert edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",)
-    assert edits.mounts[0]["hostPath"] == str(tmp_path / "d1/pipe")
+    assert [(m["hostPath"], m["containerPath"]) for m in edits.mounts] == [
+        (str(tmp_path / "d1/pipe"), "/tmp/nvidia-mps"),
+        (str(tmp_path / "d1/shm"), "/dev/shm"),
+    ]
     mps.stop("d1")
-    assert calls[-1] == (["nvidia-cuda-mps-control"], env, "quit\n")
+    assert daemon.calls[-1] == (["nvidia-cuda-mps-control"], env, "quit\n")
     assert not (tmp_path / "d1").exists()
+    daemon.die()
     mps.stop("d1")
-    assert len(calls) == 4 and mps.daemons() == ()
+    assert len(daemon.calls) == 5 and mps.daemons() == ()
+
+
+def test_a_control_pipe_left_by_a_dead_daemon_does_not_pass_for_a_running_one(tmp_path: pathlib.Path) -> None:
+    """Guards: after an agent restart the old daemon's control pipe is still there but has no reader: start()
+    replaces the pipe directory and starts the daemon again instead of returning at once; stop() then sends no
+    quit to a daemon that is gone. A regular file named control is not a daemon either."""
+    daemon = ControlDaemon()
+    mps = sharing.NvidiaMps(root=tmp_path, runner=daemon)
+    settings = sharing.MpsSettings(daemon_id="d1", uuids=("GPU-a",), multi_user=True)
+    mps.start(settings)
+    daemon.die()
+    assert (tmp_path / "d1/pipe/control").exists() and not mps.running("d1")
+    mps.start(settings)
+    starts = [call for call in daemon.calls if "-d" in call[0]]
+    assert [call[0] for call in starts] == [_daemon_start(tmp_path, "d1", "-M")] * 2
+    assert mps.running("d1")
+    daemon.die()
+    mps.stop("d1")
+    assert not any(call[2] == "quit\n" for call in daemon.calls)
+    (tmp_path / "d2/pipe").mkdir(parents=True)
+    (tmp_path / "d2/pipe/control").write_text("")
+    assert not mps.running("d2")
 
 
 def test_fake_mps_records_calls_and_makes_the_pipe_dir(tmp_path: pathlib.Path) -> None:
-    """Guards: the fake records start/stop, keeps running settings, and creates the pipe dir its edits mount."""
+    """Guards: the fake records start/stop, keeps running settings, and creates the pipe and shm dirs its edits
+    mount."""
     fake = sharing.FakeMps(root=tmp_path)
     fake.start(sharing.MpsSettings(daemon_id="x", uuids=("GPU-a",), multi_user=True))
-    assert (tmp_path / "x" / "pipe").is_dir() and fake.running["x"].multi_user
+    assert (tmp_path / "x" / "pipe").is_dir() and (tmp_path / "x" / "shm").is_dir() and fake.running["x"].multi_user
+    assert [m["hostPath"] for m in fake.workload_edits("x").mounts] == [
+        str(tmp_path / "x/pipe"),
+        str(tmp_path / "x/shm"),
+    ]
     fake.stop("x")
     assert fake.calls == [("start", "x"), ("stop", "x")] and fake.running == {} and not (tmp_path / "x").exists()
 
 
-def test_a_failing_mps_control_command_is_an_os_error_the_prepare_path_rolls_back_on(tmp_path: pathlib.Path) -> None:
-    """Guards: nvidia-cuda-mps-control exiting non-zero raises OSError (caught by prepare), not CalledProcessError."""
-    mps = sharing.NvidiaMps(root=tmp_path, executable="false")
+def test_a_failing_mps_command_is_an_os_error_the_prepare_path_rolls_back_on() -> None:
+    """Guards: NvidiaMps's command runner turns a non-zero exit (of the control client, mount, unshare) into
+    OSError naming the command, which prepare catches, not CalledProcessError."""
     with pytest.raises(OSError, match="false exited with 1"):
-        mps.start(sharing.MpsSettings(daemon_id="d1", uuids=("GPU-a",)))
+        sharing._run(["false"], {}, "")

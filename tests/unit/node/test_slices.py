@@ -9,7 +9,7 @@ import pytest
 
 from dractl import config
 from dractl.model import decode, encode, types
-from dractl.node import fakegpu, inventory, slices
+from dractl.node import backend, fakegpu, inventory, mig, publish, slices
 
 MODES = [config.MigMode.STATIC, config.MigMode.DYNAMIC]
 
@@ -126,11 +126,48 @@ def test_dynamic_mig_publishes_every_placement_with_counters() -> None:
     assert "uuid" not in by_name["gpu-1-mig-2g20gb-14-4"].attributes
 
 
-def test_dynamic_mig_on_ampere_with_mig_on_leaves_out_the_full_gpu() -> None:
-    """Guards the Ampere rule: MIG already on (no toggling without reset) -> MIG placements only."""
+def test_dynamic_mig_publishes_the_same_devices_whatever_the_mig_mode() -> None:
+    """Guards the one rule for whole and MIG: a MIG-capable GPU is published whole and as every placement in
+    dynamic mode, with MIG mode off, on with instances, or on after its last instance went (an agent restarted
+    after its prepares turned MIG on publishes what the first one did)."""
+    gpus = fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name="node-1")
+    options = slices.Options(node_name="node-1", mig_mode=config.MigMode.DYNAMIC)
+    before = slices.build(inventory.read(gpus), options=options)
+    gpus.set_mig_mode(0, backend.MigMode.ENABLED)
+    placement = backend.Placement(start=0, size=1)
+    gi = gpus.create_gpu_instance(0, profile_id=19, placement=placement)
+    gpus.create_compute_instance(0, gi_id=gi.gi_id)
+    assert slices.build(inventory.read(gpus), options=options) == before
+    mig.destroy(gpus, minor=0, gi_id=gi.gi_id)
+    assert inventory.read(gpus).gpus[0].info.mig_mode is backend.MigMode.ENABLED
+    assert slices.build(inventory.read(gpus), options=options) == before
     devices = _devices(_build("a100-mig-mixed", mig_mode=config.MigMode.DYNAMIC))
-    assert "gpu-0" not in devices and "gpu-0-mig-7g80gb-0-0" in devices
-    assert "gpu-3" in devices and "gpu-3-mig-1g10gb-19-0" in devices
+    assert {"gpu-0", "gpu-0-mig-7g80gb-0-0", "gpu-3", "gpu-3-mig-1g10gb-19-0"} <= set(devices)
+
+
+@pytest.mark.parametrize(
+    ("version", "layout"),
+    [((1, 34), slices.Layout.COMBINED), ((1, 35), slices.Layout.SPLIT), ((1, 36), slices.Layout.SPLIT)],
+    ids=["1.34", "1.35", "1.36"],
+)
+def test_the_layout_follows_the_api_servers_version(version: tuple[int, int], layout: slices.Layout) -> None:
+    """Guards the version rule: counters beside their devices for 1.34, in slices of their own from 1.35."""
+    assert slices.layout_for(*version) is layout
+
+
+def test_the_combined_layout_puts_each_gpus_counter_set_beside_its_devices() -> None:
+    """Guards the Kubernetes 1.34 layout: one slice per GPU holding its counter set and every device that
+    consumes it, no slice of counters alone; the same devices as the split layout, and without counters
+    (static MIG) the layout changes nothing."""
+    split = _build("a100-80gb-x8", mig_mode=config.MigMode.DYNAMIC)
+    combined = _build("a100-80gb-x8", mig_mode=config.MigMode.DYNAMIC, layout=slices.Layout.COMBINED)
+    assert len(combined) == 8 and {s.pool.resource_slice_count for s in combined} == {8}
+    for minor, piece in enumerate(combined):
+        assert [c.name for c in piece.shared_counters] == [f"gpu-{minor}-counter-set"]
+        assert {c.counter_set for d in piece.devices for c in d.consumes_counters} == {f"gpu-{minor}-counter-set"}
+        assert piece.shared_counters[0] == split[0].shared_counters[minor]
+    assert [d for s in combined for d in s.devices] == [d for s in split for d in s.devices]
+    assert _build("a100-mig-mixed", layout=slices.Layout.COMBINED) == _build("a100-mig-mixed")
 
 
 def test_consumable_memory_makes_gpus_shareable() -> None:
@@ -254,3 +291,12 @@ def test_mig_device_names_follow_the_nvidia_driver() -> None:
     """Guards MIG device naming: dots dropped, other characters outside RFC 1123 turned into '-'."""
     assert slices.mig_device_name(1, "2g.20gb", 14, 4) == "gpu-1-mig-2g20gb-14-4"
     assert slices.mig_device_name(0, "1g.10gb+me", 20, 0) == "gpu-0-mig-1g10gb-me-20-0"
+
+
+@pytest.mark.parametrize("layout", list(slices.Layout), ids=lambda layout: layout.value)
+def test_the_publisher_reads_back_either_layout_as_it_wrote_it(layout: slices.Layout) -> None:
+    """Guards the publisher's comparison on a 1.34 server too: a stored slice that holds counters and devices
+    together normalizes to exactly what was encoded, so an unchanged pool is never rewritten."""
+    for built in _build("a100-80gb-x8", mig_mode=config.MigMode.DYNAMIC, layout=layout):
+        body = encode.resource_slice(built)
+        assert publish.normalized(body) == body

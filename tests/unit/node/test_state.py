@@ -15,6 +15,7 @@ from support.state_inputs import (
     result,
 )
 
+from dractl import model
 from dractl.node import backend, cdi, checkpoint, state
 
 UID = "0c1d2e3f-0000-4000-8000-000000000001"
@@ -90,13 +91,36 @@ def test_subrequest_names_are_reported_as_base_request_names(tmp_path: pathlib.P
     assert device.requests == ("gpu",)
 
 
-def test_results_of_other_drivers_and_pools_are_left_out(tmp_path: pathlib.Path) -> None:
-    """Guards: only results for our driver and this node's pool are prepared."""
+def test_results_of_other_drivers_are_left_out(tmp_path: pathlib.Path) -> None:
+    """Guards: only results for our driver are prepared; another driver's devices are that driver's to prepare."""
     node = make_node(tmp_path)
-    ref = node.claims.put(
-        claim("c", UID, [result("gpu-0"), result("gpu-1", pool="node-b"), result("nic-0", driver="net.example.com")])
-    )
+    ref = node.claims.put(claim("c", UID, [result("gpu-0"), result("nic-0", driver="net.example.com")]))
     assert [d.device for d in node.state().prepare(ref)] == ["gpu-0"]
+
+
+@pytest.mark.parametrize(
+    "results",
+    [
+        pytest.param([result("gpu-1", pool="node-b")], id="only-another-pool"),
+        pytest.param([result("gpu-0"), result("gpu-1", pool="node-b")], id="this-pool-and-another"),
+    ],
+)
+def test_a_result_in_another_nodes_pool_is_the_claims_error(
+    tmp_path: pathlib.Path, results: list[model.DeviceRequestAllocationResult]
+) -> None:
+    """Guards: a claim allocated to another node's GPUs fails with an error naming the result, its pool and this
+    node's (it was "prepared" with 0 devices), and nothing is made or recorded."""
+    node = make_node(tmp_path)
+    ref = node.claims.put(claim("c", UID, results))
+    s = node.state()
+    index = len(results) - 1
+    with pytest.raises(state.PrepareError) as caught:
+        s.prepare(ref)
+    assert str(caught.value) == (
+        f"claim default/c: status.allocation.devices.results[{index}] is device gpu-1 in pool node-b, not in this "
+        "node's pool node-a: the claim is allocated to another node"
+    )
+    assert s.prepared() == {} and node.cdi_files() == []
 
 
 def test_env_lists_the_uuids_of_each_request(tmp_path: pathlib.Path) -> None:
@@ -144,9 +168,11 @@ def test_prepare_refuses_bad_claims_with_a_message_naming_the_claim(
 def test_an_api_failure_is_the_claims_error(tmp_path: pathlib.Path) -> None:
     """Guards: an exception from the ClaimSource becomes a PrepareError, not a crash of the handler."""
     node = make_node(tmp_path)
+    s = node.state()
+    assert s.sweep() == state.SweepResult()  # the start-up sweep: no checkpoint yet, nothing to rebuild
     node.claims.error = RuntimeError("connection refused")
     with pytest.raises(state.PrepareError, match="claim default/c: cannot read the ResourceClaim: connection refused"):
-        node.state().prepare(state.ClaimRef(namespace="default", name="c", uid=UID))
+        s.prepare(state.ClaimRef(namespace="default", name="c", uid=UID))
 
 
 def test_a_device_held_by_another_claim_is_refused(tmp_path: pathlib.Path) -> None:
@@ -414,6 +440,7 @@ def test_a_prepare_reads_the_gpu_list_once(
     creates (two on one GPU whose MIG mode the first one turns on)."""
     node = make_node(tmp_path, dynamic_mig=dynamic_mig)
     s = node.state()
+    s.sweep()  # the start-up sweep, which builds the state of a node without a checkpoint (one more GPU read)
     ref = node.claims.put(claim("all", UID, [result(device) for device in devices]))
     reads = []
     gpus = node.gpus.gpus

@@ -115,15 +115,19 @@ def test_crash_after_the_cdi_file_is_written_leaves_no_stale_spec(
         pytest.param(b"{not json", "not JSON", id="bad-json"),
         pytest.param(None, "checksum mismatch", id="checksum"),
         pytest.param(
-            json.dumps({"version": 99, "checksum": "", "data": {}}).encode(), "unknown version 99", id="version"
+            json.dumps({"version": 99, "checksum": "", "data": {}}).encode(),
+            "checksum mismatch (version 99)",
+            id="version-without-a-valid-checksum",
         ),
         pytest.param(b"[]", "not a JSON object", id="not-object"),
     ],
 )
-def test_corrupt_checkpoint_gives_a_warning_and_an_empty_state(
+def test_corrupt_checkpoint_is_rebuilt_without_the_claims_no_pod_here_holds(
     tmp_path: pathlib.Path, content: bytes | None, reason: str
 ) -> None:
-    """Guards: a corrupt checkpoint: a Warning to the hook, an empty state, and prepare works again."""
+    """Guards: a corrupt checkpoint: one CheckpointRebuilt notice naming the reason and where the file went; a
+    prepared claim no pod on this node holds (not reserved) is not rebuilt, so the sweep removes its spec; the claim
+    prepares again, and the rebuilt checkpoint raises no second notice."""
     node = make_node(tmp_path)
     ref = node.claims.put(claim("c", UID, [result("gpu-0")]))
     node.state().prepare(ref)
@@ -133,11 +137,15 @@ def test_corrupt_checkpoint_gives_a_warning_and_an_empty_state(
     path.write_bytes(content)
     fresh = node.state()
     assert fresh.prepared() == {}
-    (warning,) = node.warnings
-    assert "is corrupt" in warning and reason in warning
+    (notice,) = node.warnings
+    assert notice.reason == "CheckpointRebuilt"
+    assert f"checkpoint {path} is corrupt (" in notice.message and reason in notice.message
+    assert f"moved to {path}.corrupt" in notice.message and "0 prepared claim(s)" in notice.message
+    assert (node.state_dir / "checkpoint.json.corrupt").read_bytes() == content
+    assert fresh.sweep().removed_cdi_files == (cdi.spec_path(node.cdi_root, UID),)
     assert [d.device for d in fresh.prepare(ref)] == ["gpu-0"]
     assert node.state().prepared()[UID].phase is checkpoint.Phase.COMPLETED
-    assert len(node.warnings) == 1  # the rebuilt checkpoint is valid: no second warning
+    assert len(node.warnings) == 1
 
 
 def test_changed_boot_id_discards_the_checkpoint_with_a_warning(tmp_path: pathlib.Path) -> None:
@@ -148,7 +156,8 @@ def test_changed_boot_id_discards_the_checkpoint_with_a_warning(tmp_path: pathli
     node.boot_id.write_text("boot-2\n")
     fresh = node.state()
     assert fresh.prepared() == {}
-    assert len(node.warnings) == 1 and "before a reboot" in node.warnings[0] and "boot-2" in node.warnings[0]
+    ((reason, message),) = [(n.reason, n.message) for n in node.warnings]
+    assert reason == "NodeStateReset" and "before a reboot" in message and "boot-2" in message
     assert fresh.sweep().removed_cdi_files == (cdi.spec_path(node.cdi_root, UID),)
     assert node.state().prepared() == {} and len(node.warnings) == 1
 
