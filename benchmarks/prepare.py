@@ -97,6 +97,9 @@ class ApiClaims:
     def get_claim(self, namespace: str, name: str) -> model.ResourceClaim | None:
         return self.source.get_claim(namespace, name)
 
+    def claims_on_node(self, *, driver: str, node: str) -> Sequence[model.ResourceClaim]:
+        return self.source.claims_on_node(driver=driver, node=node)
+
     def put(self, name: str, devices: Sequence[str], *, index: int) -> state.ClaimRef:
         from support import kube_objects
 
