@@ -11,6 +11,7 @@ are broken by position), and runs the node loop and the search without the GIL.
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.math cimport floor, log, log2, pow
 from libc.string cimport memcpy, memmove, memset
 
 cdef enum:
@@ -39,6 +40,68 @@ cdef enum:
 cdef int64_t INT64_LAST = 0x7FFFFFFFFFFFFFFF  # a rank after every other
 cdef int32_t FLEX_NONE = 0x3FFFFFFF  # binpack's node key part for a shape without a free candidate there
 cdef int64_t FLEX_SCALE = 0x40000000  # every flexibility is below this, so it is the last part of a rank
+# `_flex` is log2(1 + pressure * PRESSURE_SCALE) in steps of 1 / PRESSURE_STEPS, then the devices
+# of the unit (a partitionable GPU offers more than one that is not) in the last six bits.
+cdef double PRESSURE_SCALE = 1048576.0
+cdef double PRESSURE_STEPS = 262144.0
+cdef double BUCKET_BASE = 1.1  # free shares enter rounded down to a power of this
+cdef double COARSE_BASE = 1.25  # held demand and the fill ratio: rounded more coarsely, they change less often
+cdef double FIXED = 16777216.0  # free shares are summed as integers in these steps, so sums are exact
+cdef double PRESSURE_FIXED = 1099511627776.0  # pressures are summed as integers in these steps (2^40)
+# The fill ratio (free units over used ones) counts at most this much: a cluster holding next to
+# nothing would otherwise see it swing with every claim, and every swing recomputes the pressures.
+cdef double RATIO_MOST = 100.0
+cdef int32_t MAX_ROOMS = 4  # kinds of room (device count, attribute) kept per request shape
+cdef double PRESSURE_NONE = 1048576.0  # a request without a free candidate on a node: after every other
+
+
+cdef inline int32_t _bucket(double free) noexcept nogil:
+    """The rounded logarithm of a free share: the pressure changes only when this does."""
+    return _bucket_in(free, BUCKET_BASE)
+
+
+cdef inline int32_t _bucket_in(double value, double base) noexcept nogil:
+    if value < 0.5:
+        return -1000
+    return <int32_t> floor(log(value) / log(base) + 1e-9)
+
+
+cdef inline int64_t _order_code(double value) noexcept nogil:
+    """A value >= 0 as an integer that orders like it, cheaply: the top 32 bits of its IEEE 754
+    form (sign, exponent, 20 bits of mantissa), which ascend with the value."""
+    cdef int64_t bits
+    memcpy(&bits, &value, sizeof(double))
+    return bits >> 32
+
+
+cdef inline int32_t _pressure_code(double pressure) noexcept nogil:
+    """A pressure as an integer that orders like it: log2(1 + pressure * PRESSURE_SCALE) in
+    steps of 1 / PRESSURE_STEPS, below `FLEX_SCALE >> 6`."""
+    cdef double v = log2(1.0 + pressure * PRESSURE_SCALE) * PRESSURE_STEPS
+    if v >= (FLEX_SCALE >> 6) - 1:
+        v = (FLEX_SCALE >> 6) - 1
+    return <int32_t> v
+
+
+cdef inline double _scarcity(double spare) noexcept nogil:
+    """How scarce a request shape is with `spare` GPUs' worth left over (see `Core._spare`):
+    1 / (1 + spare), and past zero a line with the same slope, so a shape already short keeps
+    costing one per GPU taken from it."""
+    return 1.0 / (spare + 1.0) if spare >= 0.0 else 1.0 - spare
+
+
+cdef inline int64_t _fixed(double share) noexcept nogil:
+    return <int64_t> (share * FIXED + 0.5)
+
+
+cdef inline double _rounded(int32_t bucket) noexcept nogil:
+    """The free share a bucket stands for: none counts as a quarter of a unit, so a shape with
+    nothing left free weighs much but finitely."""
+    return _rounded_in(bucket, BUCKET_BASE)
+
+
+cdef inline double _rounded_in(int32_t bucket, double base) noexcept nogil:
+    return 0.25 if bucket == -1000 else pow(base, bucket)
 
 # Search results (the facade maps them to reasons).
 OK = 0
@@ -105,12 +168,47 @@ cdef struct Shape:
     int32_t* cap_slot
     int64_t* cap_amt
     uint8_t* err        # per device: 1 if evaluating a selector on it failed (NULL: none did)
+    # Binpack's demand model (see `Core._spare`): the most devices one request of the shape asks
+    # for (`demand`), the mean share of its unit (GPU) a candidate takes (`size`), the units
+    # holding a candidate (`umask`, one byte per unit) and how much of them is free (`free`, in
+    # units, fixed point, see `FIXED`; `bucket` is its rounded logarithm, see `_bucket`).
+    double demand
+    double size
+    uint8_t* umask
+    int64_t free
+    int32_t bucket
+    # `rooms`: how many kinds of room (`Core.rooms`) the shape has, one per (device count from 2
+    # on, constraint attribute) its requests ask for. `overlap`, per kind of room, says whether
+    # this shape's GPUs and the room's shape's meet (0 not known yet, 1 no, 2 yes; `n_overlap`
+    # entries).
+    int32_t rooms
+    double held           # devices held by requests of the shape (see `Core.add_held`)
+    int32_t held_bucket   # the rounded logarithm of held + demand (see `_bucket_in`, `COARSE_BASE`)
+    int64_t share         # what the shape adds to the `pressure` of each of its units (fixed point)
+    uint8_t* overlap
+    int32_t n_overlap
     # Per node, cached (see `Core._node_cache`): how many of the shape's candidates on the node
-    # are free, and the least `dev_value` among them (binpack's key); valid while `key_at` is
-    # not older than the node's last change.
+    # are free, and the least `_flex` among them (`key_min`) with its unit's pressure
+    # (`key_pressure`; binpack's key); valid while `key_at` is not older than the node's last change.
     int32_t* key_free
     int32_t* key_min
+    double* key_pressure
     int64_t* key_at
+
+
+cdef struct Room:
+    # One kind of room (see `Core._room_cost`): room for one request of shape `shape` that asks
+    # for `k` devices, all with one value of attribute `attr` (a matchAttribute constraint;
+    # -1: none). The shape's candidates that could be allocated now, grouped by that value, hold
+    # per node `rooms[2 * node]` rooms (k candidates each) and `rooms[2 * node + 1]` candidates
+    # left over (loose); `total` rooms in all. `values`: scratch, one counter per value of the
+    # attribute, all zero between uses.
+    int32_t shape
+    int32_t k
+    int32_t attr
+    int32_t* rooms
+    int32_t* values
+    int64_t total
 
 
 cdef struct Attr:
@@ -159,6 +257,14 @@ cdef struct Search:
     int64_t* stats          # n_alts x N_STATS_C
     int64_t* rank           # binpack sort keys, one per visible device
     double* keep
+    # Binpack's rooms (see `Core._room_cost`): the kinds of room the plan's requests take from
+    # (`n_active` of them, by index), with the devices they would take and the room's shape's
+    # spare, in the same positions.
+    int32_t* room_active
+    int32_t* room_take
+    double* room_spare
+    double* room_one        # what losing one room costs
+    int32_t n_active
     int32_t policy
     # Current node.
     int32_t node
@@ -204,20 +310,43 @@ cdef class Core:
     cdef int32_t* dev_group
     cdef double* dev_size
     cdef int32_t* group_free
-    cdef int32_t* dev_value     # per device: how many registered shapes it is a candidate of
+    # Binpack's units: a GPU, which is the counter set its devices consume (a full GPU and its
+    # MIG devices share one) or else a device of its own. `pressure[u]`: how much the request
+    # shapes known want unit u (see `_flex`).
+    cdef int32_t* unit
+    cdef int32_t n_units
+    cdef double* unit_frac      # per device: the share of its unit it takes (1 without counters)
+    cdef int32_t* unit_dev      # per unit past the counter sets: its device
+    cdef double* unit_free      # per unit: the share of it that is free
+    cdef int64_t total_free     # their sum, fixed point (see `FIXED`)
+    cdef int32_t ratio_bucket   # the rounded logarithm of 16 x the free units over the used ones
+    cdef int64_t* pressure      # fixed point (see `PRESSURE_FIXED`), so that sums are exact
+    cdef int32_t* unit_code     # per unit: `_flex` of its devices, computed when `pressure` changes
+    cdef uint8_t* code_stale    # per unit: its pressure changed since `unit_code` was computed
+    cdef bint pressure_stale
     cdef int32_t* node_used     # per node: how many of its visible devices are held or shared
     # Event clock of the cached binpack keys: `node_changed[n]` is when node n's devices last
-    # changed hands, `values_changed` when `dev_value` last changed (a shape was added).
+    # changed hands, `values_changed` when `pressure` last changed (a shape or a demand was added).
     cdef int64_t clock, values_changed
     cdef int64_t* node_changed
     cdef Shape* shapes
     cdef int32_t n_shapes, cap_shapes
+    # The kinds of room binpack keeps (`_room_cost`), and the nodes whose devices changed hands
+    # since their rooms were last counted (`_refresh_rooms`).
+    cdef Room* rooms
+    cdef int32_t n_rooms, cap_rooms
+    cdef int32_t* dirty
+    cdef uint8_t* is_dirty
+    cdef int32_t n_dirty
     cdef Attr* attrs
     cdef int32_t n_attrs, cap_attrs
 
     def __cinit__(self):
         self.shapes = NULL
         self.attrs = NULL
+        self.rooms = NULL
+        self.dirty = NULL
+        self.is_dirty = NULL
 
     def __init__(self, *, node_off, node_dev, node_bad, cons_off, cons_id, cons_amt, chk_off, chk_id,
                  cnt_avail, cnt_total, cnt_set, set_off, set_dev, in_use, multi, shares,
@@ -272,20 +401,22 @@ cdef class Core:
         self.alloc_count = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
         self.group_free = <int32_t*> PyMem_Malloc((self.n_groups + 1) * sizeof(int32_t))
         self.dev_size = <double*> PyMem_Malloc((self.n_dev + 1) * sizeof(double))
-        self.dev_value = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
+        self.unit = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
+        self.unit_frac = <double*> PyMem_Malloc((self.n_dev + 1) * sizeof(double))
         if (self.cnt_pend == NULL or self.slot_pend == NULL or self.pend_shares == NULL
-                or self.alloc_count == NULL or self.group_free == NULL or self.dev_size == NULL or self.dev_value == NULL):
+                or self.alloc_count == NULL or self.group_free == NULL or self.dev_size == NULL
+                or self.unit == NULL or self.unit_frac == NULL):
             raise MemoryError()
         memset(self.cnt_pend, 0, (self.n_cnt + 1) * sizeof(int64_t))
         memset(self.slot_pend, 0, (self.n_slot + 1) * sizeof(int64_t))
         memset(self.pend_shares, 0, (self.n_dev + 1) * sizeof(int32_t))
         memset(self.alloc_count, 0, (self.n_dev + 1) * sizeof(int32_t))
         memset(self.group_free, 0, (self.n_groups + 1) * sizeof(int32_t))
-        memset(self.dev_value, 0, (self.n_dev + 1) * sizeof(int32_t))
         if len(shares) != self.n_dev or len(dev_group) != self.n_dev:
             raise ValueError("table lengths do not match")
         self._validate(len(node_bad), len(cnt_total), len(in_use), len(multi), len(slot_used))
         self._init_node_held()
+        self._init_units()
         # A partition's size is the share of its counter sets it takes; the binpack policy
         # keeps the largest still-placeable sibling as large as possible.
         for d in range(self.n_dev):
@@ -296,6 +427,75 @@ cdef class Core:
                     size += <double> self.cons_amt[k] / <double> self.cnt_total[c]
             self.dev_size[d] = size
 
+    cdef int _init_units(self) except -1:
+        """Each device's unit and the share of it the device takes: for a device that consumes
+        counters, its first counter set and the largest share it takes of a counter of that
+        set with a total above 1 (engines and memory; the one-per-slice counters would make
+        every MIG device look whole); otherwise a unit of its own, taken whole."""
+        cdef int32_t d, k, c, st, u
+        cdef double frac, part, any_part
+        self.n_units = self.n_sets
+        self.unit_dev = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
+        if self.unit_dev == NULL:
+            raise MemoryError()
+        for d in range(self.n_dev):
+            if self.cons_off[d] == self.cons_off[d + 1]:
+                self.unit[d] = self.n_units
+                self.unit_dev[self.n_units - self.n_sets] = d
+                self.n_units += 1
+                self.unit_frac[d] = 1.0
+                continue
+            st = self.cnt_set[self.cons_id[self.cons_off[d]]]
+            self.unit[d] = st
+            frac = 0.0
+            any_part = 0.0
+            for k in range(self.cons_off[d], self.cons_off[d + 1]):
+                c = self.cons_id[k]
+                if self.cnt_set[c] != st or self.cnt_total[c] <= 0:
+                    continue
+                part = <double> self.cons_amt[k] / <double> self.cnt_total[c]
+                if part > any_part:
+                    any_part = part
+                if self.cnt_total[c] > 1 and part > frac:
+                    frac = part
+            self.unit_frac[d] = min(1.0, frac if frac > 0.0 else any_part)
+        self.pressure = <int64_t*> PyMem_Malloc((self.n_units + 1) * sizeof(int64_t))
+        self.unit_code = <int32_t*> PyMem_Malloc((self.n_units + 1) * sizeof(int32_t))
+        self.code_stale = <uint8_t*> PyMem_Malloc(self.n_units + 1)
+        self.unit_free = <double*> PyMem_Malloc((self.n_units + 1) * sizeof(double))
+        if self.pressure == NULL or self.unit_free == NULL or self.unit_code == NULL or self.code_stale == NULL:
+            raise MemoryError()
+        memset(self.pressure, 0, (self.n_units + 1) * sizeof(int64_t))
+        memset(self.code_stale, 0, self.n_units + 1)
+        for u in range(self.n_units):
+            self.unit_code[u] = self._unit_code(u)
+            self.unit_free[u] = self._free_share(u)
+            self.total_free += _fixed(self.unit_free[u])
+        self.ratio_bucket = self._ratio_bucket()
+        return 0
+
+    cdef double _free_share(self, int32_t u) noexcept nogil:
+        """The share of unit `u` that is free: for a counter set, one minus the largest share
+        consumed of a counter with a total above 1 (or of any counter when none has); for a
+        device of its own, 0 when held whole, 1/2 while shared, else 1."""
+        cdef int32_t c, d
+        cdef double used = 0.0, any_used = 0.0, part
+        if u >= self.n_sets:
+            d = self.unit_dev[u - self.n_sets]
+            if self.in_use[d]:
+                return 0.0
+            return 0.5 if self.shares[d] > 0 else 1.0
+        for c in range(self.set_cnt_off[u], self.set_cnt_off[u + 1]):
+            if self.cnt_total[c] <= 0:
+                continue
+            part = <double> (self.cnt_total[c] - self.cnt_avail[c]) / <double> self.cnt_total[c]
+            if part > any_used:
+                any_used = part
+            if self.cnt_total[c] > 1 and part > used:
+                used = part
+        used = used if used > 0.0 else any_used
+        return 0.0 if used >= 1.0 else 1.0 - used
+
     cdef int _init_node_held(self) except -1:
         """The reverse of the node lists (device -> nodes) and each node's held count."""
         cdef int32_t n, k, d
@@ -305,9 +505,12 @@ cdef class Core:
         self.node_changed = <int64_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int64_t))
         self.dev_node_off = <int32_t*> PyMem_Malloc((self.n_dev + 2) * sizeof(int32_t))
         self.dev_node = <int32_t*> PyMem_Malloc((total + 1) * sizeof(int32_t))
+        self.dirty = <int32_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int32_t))
+        self.is_dirty = <uint8_t*> PyMem_Malloc(self.n_nodes + 1)
         if (self.node_held == NULL or self.node_used == NULL or self.node_changed == NULL
-                or self.dev_node_off == NULL or self.dev_node == NULL):
+                or self.dev_node_off == NULL or self.dev_node == NULL or self.dirty == NULL or self.is_dirty == NULL):
             raise MemoryError()
+        memset(self.is_dirty, 0, self.n_nodes + 1)
         memset(self.node_held, 0, (self.n_nodes + 1) * sizeof(int32_t))
         memset(self.node_used, 0, (self.n_nodes + 1) * sizeof(int32_t))
         memset(self.node_changed, 0, (self.n_nodes + 1) * sizeof(int64_t))
@@ -371,7 +574,9 @@ cdef class Core:
         PyMem_Free(self.pend_shares); PyMem_Free(self.alloc_count)
         PyMem_Free(self.slot_value); PyMem_Free(self.slot_used); PyMem_Free(self.slot_pend)
         PyMem_Free(self.dev_group); PyMem_Free(self.dev_size); PyMem_Free(self.group_free)
-        PyMem_Free(self.dev_value)
+        PyMem_Free(self.unit); PyMem_Free(self.unit_frac); PyMem_Free(self.pressure); PyMem_Free(self.unit_code)
+        PyMem_Free(self.code_stale)
+        PyMem_Free(self.unit_dev); PyMem_Free(self.unit_free)
         if self.shapes != NULL:
             for i in range(self.n_shapes):
                 PyMem_Free(self.shapes[i].cand)
@@ -381,9 +586,18 @@ cdef class Core:
                 PyMem_Free(self.shapes[i].cap_amt)
                 PyMem_Free(self.shapes[i].err)
                 PyMem_Free(self.shapes[i].key_min)
+                PyMem_Free(self.shapes[i].key_pressure)
                 PyMem_Free(self.shapes[i].key_free)
                 PyMem_Free(self.shapes[i].key_at)
+                PyMem_Free(self.shapes[i].umask)
+                PyMem_Free(self.shapes[i].overlap)
             PyMem_Free(self.shapes)
+        if self.rooms != NULL:
+            for i in range(self.n_rooms):
+                PyMem_Free(self.rooms[i].rooms)
+                PyMem_Free(self.rooms[i].values)
+            PyMem_Free(self.rooms)
+        PyMem_Free(self.dirty); PyMem_Free(self.is_dirty)
         if self.attrs != NULL:
             for i in range(self.n_attrs):
                 PyMem_Free(self.attrs[i].off)
@@ -412,8 +626,14 @@ cdef class Core:
         s.select = <uint8_t*> _copy(select, 1, NULL)
         s.err = NULL if err is None else <uint8_t*> _copy(err, 1, NULL)
         s.key_min = NULL
+        s.key_pressure = NULL
         s.key_free = NULL
         s.key_at = NULL
+        s.rooms = 0
+        s.held = 0.0
+        s.held_bucket = 0
+        s.overlap = NULL
+        s.n_overlap = 0
         if cap_off is None:
             s.cap_off = NULL
             s.cap_slot = NULL
@@ -434,23 +654,252 @@ cdef class Core:
                 PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
                 raise
         s.key_min = <int32_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int32_t))
+        s.key_pressure = <double*> PyMem_Malloc((self.n_nodes + 1) * sizeof(double))
         s.key_free = <int32_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int32_t))
         s.key_at = <int64_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int64_t))
-        if s.key_min == NULL or s.key_free == NULL or s.key_at == NULL:
+        if s.key_min == NULL or s.key_pressure == NULL or s.key_free == NULL or s.key_at == NULL:
             PyMem_Free(s.cand); PyMem_Free(s.select); PyMem_Free(s.err)
             PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
-            PyMem_Free(s.key_min); PyMem_Free(s.key_free); PyMem_Free(s.key_at)
+            PyMem_Free(s.key_min); PyMem_Free(s.key_pressure); PyMem_Free(s.key_free); PyMem_Free(s.key_at)
             raise MemoryError()
         for i in range(self.n_nodes + 1):
             s.key_at[i] = -1  # before every event: nothing is cached yet
+        s.umask = <uint8_t*> PyMem_Malloc(self.n_units + 1)
+        if s.umask == NULL:
+            PyMem_Free(s.cand); PyMem_Free(s.select); PyMem_Free(s.err)
+            PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
+            PyMem_Free(s.key_min); PyMem_Free(s.key_pressure); PyMem_Free(s.key_free); PyMem_Free(s.key_at)
+            raise MemoryError()
+        memset(s.umask, 0, self.n_units + 1)
+        n = 0
+        s.size = 0.0
+        s.free = 0
         for i in range(self.n_dev):
             if s.cand[i]:
-                self.dev_value[i] += 1
-        # Every device's value may have changed, and with it every cached key.
-        self.clock += 1
-        self.values_changed = self.clock
+                n += 1
+                s.size += self.unit_frac[i]
+                if not s.umask[self.unit[i]]:
+                    s.umask[self.unit[i]] = 1
+                    s.free += _fixed(self.unit_free[self.unit[i]])
+        s.size = s.size / n if n else 0.0
+        s.bucket = _bucket(s.free / FIXED)
+        s.demand = 1.0
+        s.held_bucket = _bucket_in(1.0, COARSE_BASE)
+        s.share = 0
         self.n_shapes += 1
+        self.pressure_stale = True
         return self.n_shapes - 1
+
+    def set_demand(self, int32_t shape, int32_t count, int32_t attr):
+        """A request of the shape asks for `count` devices, all with one value of constraint
+        attribute `attr` (-1: no such constraint). The shape's demand is the most any request of
+        it known so far asks for (1 until one asks for more; it never falls), and each (count,
+        attribute) from 2 devices on is a kind of room (see `_room_cost`, at most `MAX_ROOMS` per
+        shape), counted here on every node."""
+        cdef Shape* sh
+        cdef Room* room
+        cdef Room* grown
+        cdef int32_t n, i, n_values
+        if shape < 0 or shape >= self.n_shapes:
+            raise ValueError("unknown shape")
+        if attr < -1 or attr >= self.n_attrs:
+            raise ValueError("unknown attribute")
+        sh = &self.shapes[shape]
+        if count > sh.demand:
+            sh.demand = count
+            sh.held_bucket = _bucket_in(sh.held + sh.demand, COARSE_BASE)
+            self.pressure_stale = True
+        if count < 2 or sh.rooms >= MAX_ROOMS:
+            return
+        for i in range(self.n_rooms):
+            if self.rooms[i].shape == shape and self.rooms[i].k == count and self.rooms[i].attr == attr:
+                return
+        if self.n_rooms == self.cap_rooms:
+            grown = <Room*> PyMem_Realloc(self.rooms, (self.cap_rooms * 2 + 8) * sizeof(Room))
+            if grown == NULL:
+                raise MemoryError()
+            self.rooms = grown
+            self.cap_rooms = self.cap_rooms * 2 + 8
+        n_values = self.attrs[attr].n_values if attr >= 0 else 0
+        room = &self.rooms[self.n_rooms]
+        room.rooms = <int32_t*> PyMem_Malloc((2 * self.n_nodes + 1) * sizeof(int32_t))
+        room.values = <int32_t*> PyMem_Malloc((n_values + 1) * sizeof(int32_t))
+        if room.rooms == NULL or room.values == NULL:
+            PyMem_Free(room.rooms); PyMem_Free(room.values)
+            raise MemoryError()
+        memset(room.values, 0, (n_values + 1) * sizeof(int32_t))
+        room.shape = shape
+        room.k = count
+        room.attr = attr
+        room.total = 0
+        for n in range(self.n_nodes):
+            self._count_rooms(room, n)
+            room.total += room.rooms[2 * n]
+        self.n_rooms += 1
+        sh.rooms += 1
+
+    def add_held(self, int32_t shape, double devices):
+        """Count `devices` more (fewer, when negative) held by requests of the shape: binpack
+        weighs a shape by the demand the cluster holds (see `_spare`)."""
+        cdef Shape* sh
+        cdef int32_t b
+        if shape < 0 or shape >= self.n_shapes:
+            raise ValueError("unknown shape")
+        sh = &self.shapes[shape]
+        sh.held += devices
+        if sh.held < 0.0:
+            sh.held = 0.0
+        b = _bucket_in(sh.held + sh.demand, COARSE_BASE)
+        if b != sh.held_bucket:
+            sh.held_bucket = b
+            self.pressure_stale = True
+
+    cdef inline bint _allocatable(self, int32_t d) noexcept nogil:
+        """Whether device `d` could be allocated now (without admin access): not held, and
+        every counter it consumes has enough left (a share of a device already shared needs
+        none)."""
+        cdef int32_t j
+        if self.in_use[d]:
+            return False
+        if self.multi[d] and self.shares[d] > 0:
+            return True
+        for j in range(self.cons_off[d], self.cons_off[d + 1]):
+            if self.cnt_avail[self.cons_id[j]] < self.cons_amt[j]:
+                return False
+        return True
+
+    cdef void _count_rooms(self, Room* room, int32_t node) noexcept nogil:
+        """Count the room's rooms and loose candidates on `node` (see `Room`). A candidate
+        without the attribute cannot join a room; one with several values counts by its first."""
+        cdef int32_t k, d, v, free = 0, rooms = 0, loose = 0
+        cdef Shape* sh = &self.shapes[room.shape]
+        cdef Attr* at = NULL
+        if room.attr >= 0:
+            at = &self.attrs[room.attr]
+        for k in range(self.node_off[node], self.node_off[node + 1]):
+            d = self.node_dev[k]
+            if not sh.cand[d] or not self._allocatable(d):
+                continue
+            if at == NULL:
+                free += 1
+            elif at.off[d] < at.off[d + 1]:
+                room.values[at.vals[at.off[d]]] += 1
+        if at == NULL:
+            rooms = free // room.k
+            loose = free % room.k
+        else:
+            for k in range(self.node_off[node], self.node_off[node + 1]):
+                d = self.node_dev[k]
+                if at.off[d] == at.off[d + 1]:
+                    continue
+                v = room.values[at.vals[at.off[d]]]
+                if v > 0:
+                    rooms += v // room.k
+                    loose += v % room.k
+                    room.values[at.vals[at.off[d]]] = 0
+        room.rooms[2 * node] = rooms
+        room.rooms[2 * node + 1] = loose
+
+    cdef void _refresh_rooms(self) noexcept nogil:
+        """Count the rooms again on the nodes whose devices changed hands since the last time."""
+        cdef int32_t i, m, n
+        cdef Room* room
+        for i in range(self.n_dirty):
+            n = self.dirty[i]
+            self.is_dirty[n] = 0
+            for m in range(self.n_rooms):
+                room = &self.rooms[m]
+                room.total -= room.rooms[2 * n]
+                self._count_rooms(room, n)
+                room.total += room.rooms[2 * n]
+        self.n_dirty = 0
+
+    cdef int _know_overlaps(self, int32_t shape) except -1:
+        """Fill in the shape's `overlap` with every kind of room (needs the GIL: it may grow
+        the table)."""
+        cdef Shape* sh = &self.shapes[shape]
+        cdef Shape* other
+        cdef uint8_t* grown
+        cdef int32_t m, u
+        if sh.n_overlap < self.n_rooms:
+            grown = <uint8_t*> PyMem_Realloc(sh.overlap, self.n_rooms + 1)
+            if grown == NULL:
+                raise MemoryError()
+            sh.overlap = grown
+            memset(sh.overlap + sh.n_overlap, 0, self.n_rooms - sh.n_overlap)
+            sh.n_overlap = self.n_rooms
+        for m in range(self.n_rooms):
+            if sh.overlap[m]:
+                continue
+            other = &self.shapes[self.rooms[m].shape]
+            sh.overlap[m] = 1
+            for u in range(self.n_units):
+                if sh.umask[u] and other.umask[u]:
+                    sh.overlap[m] = 2
+                    break
+        return 0
+
+    cdef int32_t _ratio_bucket(self) noexcept nogil:
+        cdef double free = self.total_free / FIXED
+        cdef double used = self.n_units - free
+        if used < 0.5 or free > RATIO_MOST * used:
+            return 1000000
+        return _bucket_in(16.0 * free / used, COARSE_BASE)
+
+    cdef double _spare(self, double supply, Shape* sh) noexcept nogil:
+        """What is left of `supply` (GPUs' worth that could serve the shape) after the shape's
+        share of filling the rest of the cluster with the mix it holds now: supply minus the
+        GPUs' worth held by requests of the shape times the free units over the used ones (the
+        fill ratio). A shape whose spare nears zero will run out first if the demand keeps its
+        mix. Depends on usage only through rounded figures (`_bucket`: held devices are rounded
+        with the shape's demand added, which is taken off again), so `pressure` stays valid
+        between their changes."""
+        cdef double ratio = (
+            RATIO_MOST if self.ratio_bucket == 1000000 else _rounded_in(self.ratio_bucket, COARSE_BASE) / 16.0
+        )
+        cdef double held = _rounded_in(sh.held_bucket, COARSE_BASE) - sh.demand
+        return supply - ratio * (held if held > 0.0 else 0.0) * sh.size
+
+    cdef void _refresh_pressure(self) noexcept nogil:
+        """Bring every unit's `pressure` (see `_flex`) up to date when a shape, a demand, the
+        held demand, a shape's free share or the fill ratio changed its rounded value since the
+        last time: each shape whose share changed adds the difference to its units, and every
+        cached key is then stale. Fixed point, so the sums do not depend on the order."""
+        cdef int32_t i, u
+        cdef int64_t share, delta
+        cdef double spare
+        cdef bint changed = False
+        cdef Shape* s
+        if not self.pressure_stale:
+            return
+        for i in range(self.n_shapes):
+            s = &self.shapes[i]
+            if s.size <= 0.0:
+                continue
+            spare = self._spare(_rounded(s.bucket), s)
+            share = <int64_t> ((_scarcity(spare - 1.0) - _scarcity(spare)) * PRESSURE_FIXED + 0.5)
+            delta = share - s.share
+            if delta == 0:
+                continue
+            s.share = share
+            changed = True
+            for u in range(self.n_units):
+                if s.umask[u]:
+                    self.pressure[u] += delta
+                    self.code_stale[u] = 1
+        self.pressure_stale = False
+        if changed:
+            for u in range(self.n_units):
+                if self.code_stale[u]:
+                    self.code_stale[u] = 0
+                    self.unit_code[u] = self._unit_code(u)
+            self.clock += 1
+            self.values_changed = self.clock
+
+    cdef int32_t _unit_code(self, int32_t u) noexcept nogil:
+        """`_flex` of the devices of unit `u` (see there)."""
+        cdef int32_t devices = 1 if u >= self.n_sets else self.set_off[u + 1] - self.set_off[u]
+        return _pressure_code(self.pressure[u] / PRESSURE_FIXED) * 64 + (devices if devices < 63 else 63)
 
     def add_attribute(self, off, vals, int n_values):
         """Register a constraint attribute: per device a CSR range of interned value ids."""
@@ -522,12 +971,50 @@ cdef class Core:
             [self.node_used[i] for i in range(self.n_nodes)],
         )
 
+    cdef inline void _dirty_nodes(self, int32_t d) noexcept nogil:
+        cdef int32_t k, n
+        for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
+            n = self.dev_node[k]
+            if not self.is_dirty[n]:
+                self.is_dirty[n] = 1
+                self.dirty[self.n_dirty] = n
+                self.n_dirty += 1
+
     cdef void _touched(self, int32_t d) noexcept nogil:
-        """The binpack keys cached for the nodes that see `d` are out of date."""
-        cdef int32_t k
+        """The binpack keys cached for the nodes that see `d` are out of date, and so is the free
+        share of its unit in every shape that counts that unit."""
+        cdef int32_t k, i, u
+        cdef int64_t delta
+        cdef double share
+        cdef Shape* s
         self.clock += 1
         for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
             self.node_changed[self.dev_node[k]] = self.clock
+        u = self.unit[d]
+        # The rooms of every node that sees a device of the same GPU: its counters changed too.
+        if u < self.n_sets:
+            for k in range(self.set_off[u], self.set_off[u + 1]):
+                self._dirty_nodes(self.set_dev[k])
+        else:
+            self._dirty_nodes(d)
+        share = self._free_share(u)
+        if share == self.unit_free[u]:
+            return
+        delta = _fixed(share) - _fixed(self.unit_free[u])
+        self.unit_free[u] = share
+        self.total_free += delta
+        i = self._ratio_bucket()
+        if i != self.ratio_bucket:
+            self.ratio_bucket = i
+            self.pressure_stale = True
+        for i in range(self.n_shapes):
+            s = &self.shapes[i]
+            if s.umask[u]:
+                s.free += delta
+                k = _bucket(s.free / FIXED)
+                if k != s.bucket:
+                    s.bucket = k
+                    self.pressure_stale = True
 
     def count_free(self, int32_t shape, *, bint admin, nodes):
         """How many candidates of `shape` visible on any of `nodes` are not held by
@@ -611,6 +1098,11 @@ cdef class Core:
             for i in range(n_nodes):
                 if nv[i] < 0 or nv[i] >= self.n_nodes:
                     raise ValueError("unknown node in node list")
+        if policy == POLICY_BINPACK:
+            self._refresh_pressure()
+            self._refresh_rooms()
+            for i in range(s.n_alts):
+                self._know_overlaps(s.alt_shape[i])
         node_order = <int32_t*> PyMem_Malloc((n_nodes + 1) * sizeof(int32_t))
         if node_order == NULL:
             raise MemoryError()
@@ -638,13 +1130,19 @@ cdef class Core:
         node_keys = <int64_t*> PyMem_Malloc((2 * n_nodes + 1) * sizeof(int64_t))
         s.rank = <int64_t*> PyMem_Malloc((max_visible + 1) * sizeof(int64_t))
         s.keep = <double*> PyMem_Malloc((max_visible + 1) * sizeof(double))
+        s.room_take = <int32_t*> PyMem_Malloc((self.n_rooms + 1) * sizeof(int32_t))
+        s.room_active = <int32_t*> PyMem_Malloc((self.n_rooms + 1) * sizeof(int32_t))
+        s.room_one = <double*> PyMem_Malloc((self.n_rooms + 1) * sizeof(double))
+        s.room_spare = <double*> PyMem_Malloc((self.n_rooms + 1) * sizeof(double))
         if (node_score == NULL or node_keys == NULL or s.rank == NULL or s.keep == NULL
+                or s.room_take == NULL or s.room_spare == NULL or s.room_active == NULL or s.room_one == NULL
                 or s.cons_base == NULL or s.cons_cnt == NULL or s.cons_members == NULL
                 or s.req_claim == NULL or s.alt_choice == NULL or s.order == NULL
                 or s.order_len == NULL or s.err_last == NULL or s.claim_nres == NULL or s.stack == NULL
                 or s.stats == NULL):
             PyMem_Free(node_order); PyMem_Free(node_score); PyMem_Free(node_keys)
-            PyMem_Free(s.rank); PyMem_Free(s.keep)
+            PyMem_Free(s.rank); PyMem_Free(s.keep); PyMem_Free(s.room_take); PyMem_Free(s.room_spare)
+            PyMem_Free(s.room_active); PyMem_Free(s.room_one)
             PyMem_Free(s.cons_base); PyMem_Free(s.cons_cnt); PyMem_Free(s.cons_members)
             PyMem_Free(s.req_claim); PyMem_Free(s.alt_choice); PyMem_Free(s.order)
             PyMem_Free(s.order_len); PyMem_Free(s.err_last); PyMem_Free(s.claim_nres); PyMem_Free(s.stack)
@@ -668,6 +1166,8 @@ cdef class Core:
         s.limit = limit
         s.policy = policy
         s.depth = 0
+        if policy == C_POLICY_BINPACK:
+            self._room_plan(&s)
         try:
             with nogil:
                 # A node whose every device is held cannot serve a plan without admin
@@ -745,6 +1245,7 @@ cdef class Core:
             PyMem_Free(s.req_claim); PyMem_Free(s.alt_choice); PyMem_Free(s.order)
             PyMem_Free(s.order_len); PyMem_Free(s.err_last); PyMem_Free(s.claim_nres); PyMem_Free(s.stack)
             PyMem_Free(s.stats); PyMem_Free(s.rank); PyMem_Free(s.keep)
+            PyMem_Free(s.room_take); PyMem_Free(s.room_spare); PyMem_Free(s.room_active); PyMem_Free(s.room_one)
 
     # --- node order and precheck ---------------------------------------------------------
 
@@ -770,61 +1271,121 @@ cdef class Core:
         keys[0] = key
 
     cdef void _node_keys(self, Search* s, int32_t* order, int32_t n, int64_t* keys, int32_t max_visible) noexcept nogil:
-        """Binpack's sort key per node, smallest first. First the nodes whose free candidates
-        are the least flexible (`_flex`: the request shapes a device and the placements carved
-        from the same GPU serve, so a small claim lands on a small GPU and a whole-GPU claim on
-        one that cannot be partitioned, leaving the others to the claims that need them), then
-        the most used nodes (devices held or shared); ties keep the given order (node names),
-        which only decides between nodes alike in all of these."""
-        cdef int32_t i, r, a, node
-        cdef int64_t value
+        """Binpack's sort key per node, smallest first. First the nodes where the plan costs the
+        known demand least: per request, the pressure on the least wanted free candidate's GPU
+        (`_flex`) times the devices it asks for, plus the rooms the plan would break for requests
+        that ask for several devices at once (`_room_cost`); then the units' devices (a GPU that
+        cannot be partitioned first), then the most used nodes (devices held or shared); ties
+        keep the given order (node names), which only decides between nodes alike in all of
+        these."""
+        cdef int32_t i, r, a, node, code
+        cdef int64_t ties
+        cdef double pressure, least
         cdef Shape* sh
         for i in range(n):
             node = order[i]
-            value = 0
+            pressure = self._room_cost(s, node)
+            ties = 0
             for r in range(s.n_reqs):
                 a = s.req_alt_off[r]
                 sh = &self.shapes[s.alt_shape[a]]
                 if s.alt_admin[a]:
-                    value += self._least_value(sh, node, True)
+                    code = self._least_value(sh, node, True, &least)
                 else:
                     self._node_cache(sh, node)
-                    value += sh.key_min[node]
-            keys[i] = value * (max_visible + 1) + (max_visible - self.node_used[node])
+                    code = sh.key_min[node]
+                    least = sh.key_pressure[node]
+                if code == FLEX_NONE:
+                    pressure += PRESSURE_NONE
+                else:
+                    pressure += least * (s.alt_count[a] if s.alt_mode[a] == C_MODE_EXACT else 1)
+                    ties += code & 63
+            keys[i] = ((_order_code(pressure) * 2048 + (ties if ties < 2047 else 2047))
+                       * (max_visible + 1) + (max_visible - self.node_used[node]))
 
-    cdef int32_t _least_value(self, Shape* sh, int32_t node, bint admin) noexcept nogil:
+    cdef void _room_plan(self, Search* s) noexcept nogil:
+        """Per kind of room, what the plan takes from it and its shape's spare (see `_room_cost`):
+        the same on every node, so computed once per search."""
+        cdef int32_t m, r, a, take
+        cdef Room* room
+        cdef Shape* sh
+        s.n_active = 0
+        for m in range(self.n_rooms):
+            room = &self.rooms[m]
+            take = 0
+            for r in range(s.n_reqs):
+                a = s.req_alt_off[r]
+                sh = &self.shapes[s.alt_shape[a]]
+                if not s.alt_admin[a] and s.alt_mode[a] == C_MODE_EXACT and sh.overlap[m] == 2:
+                    take += s.alt_count[a]
+            if take > 0 and room.total > 0:
+                s.room_active[s.n_active] = m
+                s.room_take[s.n_active] = take
+                s.room_spare[s.n_active] = self._spare(<double> room.total * room.k, &self.shapes[room.shape])
+                s.room_one[s.n_active] = (_scarcity(s.room_spare[s.n_active] - room.k)
+                                          - _scarcity(s.room_spare[s.n_active]))
+                s.n_active += 1
+
+    cdef double _room_cost(self, Search* s, int32_t node) noexcept nogil:
+        """What the plan's placement on `node` costs the requests that ask for several devices
+        at once (k of them on one node, maybe with one value of an attribute such as an NVLink
+        partition): a room is room for one such request (`Room`). The plan takes the node's
+        loose candidates first (binpack's order inside a node), then breaks rooms; the rooms
+        lost shrink that shape's spare (`_spare`, with the rooms times k as its supply) by k
+        GPUs each, which costs what it raises the shape's scarcity (`_scarcity`). So a whole
+        node stays free for 8-GPU claims and a whole NVLink partition for NVLink claims while
+        smaller requests fit where a room is already broken, and more so the fewer rooms are
+        left. A request counts against a room when their GPUs meet (`overlap`), with as many
+        devices as its first alternative asks for."""
+        cdef int32_t i, take, lost, rooms, loose
+        cdef double cost = 0.0
+        cdef Room* room
+        for i in range(s.n_active):
+            room = &self.rooms[s.room_active[i]]
+            take = s.room_take[i]
+            rooms = room.rooms[2 * node]
+            loose = room.rooms[2 * node + 1]
+            if take <= loose or rooms == 0:
+                continue
+            # The plan takes loose candidates first (binpack's order inside a node), then rooms.
+            if take - loose <= room.k:
+                cost += s.room_one[i]
+                continue
+            lost = (take - loose + room.k - 1) // room.k
+            if lost > rooms:
+                lost = rooms
+            cost += _scarcity(s.room_spare[i] - lost * room.k) - _scarcity(s.room_spare[i])
+        return cost
+
+    cdef int32_t _least_value(self, Shape* sh, int32_t node, bint admin, double* pressure) noexcept nogil:
         """The least flexibility (`_flex`) of the shape's candidates on `node` that are free
-        (held ones count for admin access), or `FLEX_NONE` when there is none."""
+        (held ones count for admin access), or `FLEX_NONE` when there is none; the pressure
+        on that candidate's unit goes to `pressure`."""
         cdef int32_t k, d, v
         cdef int32_t best = FLEX_NONE
+        pressure[0] = PRESSURE_NONE
         for k in range(self.node_off[node], self.node_off[node + 1]):
             d = self.node_dev[k]
             if sh.cand[d] and (admin or self.multi[d] or not self.in_use[d]):
                 v = self._flex(d)
                 if v < best:
                     best = v
+                    pressure[0] = self.pressure[self.unit[d]] / PRESSURE_FIXED
         return best
 
     cdef int32_t _flex(self, int32_t d) noexcept nogil:
-        """How flexible a device is: the request shapes it serves (`dev_value`), plus, for every
-        other free device that consumes its first counter set, one and the shapes that device
-        serves. A full GPU thereby counts the MIG devices carved from it: a partitionable GPU is
-        valuable to MIG requests even when its full-GPU device is the candidate, so whole-GPU
-        requests take GPUs that cannot be partitioned first, whatever the nodes are called, and
-        a MIG request prefers a GPU whose other placements are already taken. Placements that
-        only counters block still count: it says what the GPU could serve, not what fits now.
-        Depends on usage only through `in_use` of the node's own devices, which a commit or a
-        release marks in `node_changed`, so the cached node keys stay valid."""
-        cdef int32_t j, sib, st
-        cdef int32_t v = self.dev_value[d]
-        if self.cons_off[d] == self.cons_off[d + 1]:
-            return v
-        st = self.cnt_set[self.cons_id[self.cons_off[d]]]
-        for j in range(self.set_off[st], self.set_off[st + 1]):
-            sib = self.set_dev[j]
-            if sib != d and not self.in_use[sib]:
-                v += 1 + self.dev_value[sib]
-        return v
+        """How much the known demand wants the device's unit (its GPU): the sum, over the request
+        shapes with a candidate on that GPU, of how much taking the GPU raises the shape's
+        scarcity (`pressure`; `_spare`, `_scarcity`). A GPU is precious when the shapes it serves
+        have little to spare for the mix the cluster holds: an A100 when MIG requests would run
+        out of A100s first, an H100 when NVLink claims that select H100s would; a request that
+        several kinds of GPU can serve goes where the rest of the demand loses least, whatever
+        the nodes are called. A full GPU counts the shapes its MIG devices serve, as it shares
+        their unit. The figures enter rounded (`_bucket`), so the cached node keys stay valid
+        until a shape, a demand or a rounded figure changes (`values_changed`). The last six
+        bits are the unit's devices: a GPU that cannot be partitioned before one that can, when
+        nothing else differs."""
+        return self.unit_code[self.unit[d]]
 
     cdef inline void _node_cache(self, Shape* sh, int32_t node) noexcept nogil:
         """Bring the shape's cached free count and least value on `node` (without admin
@@ -838,7 +1399,7 @@ cdef class Core:
             if sh.cand[d] and (self.multi[d] or not self.in_use[d]):
                 free += 1
         sh.key_free[node] = free
-        sh.key_min[node] = self._least_value(sh, node, False)
+        sh.key_min[node] = self._least_value(sh, node, False, &sh.key_pressure[node])
         sh.key_at[node] = self.clock
 
     cdef void _sort_nodes(self, int32_t* order, int64_t* keys, int32_t n, int32_t* tmp_order, int64_t* tmp_keys) noexcept nogil:
@@ -1264,7 +1825,7 @@ cdef class Core:
                     kr = self.group_free[g]
                 else:
                     kr = 1000000 - self.group_free[g]
-            kr = (kr * 2 + (0 if self._unit_used(d) else 1)) * FLEX_SCALE + self._flex(d)
+            kr = ((kr * 2 + (0 if self._unit_used(d) else 1)) * 16 + self._breaks(sh, d)) * FLEX_SCALE + self._flex(d)
             if sh.err != NULL and sh.err[d]:
                 # A device whose selector failed cannot be allocated: binpack tries it after
                 # every candidate, so the error ends the attempt only when nothing else fits.
@@ -1288,6 +1849,38 @@ cdef class Core:
             order[j + 1] = d
             rank[j + 1] = kr
             keep[j + 1] = kk
+
+    cdef int32_t _breaks(self, Shape* sh, int32_t d) noexcept nogil:
+        """How many rooms with a constraint attribute (see `Room`) taking `d` would break on the
+        current node, at most 15: its value's group holds only whole rooms, so nothing loose is
+        left to take first. Counts the group on the spot (a node has few devices)."""
+        cdef int32_t m, k, e, v, n, group, breaks = 0
+        cdef Room* room
+        cdef Shape* owner
+        cdef Attr* at
+        if sh.n_overlap < self.n_rooms:
+            return 0
+        for m in range(self.n_rooms):
+            room = &self.rooms[m]
+            if room.attr < 0 or sh.overlap[m] != 2:
+                continue
+            at = &self.attrs[room.attr]
+            if at.off[d] == at.off[d + 1]:
+                continue
+            v = at.vals[at.off[d]]
+            owner = &self.shapes[room.shape]
+            group = 0
+            for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
+                n = self.dev_node[k]
+                for e in range(self.node_off[n], self.node_off[n + 1]):
+                    if (at.off[self.node_dev[e]] < at.off[self.node_dev[e] + 1]
+                            and at.vals[at.off[self.node_dev[e]]] == v and owner.cand[self.node_dev[e]]
+                            and self._allocatable(self.node_dev[e])):
+                        group += 1
+                break
+            if group >= room.k and group % room.k == 0:
+                breaks += 1
+        return breaks if breaks < 15 else 15
 
     cdef inline bint _free(self, int32_t d, bint admin) noexcept nogil:
         if admin:

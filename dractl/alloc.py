@@ -100,13 +100,15 @@ _MAX_SHAPES = 8192
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Holding:
     """What one claim holds: the claim (whose own `allocation` may be unset: it was allocated
-    here), its allocation, and in the current tables each device it takes (index, as a share)
-    and each capacity it consumes (device, slot, amount)."""
+    here), its allocation, and in the current tables each device it takes (index, as a share),
+    each capacity it consumes (device, slot, amount) and the devices it holds per request shape
+    (shape id, devices; binpack weighs the shapes by what the cluster holds)."""
 
     claim: model.ResourceClaim
     allocation: model.AllocationResult | None
     devices: tuple[tuple[int, bool], ...]
     slots: tuple[tuple[int, int, int], ...]
+    shapes: tuple[tuple[int, int], ...] = ()
 
 
 class _HasMeta(Protocol):
@@ -139,6 +141,8 @@ class _Shape:
     selected: int = 0  # of those, passing the request's selectors
     fitting: int = 0  # of those, with the requested capacity
     candidates: int = 0  # of those, without an untolerated taint
+    # (devices, constraint attribute id or -1) its requests asked for: binpack's kinds of room.
+    demands: set[tuple[int, int]] = dataclasses.field(default_factory=set)
     consumed: dict[int, dict[str, model.quantity.Quantity]] = dataclasses.field(default_factory=dict)  # shares
     # Devices where a class or request selector failed at run time, with the message; the
     # core ends the search with it when it tries one of them.
@@ -193,13 +197,18 @@ class Allocator:
 
     Both policies search completely (they agree on whether claims fit). FIRST_FIT tries
     nodes by name and devices in upstream's order, so it makes upstream's choices. BINPACK
-    tries first the nodes whose free candidates are the least flexible (a device counts the
-    request shapes seen so far or made known by `consider` that it serves, and those of the
-    free placements carved from the same GPU: small claims take small GPUs, whole-GPU claims
-    GPUs that cannot be partitioned), then the most used nodes, then names; inside a node it
-    prefers a PCIe root / NVLink partition that holds the whole request, GPUs and counter
-    sets already partly used, the least flexible devices, and the partition that keeps the
-    largest sibling partition placeable. Share ids are UUIDv5 of (claim, request, device,
+    tries first the nodes where the claim costs the known demand least, then the most used
+    nodes, then names. The demand is the request shapes seen so far or made known by
+    `consider`, each weighed by the devices the cluster holds for it: a shape's spare is the
+    GPUs that could serve it minus its share of filling the rest of the cluster with the mix
+    held now, and taking a GPU costs what it raises the scarcity of the shapes it serves (a
+    full GPU counts the shapes of its MIG devices). Requests for several devices on one node
+    (8 GPUs, an NVLink partition by `matchAttribute`) keep rooms: a placement that breaks a
+    whole node or partition such a request could use costs that shape k GPUs of its spare, so
+    smaller requests fill nodes and partitions already broken. Inside a node it prefers a PCIe
+    root that holds the whole request, GPUs and counter sets already partly used, devices that
+    break no room, the least wanted GPUs, and the partition that keeps the largest sibling
+    partition placeable. Share ids are UUIDv5 of (claim, request, device,
     result position): deterministic. Selector results are cached per (expression, device)
     for the allocator's life, and shared between devices that the expression cannot tell
     apart (`cel.sharing`: the expression provably reads only named members, and the devices
@@ -304,7 +313,9 @@ class Allocator:
                 self._holdings[key] = _Holding(claim, claim.allocation, (), ())
                 return
             devices, slots = self._index.takes(claim.allocation)
-            holding = self._holdings[key] = _Holding(claim, claim.allocation, tuple(devices), tuple(slots))
+            holding = self._holdings[key] = _Holding(
+                claim, claim.allocation, tuple(devices), tuple(slots), self._held_shapes(claim, claim.allocation)
+            )
             self._apply(holding, 1)
 
     def held(self, claim: str) -> model.AllocationResult | None:
@@ -376,10 +387,29 @@ class Allocator:
             ) + 1
             for name, amount in result.consumed_capacity.items():
                 slots.append((index, self._index.slot_of[(index, name)], amount.as_int()))
-        self._holdings[claim_id(claim)] = _Holding(claim, allocation, tuple(devices), tuple(slots))
+        shapes = self._held_shapes(claim, allocation)
+        self._holdings[claim_id(claim)] = _Holding(claim, allocation, tuple(devices), tuple(slots), shapes)
+        for shape, count in shapes:
+            self._core.add_held(shape, count)
+
+    def _held_shapes(
+        self, claim: model.ResourceClaim, allocation: model.AllocationResult
+    ) -> tuple[tuple[int, int], ...]:
+        """How many devices the allocation holds for each request shape of the claim (results
+        with admin access hold nothing), by the (sub)request each result names."""
+        plan = self._plan(claim.spec)
+        by_name = {alt.name: alt.shape.shape_id for alts in plan.requests for alt in alts}
+        counts: dict[int, int] = {}
+        for result in allocation.results:
+            shape = by_name.get(result.request, -1)
+            if shape >= 0 and not result.admin_access:
+                counts[shape] = counts.get(shape, 0) + 1
+        return tuple(sorted(counts.items()))
 
     def _apply(self, holding: _Holding, sign: int) -> None:
         """Add (1) or give back (-1) what a holding takes, in the ledger and in the core."""
+        for shape, count in holding.shapes:
+            self._core.add_held(shape, sign * count)
         for index, shared in holding.devices:
             counts = self._shared if shared else self._dedicated
             left = counts.get(index, 0) + sign
@@ -452,10 +482,13 @@ class Allocator:
             if claim.allocation is None or claim.key in index.rejected:
                 continue
             devices, slots = index.takes(claim.allocation)
-            self._holdings[claim_id(claim)] = _Holding(claim, claim.allocation, tuple(devices), tuple(slots))
+            shapes = self._held_shapes(claim, claim.allocation)
+            self._holdings[claim_id(claim)] = _Holding(claim, claim.allocation, tuple(devices), tuple(slots), shapes)
             for device, shared in devices:
                 counts = self._shared if shared else self._dedicated
                 counts[device] = counts.get(device, 0) + 1
+            for shape, count in shapes:
+                self._core.add_held(shape, count)
         self._dirty = False
 
     def _carry_over(self, old: _allocindex.Index | None, index: _allocindex.Index) -> None:
@@ -599,10 +632,27 @@ class Allocator:
             if constraint.requests:
                 text += f" over {', '.join(constraint.requests)}"
             constraints.append((kind, self._attribute(attribute), text, members))
+        self._demand(requests, constraints)
         plan = _Plan(requests=requests, constraints=constraints, config=spec.config, errors=errors)
         if not errors:
             plan.encoded = _encode([plan])
         return plan
+
+    def _demand(
+        self, requests: Sequence[Sequence[_Alt]], constraints: Sequence[tuple[int, int, str, list[tuple[int, int]]]]
+    ) -> None:
+        """Tell the core how many devices each ExactCount alternative asks for, and the attribute
+        of the first matchAttribute constraint over it (binpack keeps room for such requests)."""
+        for r, alts in enumerate(requests):
+            for a, alt in enumerate(alts):
+                if alt.all_mode or alt.shape.shape_id < 0:
+                    continue
+                attribute = next(
+                    (attr for kind, attr, _, members in constraints if kind == _alloc.MATCH and (r, a) in members), -1
+                )
+                if (alt.count, attribute) not in alt.shape.demands:
+                    alt.shape.demands.add((alt.count, attribute))
+                    self._core.set_demand(alt.shape.shape_id, alt.count, attribute)
 
     def _alt(
         self, request: str, name: str, spec: model.ExactDeviceRequest | model.DeviceSubRequest, *, admin: bool

@@ -204,8 +204,8 @@ def _seconds(flag: str, *, default: float, what: str) -> Callable[[_F], _F]:
     "--generate",
     default=None,
     metavar="SPEC",
-    help="Print a generated trace instead of simulating: mix=reference,seed=N,claims=N[,a100=8,h100=8,t4=4]"
-    "[,round=10][,departures=0.3]; YAML, or JSON with -o json (default: none).",
+    help="Print a generated trace instead of simulating: mix=reference|h100-nvlink,seed=N,claims=N"
+    "[,a100=8,h100=8,t4=4][,round=10][,departures=0.3]; YAML, or JSON with -o json (default: none).",
 )
 @_option(
     "--compare",
@@ -218,8 +218,9 @@ def _seconds(flag: str, *, default: float, what: str) -> Callable[[_F], _F]:
     "--html",
     type=click.Path(dir_okay=False, path_type=pathlib.Path),
     default=None,
-    help="With --trace: write the allocation map at the end, with utilisation over time, as one self-contained "
-    "HTML file; with --compare, of the --policy run (default: none).",
+    help="With --trace: write one self-contained HTML file: an overview of the cluster over the trace (opening "
+    "at the first rejection), the allocation map at the end and utilisation over time; with --compare, of the "
+    "--policy run (default: none).",
 )
 def simulate_command(
     files: tuple[pathlib.Path, ...],

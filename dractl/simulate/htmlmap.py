@@ -16,12 +16,28 @@ GPU box, `data-slice-start`/`data-slice-size`/`data-claim`/`data-profile` on eac
 `data-series-points` on the chart. The script sets `data-ready` on `<html>` once it ran and
 records script errors in `data-errors`.
 
+With `frames` (moments of a replay, see `Frame`) and at most `OVERVIEW_NODES` nodes, the page
+starts with an overview that fits one screen: per moment, a tile per node with one small cell
+per GPU, coloured by the kind of claim holding it (`kind_of`: MIG devices, or the number of whole
+GPUs the claim holds) and filled to scale for MIG devices, GPUs whose free memory is stranded
+(`metrics.stranded_memory`, judged against the request shapes seen by then) outlined in red,
+nodes with every GPU free outlined in green; beside it the claim kinds held (claims and GPUs'
+worth), the claims waiting and the claims refused since the previous moment, each with its
+reasons. A slider (`<input type="range">`) picks the moment; the page opens on the first
+rejection when there is one (`#frame=N` in the address opens moment N). Attributes for tests:
+`data-frame` (index), `data-at` and `data-first-rejection` on each moment, `hidden` on every
+moment but the one shown, `data-overview-node`, `data-whole-free` on node tiles, `data-cell`
+(`node/device`), `data-kind` and `data-stranded` (bytes) on GPU cells, `data-waiting` and
+`data-refused` (claim keys) on list items; the script sets `data-frames` and `data-shown` on
+`<html>`.
+
 What it must not do: allocate, read or write files (the CLI writes the returned text), or
 fetch anything. Pure: equal inputs give the same text.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import itertools
 import re
@@ -36,6 +52,30 @@ _BAR_HEIGHT = 30
 _CHART_WIDTH = 720
 _CHART_HEIGHT = 180
 _NUMBER = re.compile(r"([0-9]+)")
+OVERVIEW_NODES = 64  # past this many nodes the overview would not fit one screen: it is left out
+_CELL_HEIGHT = 26
+_LISTED = 12  # waiting or refused claims listed per moment; the rest are counted
+# Claim kinds of the overview and their colours; a count of whole GPUs not listed gets the last.
+_KINDS = {"MIG": "#8e5cc7", "1 GPU": "#3b7dd8", "2 GPUs": "#1f9e89", "4 GPUs": "#e08a1e", "8 GPUs": "#c8413b"}
+_OTHER_KIND = "#7a6a58"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Frame:
+    """One moment of a replay for the overview: when (`at` seconds, after event `event` of
+    `events`), what was held (`claims`, with their allocations), the request shapes seen by then
+    (stranded memory is judged against them), the claims waiting then and those refused since the
+    previous moment (claim key, reasons), and whether this is the moment of the first rejection."""
+
+    at: float
+    event: int
+    events: int
+    claims: tuple[model.ResourceClaim, ...]
+    shapes: tuple[metrics.RequestShape, ...]
+    waiting: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    refused: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    first_rejection: bool = False
+
 
 _CSS = """
 :root { font-family: system-ui, sans-serif; color: #1d232b; background: #f6f7f9; }
@@ -62,6 +102,23 @@ svg .hl { stroke: #111 !important; stroke-width: 2.5 !important; }
 .legend { font-size: 12px; color: #5b6573; margin: 0 0 14px; }
 .legend i { display: inline-block; width: 12px; height: 12px; vertical-align: -2px; margin: 0 4px 0 12px;
   border-radius: 2px; }
+.overview { background: #fff; border: 1px solid #d5dae1; border-radius: 8px; padding: 10px 14px; margin: 0 0 18px; }
+.overview h2 { font-size: 15px; margin: 0 0 6px; }
+.overview .slider { font-size: 13px; margin: 0 0 8px; display: flex; gap: 10px; align-items: center; }
+.overview .slider input { width: 420px; }
+.frame { display: flex; gap: 16px; align-items: flex-start; }
+.frame[hidden] { display: none; }
+.tiles { display: grid; grid-template-columns: repeat(5, max-content); gap: 6px; }
+.tile { border: 1px solid #d5dae1; border-radius: 5px; padding: 3px 4px; font-size: 10px; }
+.tile[data-whole-free] { border: 2px solid #2b7a4b; padding: 2px 3px; }
+.tile .cells { display: flex; gap: 2px; margin-top: 2px; }
+.cell { width: 14px; height: 26px; background: #e9edf2; border-radius: 2px; position: relative; overflow: hidden; }
+.cell i { position: absolute; left: 0; width: 14px; }
+.cell[data-stranded] { outline: 2px dashed #c62828; outline-offset: -1px; }
+.side { font-size: 12px; max-width: 460px; }
+.side h3 { font-size: 13px; margin: 4px 0; }
+.side ul { margin: 0 0 6px; padding-left: 16px; }
+.side li small { color: #5b6573; }
 """
 
 # Hover highlighting and the readiness flag; errors are recorded on <html> for tests to read.
@@ -85,6 +142,22 @@ _SCRIPT = """
     held[i].addEventListener('mouseenter', function (e) { light(e.target.getAttribute('data-claim'), true); });
     held[i].addEventListener('mouseleave', function (e) { light(e.target.getAttribute('data-claim'), false); });
   }
+  var frames = document.querySelectorAll('[data-frame]');
+  var slider = document.getElementById('moment');
+  function show(n) {
+    for (var i = 0; i < frames.length; i++) { frames[i].hidden = i !== n; }
+    root.setAttribute('data-shown', String(n));
+    var label = document.getElementById('moment-label');
+    if (label && frames[n]) { label.textContent = frames[n].getAttribute('data-label'); }
+  }
+  if (frames.length) {
+    var wanted = /^#frame=([0-9]+)$/.exec(window.location.hash);
+    var start = wanted ? Math.min(Number(wanted[1]), frames.length - 1) : Number(slider.value);
+    slider.value = String(start);
+    slider.addEventListener('input', function () { show(Number(slider.value)); });
+    show(start);
+  }
+  root.setAttribute('data-frames', String(frames.length));
   root.setAttribute('data-gpu-boxes', String(document.querySelectorAll('[data-gpu]').length));
   root.setAttribute('data-slices-drawn', String(document.querySelectorAll('[data-slice-start]').length));
   root.setAttribute('data-ready', '1');
@@ -124,10 +197,12 @@ def render(
     claims: Iterable[model.ResourceClaim],
     *,
     series: metrics.TimeMetrics | Sequence[tuple[float, float]] | None = None,
+    frames: Sequence[Frame] = (),
     title: str = "dractl allocation map",
 ) -> str:
     """The whole page for the claims' allocations over the slices, with the utilisation chart
-    when `series` (a `metrics.TimeMetrics` or (seconds, share 0..1) points) has points. Pure."""
+    when `series` (a `metrics.TimeMetrics` or (seconds, share 0..1) points) has points and the
+    overview of `frames` when there are any and at most `OVERVIEW_NODES` nodes. Pure."""
     measured = metrics.measure(slices, claims, label=title)
     points = series.points if isinstance(series, metrics.TimeMetrics) else tuple(series or ())
     c = measured.cluster
@@ -152,6 +227,8 @@ def render(
             '<i style="border:1.5px dashed #2b7a4b"></i>largest MIG profile still placeable</p>'
         ),
     ]
+    if frames and len(measured.nodes) <= OVERVIEW_NODES:
+        parts.append(_overview(slices, frames))
     if points:
         parts.append(_chart(points))
     by_node: dict[str, list[metrics.Gpu]] = {}
@@ -257,6 +334,128 @@ def _partitions(gpus: Sequence[metrics.Gpu]) -> list[str]:
                 f"NVLink {size}-GPU partition {html.escape(pid)}</div>"
             )
     return out
+
+
+def kind_of(claim: model.ResourceClaim, placements: Mapping[tuple[str, str], metrics.Placement]) -> str:
+    """The overview's kind of an allocated claim: `MIG` when it holds a MIG device, else how many
+    whole GPUs it holds (`1 GPU`, `2 GPUs` ...)."""
+    results = claim.allocation.results if claim.allocation is not None else ()
+    if any((r.pool, r.device) in placements for r in results):
+        return "MIG"
+    return f"{len(results)} GPU" + ("" if len(results) == 1 else "s")
+
+
+def _overview(slices: Sequence[model.ResourceSlice], frames: Sequence[Frame]) -> str:
+    """The overview: a slider over the moments and one block per moment (see the module docstring)."""
+    shown = next((i for i, f in enumerate(frames) if f.first_rejection), len(frames) - 1)
+    first = "the first rejection" if frames[shown].first_rejection else "the end"
+    out = [
+        '<section class="overview">',
+        f"<h2>Cluster over the trace ({len(frames)} moments; opens at {first})</h2>",
+        '<div class="slider"><label for="moment">moment</label>'
+        f'<input id="moment" type="range" min="0" max="{len(frames) - 1}" step="1" value="{shown}">'
+        '<span id="moment-label"></span></div>',
+        '<p class="legend">Cells are GPUs, coloured by the kind of claim holding them (MIG devices to scale):'
+        + "".join(f'<i style="background:{c}"></i>{html.escape(k)}' for k, c in _KINDS.items())
+        + f'<i style="background:{_OTHER_KIND}"></i>other'
+        + '<i style="outline:2px dashed #c62828"></i>stranded memory'
+        + '<i style="border:2px solid #2b7a4b"></i>node with every GPU free</p>',
+    ]
+    out.extend(_frame(slices, i, f, hidden=i != shown) for i, f in enumerate(frames))
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _frame(slices: Sequence[model.ResourceSlice], index: int, frame: Frame, *, hidden: bool) -> str:
+    measured = metrics.measure(slices, frame.claims, shapes=frame.shapes)
+    placements = {(g.pool, p.device): p for g in measured.gpus for p in g.placements}
+    kinds = {c.key: kind_of(c, placements) for c in frame.claims}
+    by_node: dict[str, list[metrics.Gpu]] = {}
+    for gpu in measured.gpus:
+        by_node.setdefault(gpu.node, []).append(gpu)
+    label = f"t={frame.at:g}s, after event {frame.event} of {frame.events}" + (
+        " (first rejection)" if frame.first_rejection else ""
+    )
+    out = [
+        f'<div class="frame" data-frame="{index}" data-at="{frame.at:g}" data-label="{html.escape(label)}"'
+        + (' data-first-rejection="1"' if frame.first_rejection else "")
+        + (" hidden" if hidden else "")
+        + '><div class="tiles">'
+    ]
+    for node in measured.nodes:
+        gpus = sorted(by_node[node.node], key=_order)
+        whole = " data-whole-free" if all(g.state is metrics.State.FREE for g in gpus) else ""
+        cells = "".join(_cell(g, kinds) for g in gpus)
+        out.append(
+            f'<div class="tile" data-overview-node="{html.escape(node.node)}"{whole}>'
+            f"{html.escape(node.node)} · {node.free}/{node.gpus} free"
+            f'<div class="cells">{cells}</div></div>'
+        )
+    out.append("</div>")
+    out.append(_side(frame, kinds))
+    out.append("</div>")
+    return "".join(out)
+
+
+def _cell(gpu: metrics.Gpu, kinds: Mapping[str, str]) -> str:
+    """One GPU of the overview: filled by its whole-GPU holder, or by its MIG devices to scale."""
+    tip = [f"{gpu.key} · {gpu.product} · {gpu.state.value}"]
+    fill = ""
+    kind = ""
+    if gpu.holders:
+        kind = kinds.get(gpu.holders[0], "")
+        fill = f' style="background:{_KINDS.get(kind, _OTHER_KIND)}"'
+        tip.append(f"{', '.join(gpu.holders)} ({kind})")
+    parts = []
+    if gpu.slices and not gpu.holders:
+        for p in gpu.placements:
+            if p.holders:
+                top, height = p.start * _CELL_HEIGHT / gpu.slices, p.size * _CELL_HEIGHT / gpu.slices
+                parts.append(f'<i style="top:{top:.1f}px;height:{height:.1f}px;background:{_KINDS["MIG"]}"></i>')
+                tip.append(f"{', '.join(p.holders)}: {p.profile} at slice {p.start}")
+        kind = "MIG" if parts else ""
+    stranded = ""
+    if gpu.stranded:
+        stranded = f' data-stranded="{gpu.stranded}"'
+        tip.append(f"stranded {_gib(gpu.stranded)}: no request shape seen can use it")
+    return (
+        f'<div class="cell" data-cell="{html.escape(gpu.key)}" data-kind="{html.escape(kind)}"{stranded}{fill} '
+        f'title="{html.escape(" · ".join(tip))}">{"".join(parts)}</div>'
+    )
+
+
+def _side(frame: Frame, kinds: Mapping[str, str]) -> str:
+    """The claim kinds held, the claims waiting and the claims refused since the previous moment."""
+    held: dict[str, list[int]] = {}
+    for claim in frame.claims:
+        count = held.setdefault(kinds[claim.key], [0, 0])
+        count[0] += 1
+        count[1] += len(claim.allocation.results) if claim.allocation is not None else 0
+    order = [*_KINDS, *sorted(set(held) - _KINDS.keys())]
+    rows = [
+        f'<li data-held-kind="{html.escape(k)}">{html.escape(k)}: {_count(held[k][0], "claim")}, '
+        f"{_count(held[k][1], 'device')}</li>"
+        for k in order
+        if k in held
+    ]
+    out = ['<div class="side">', f"<h3>Held: {_count(len(frame.claims), 'claim')}</h3><ul>{''.join(rows)}</ul>"]
+    for title, entries, attribute in (
+        ("Waiting", frame.waiting, "data-waiting"),
+        ("Refused since the previous moment", frame.refused, "data-refused"),
+    ):
+        items = [
+            f'<li {attribute}="{html.escape(key)}">{html.escape(key)}<br><small>{html.escape("; ".join(reasons))}'
+            "</small></li>"
+            for key, reasons in entries[:_LISTED]
+        ]
+        more = f"<li>and {len(entries) - _LISTED} more</li>" if len(entries) > _LISTED else ""
+        out.append(f"<h3>{title}: {len(entries)}</h3><ul>{''.join(items)}{more}</ul>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _chart(points: Sequence[tuple[float, float]]) -> str:

@@ -18,7 +18,9 @@ Metrics: `metrics.Series` counts admitted claims (at arrival or on a retry), rej
 claim once, when it is first refused), and admitted before the first rejection. Stranded
 memory is judged against every request shape the trace has asked for so far (the claims'
 `dractl.io/shapes` annotation, see `trace.shapes_of`): the pending and recently seen shapes.
-The cluster is measured at the first rejection and at the end.
+The cluster is measured at the first rejection and at the end. With `frames`, the replay also
+keeps that many moments for the map's overview (`htmlmap.Frame`: after evenly spaced events,
+the last one included, and right after the first rejection): what was held, waiting and refused.
 
 `run` is the CLI's entry for `--trace`, `--generate`, `--compare` and `--html`: it reads the
 trace file, prints the report and writes the map. `replay` itself reads and writes nothing,
@@ -43,6 +45,7 @@ from dractl.model import placement
 from dractl.simulate import claims, engine, htmlmap, metrics, report, timing, trace
 
 Retry = config.Retry
+MAP_FRAMES = 24  # moments of the trace the map's overview shows (plus the first rejection)
 # `Result.metrics` would shadow the module inside the class body.
 _Metrics = metrics.Metrics
 
@@ -79,8 +82,8 @@ class Result:
     """One policy's replay: the metrics at the end (with the time series) and at the first
     rejection (None when nothing was rejected), every claim present at the end (allocated or
     pending, with reasons, in arrival order), every step (`actions`), the allocations present at
-    the end, and timings: `seconds` for the whole replay, `index_seconds` for building the
-    allocator."""
+    the end, the moments kept for the map (`frames`), and timings: `seconds` for the whole
+    replay, `index_seconds` for building the allocator."""
 
     policy: config.Policy
     retry: Retry
@@ -92,6 +95,7 @@ class Result:
     actions: tuple[Action, ...]
     seconds: float
     index_seconds: float
+    frames: tuple[htmlmap.Frame, ...] = ()
 
     @property
     def pending(self) -> tuple[engine.ClaimOutcome, ...]:
@@ -146,6 +150,11 @@ class _State:
         self.shapes: dict[metrics.RequestShape, None] = {}
         self.used = 0
         self.first_rejection: metrics.Metrics | None = None
+        self.frames: list[htmlmap.Frame] = []
+        self.refused: list[tuple[str, tuple[str, ...]]] = []  # since the last frame kept
+        self.keep_frames = False
+        self.events = 0  # in the trace, and the one being replayed (from 0), for the frames
+        self.position = 0
         for claim in given:
             self._arrive_claim(claim)
             rejections = self.allocator.rejected.get(claim.key, ())
@@ -187,13 +196,18 @@ class _State:
         waiting = sum(1 for c in work.claims if c.key not in self.held)
         if not self._try(work, at=event.at, retry=False):
             count = max(waiting, 1)
-            if self.first_rejection is None:
+            first = self.first_rejection is None
+            if first:
                 self.first_rejection = self.measure(label="at first rejection")
             self.series.rejected(event.at, count=count)
             if self.retry is Retry.ON_DEPARTURE:
                 self.pending[work.key] = work
             else:
                 self.actions.append(Action(at=event.at, kind=ActionKind.DROP, work=work.key, claims=tuple(work.claims)))
+            if self.keep_frames:
+                self.refused.extend((c.key, self.reasons.get(c.key, ())) for c in work.claims if c.key not in self.held)
+                if first:
+                    self.frame(event.at, event=self.position, first_rejection=True)
 
     def _pod_work(self, pod: model.Pod) -> _Work:
         uid = claims.pod_uid(pod)
@@ -296,6 +310,28 @@ class _State:
 
     # --- results -------------------------------------------------------------------------
 
+    def frame(self, at: float, *, event: int, first_rejection: bool = False) -> None:
+        """Keep the present moment for the map (see `htmlmap.Frame`); `event` counts from 0."""
+        waiting = tuple(
+            (c.key, self.reasons.get(c.key, ()))
+            for work in self.pending.values()
+            for c in work.claims
+            if c.key not in self.held
+        )
+        self.frames.append(
+            htmlmap.Frame(
+                at=at,
+                event=event + 1,
+                events=self.events,
+                claims=self.held_claims(),
+                shapes=tuple(self.shapes),
+                waiting=waiting,
+                refused=tuple(self.refused),
+                first_rejection=first_rejection,
+            )
+        )
+        self.refused = []
+
     def held_claims(self) -> tuple[model.ResourceClaim, ...]:
         return tuple(c for key, c in self.present.items() if key in self.held and c.allocation is not None)
 
@@ -327,13 +363,18 @@ def replay(
     policy: config.Policy = config.Policy.BINPACK,
     retry: Retry = Retry.ON_DEPARTURE,
     search_limit: int = config.DEFAULT_SEARCH_LIMIT,
+    frames: int = 0,
 ) -> Result:
-    """Replay the trace's events against one allocator and measure the outcome. Deterministic;
-    no I/O. Departures at one time form a batch: the pending work is retried once after it."""
+    """Replay the trace's events against one allocator and measure the outcome; keep `frames`
+    moments for the map (see the module docstring). Deterministic; no I/O. Departures at one
+    time form a batch: the pending work is retried once after it."""
     start = time.perf_counter()
     state = _State(tr, policy=policy, retry=retry, search_limit=search_limit)
     indexed = time.perf_counter()
     events = tr.events
+    state.events = len(events)
+    state.keep_frames = frames > 0
+    keep = {round(k * (len(events) - 1) / max(frames - 1, 1)) for k in range(frames)} if events else set()
     start_at = events[0].at if events else 0.0
     state.sample(start_at)
     # Unallocated claims of the cluster arrive first, in input order, as `simulate -f` allocates them.
@@ -341,6 +382,7 @@ def replay(
         if claim.allocation is None:
             state.arrive(trace.Arrival(at=start_at, object=claim, index=-1 - index))
     for i, event in enumerate(events):
+        state.position = i
         if isinstance(event, trace.Arrival):
             state.arrive(event)
         else:
@@ -350,6 +392,8 @@ def replay(
             if batch_ends and state.pending:
                 state.retry_pending(event.at)
         state.sample(event.at)
+        if i in keep:
+            state.frame(event.at, event=i)
     final = state.measure(label=policy.value)
     final = dataclasses.replace(final, time=state.time_metrics(final.cluster.memory))
     return Result(
@@ -363,6 +407,7 @@ def replay(
         actions=tuple(state.actions),
         seconds=time.perf_counter() - start,
         index_seconds=indexed - start,
+        frames=tuple(state.frames),
     )
 
 
@@ -451,7 +496,13 @@ def _replay_and_report(
     policies = settings.compare or (settings.policy,)
     results = []
     for policy in policies:
-        result = replay(tr, policy=policy, retry=settings.retry, search_limit=settings.search_limit)
+        result = replay(
+            tr,
+            policy=policy,
+            retry=settings.retry,
+            search_limit=settings.search_limit,
+            frames=MAP_FRAMES if settings.html is not None else 0,
+        )
         results.append(result)
         if timer is not None:
             timer.phase(f"replay-{policy.value}", events=result.events, index_seconds=f"{result.index_seconds:.3f}")
@@ -462,6 +513,7 @@ def _replay_and_report(
             tr.cluster.resource_slices,
             shown.held,
             series=shown.metrics.time,
+            frames=shown.frames,
             title=f"dractl allocation map: trace {tr.name or tr.file}, policy {shown.policy.value}",
         )
         try:

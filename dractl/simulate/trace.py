@@ -618,13 +618,23 @@ class _Share:
     weight: float
 
 
-# The issue's reference mix: shares of the claim stream.
+# Claim mixes: shares of the claim stream. `reference`: one GPU with at least 40Gi, MIG slices,
+# 2 or 4 GPUs of any model in one NVLink partition, 8 GPUs on one node. `h100-nvlink`: the same
+# shares, but the memory floor is drawn from 8Gi to 70Gi (8Gi fits a T4) and the NVLink claims
+# select H100s only, as the built-in example's NVLink claim does.
 MIXES: Mapping[str, tuple[_Share, ...]] = {
     "reference": (
         _Share("gpu-memory-floor", 0.40),
         _Share("one-mig-slice", 0.30),
         _Share("two-mig-slices-one-parent", 0.10),
         _Share("nvlink-gpus", 0.15),
+        _Share("eight-gpus", 0.05),
+    ),
+    "h100-nvlink": (
+        _Share("gpu-memory-range", 0.40),
+        _Share("one-mig-slice", 0.30),
+        _Share("two-mig-slices-one-parent", 0.10),
+        _Share("nvlink-h100", 0.15),
         _Share("eight-gpus", 0.05),
     ),
 }
@@ -634,6 +644,8 @@ _ONE_SLICE = (("1g.10gb", 0.4), ("1g.20gb", 0.15), ("2g.20gb", 0.25), ("3g.40gb"
 _TWO_SLICES = (("3g.40gb", "1g.10gb"), ("2g.20gb", "1g.10gb"), ("1g.10gb", "1g.10gb"), ("2g.20gb", "2g.20gb"))
 _ROUND_SECONDS = 60.0
 _MEMORY_FLOOR = "40Gi"
+_MEMORY_FLOORS = ("8Gi", "16Gi", "24Gi", "32Gi", "40Gi", "48Gi", "64Gi", "70Gi")
+_H100 = 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'
 
 
 def generate(
@@ -719,10 +731,11 @@ def _claim(kind: str, *, name: str, rng: random.Random) -> dict[str, Any]:
     requests: list[dict[str, Any]] = []
     constraints: list[dict[str, Any]] = []
     shapes: list[str] = []
-    if kind == "gpu-memory-floor":
-        memory = f'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("{_MEMORY_FLOOR}")) >= 0'
+    if kind in ("gpu-memory-floor", "gpu-memory-range"):
+        floor = _MEMORY_FLOOR if kind == "gpu-memory-floor" else rng.choice(_MEMORY_FLOORS)
+        memory = f'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("{floor}")) >= 0'
         requests.append(_request("gpu", "gpu.nvidia.com", selectors=[memory]))
-        shapes.append(f"gpu@{_MEMORY_FLOOR}")
+        shapes.append(f"gpu@{floor}")
     elif kind == "one-mig-slice":
         profile = rng.choices([p for p, _ in _ONE_SLICE], weights=[w for _, w in _ONE_SLICE])[0]
         requests.append(_request("slice", "mig.nvidia.com", selectors=[_profile(profile)]))
@@ -733,9 +746,10 @@ def _claim(kind: str, *, name: str, rng: random.Random) -> dict[str, Any]:
             requests.append(_request(f"slice-{i}", "mig.nvidia.com", selectors=[_profile(profile)]))
             shapes.append(f"mig:{profile}")
         constraints.append({"requests": ["slice-0", "slice-1"], "matchAttribute": "gpu.nvidia.com/parentUUID"})
-    elif kind == "nvlink-gpus":
+    elif kind in ("nvlink-gpus", "nvlink-h100"):
         count = rng.choice((2, 4))
-        requests.append(_request("gpus", "gpu.nvidia.com", count=count))
+        selectors = [_H100] if kind == "nvlink-h100" else []
+        requests.append(_request("gpus", "gpu.nvidia.com", selectors=selectors, count=count))
         constraints.append({"requests": ["gpus"], "matchAttribute": f"gpu.nvidia.com/partition{count}"})
         shapes.extend(["gpu"] * count)
     else:

@@ -1,8 +1,8 @@
 """Browser test set-up: Debian's headless Chromium, installed when missing (as root with apt), else skipped.
 
-`chromium` is the session's browser; `render` opens a local HTML file in it with a fresh
-profile and returns the DOM after the page's scripts ran, plus the browser's log, in which
-Chromium prints every console message as `INFO:CONSOLE`.
+`chromium` is the session's browser; `render` opens a local HTML file in it (with an optional
+`#fragment` in the address) with a fresh profile and returns the DOM after the page's scripts ran,
+plus the browser's log, in which Chromium prints every console message as `INFO:CONSOLE`.
 """
 
 from __future__ import annotations
@@ -56,12 +56,13 @@ class Page:
 
 
 @pytest.fixture
-def render(chromium: str, tmp_path: pathlib.Path) -> Callable[[pathlib.Path], Page]:
+def render(chromium: str, tmp_path: pathlib.Path) -> Callable[..., Page]:
     """Open a local file in headless Chromium with a fresh profile; bounded by a timeout."""
 
-    def run(page: pathlib.Path) -> Page:
-        profile = tmp_path / f"profile-{page.stem}"
-        argv = [chromium, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.resolve().as_uri()]
+    def run(page: pathlib.Path, fragment: str = "") -> Page:
+        profile = tmp_path / f"profile-{page.stem}-{len(fragment)}"
+        address = page.resolve().as_uri() + (f"#{fragment}" if fragment else "")
+        argv = [chromium, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", address]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=_PAGE_SECONDS, check=False)
         assert done.returncode == 0, done.stderr[-2000:]
         return Page(dom=done.stdout, log=done.stderr)

@@ -3,6 +3,7 @@ also for a replayed trace with its utilisation chart."""
 
 from __future__ import annotations
 
+import html
 import html.parser
 import pathlib
 import re
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from dractl import cli, model, simulate
+from dractl import cli, config, model, simulate
 from dractl.model import decode
 from dractl.simulate import htmlmap, metrics, replay, trace
 
@@ -183,3 +184,44 @@ def test_replayed_trace_map_has_every_gpu_its_slices_and_the_utilisation_chart(
     charts = [a for _, a in found.found if "data-series-points" in a]
     assert [int(c["data-series-points"]) for c in charts] == [len(expected.metrics.time.points)]
     assert len(expected.metrics.time.points) > 10
+
+
+def _frames(found: _Elements) -> list[dict[str, str]]:
+    return [a for t, a in found.found if t == "div" and "data-frame" in a]
+
+
+def test_overview_shows_the_cluster_at_the_first_rejection_and_moves_with_the_slider(
+    render: Callable[..., Any], tmp_path: pathlib.Path
+) -> None:
+    """The overview of a replayed 20-node trace opens at the first rejection: 20 node tiles, GPU cells coloured
+    by claim kind, stranded memory marked where the metrics find it, the refused claim with its reason; another
+    moment shows alone when the address asks for it."""
+    generated = trace.generate("mix=h100-nvlink,seed=3,claims=120,departures=0")
+    result = replay.replay(generated, policy=config.Policy.BINPACK, retry=config.Retry.NEVER, frames=6)
+    first = [i for i, f in enumerate(result.frames) if f.first_rejection]
+    assert len(result.frames) == 7 and len(first) == 1
+    moment = result.frames[first[0]]
+    text = htmlmap.render(generated.cluster.resource_slices, result.held, frames=result.frames, title="overview")
+    page_file = tmp_path / "overview.html"
+    page_file.write_text(text, encoding="utf-8")
+
+    page = render(page_file)
+    assert page.console == []
+    found = _parse(page.dom)
+    assert found.root.get("data-ready") == "1" and "data-errors" not in found.root
+    assert (found.root.get("data-frames"), found.root.get("data-shown")) == ("7", str(first[0]))
+    assert [a["data-frame"] for a in _frames(found) if "hidden" not in a] == [str(first[0])]
+    shown = _parse(text.split(f'data-frame="{first[0]}"', 1)[1].split('data-frame="', 1)[0])
+    assert len([a for _, a in shown.found if "data-overview-node" in a]) == 20
+    measured = metrics.measure(generated.cluster.resource_slices, moment.claims, shapes=moment.shapes)
+    stranded = {g.key for g in measured.gpus if g.stranded}
+    assert stranded and {a["data-cell"] for _, a in shown.found if "data-stranded" in a} == stranded
+    kinds = {a["data-kind"] for _, a in shown.found if "data-cell" in a}
+    assert {"MIG", "1 GPU", "4 GPUs", "8 GPUs"} <= kinds
+    refused = [a["data-refused"] for _, a in shown.found if "data-refused" in a]
+    assert refused == [moment.refused[0][0]] and moment.refused[0][1]
+    assert html.escape(moment.refused[0][1][0]) in text
+
+    again = _parse(render(page_file, "frame=0").dom)
+    assert again.root.get("data-shown") == "0"
+    assert [a["data-frame"] for a in _frames(again) if "hidden" not in a] == ["0"]

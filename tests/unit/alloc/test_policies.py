@@ -4,7 +4,7 @@ keeps PCIe roots together and keeps large MIG profiles placeable."""
 from __future__ import annotations
 
 import pytest
-from support.alloc_inputs import allocator, claim, held, memory_at_least, picked, request
+from support.alloc_inputs import allocator, claim, held, match, memory_at_least, picked, request
 from support.devices import counter_set, device, device_class, partitioned, rslice
 
 from dractl import alloc
@@ -143,3 +143,33 @@ def test_binpack_leaves_large_gpus_to_claims_that_need_them(policy: alloc.Policy
     assert a.allocate([claim("large-2", request("req-0", "class-a", memory_at_least("40Gi")))]).ok is (
         policy is BINPACK
     )
+
+
+@pytest.mark.parametrize(("policy", "expected"), [(FIRST_FIT, "node-1"), (BINPACK, "node-2")])
+def test_binpack_keeps_the_last_whole_node_for_a_request_of_several_devices(
+    policy: alloc.Policy, expected: str
+) -> None:
+    """With a 4-device request known, a 1-device claim takes a GPU of the broken node, although that node's
+    GPUs serve one more request shape, so the 4 free GPUs of the other node stay together for it."""
+    big = {"model": "big"}
+    slices = [
+        rslice(*(device(f"a-{i}", attributes=big) for i in range(4)), node="node-2"),
+        rslice(*(device(f"b-{i}") for i in range(4)), node="node-1"),
+    ]
+    a = allocator(slices, allocated=[held("x", "a-0", pool="node-2")], policy=policy)
+    four = claim("four", request(count=4))
+    a.consider([four, claim("big", request("req-0", "class-a", 'device.attributes["driver-a"].model == "big"'))])
+    assert a.allocate([claim("one")]).node == expected
+    assert a.allocate([four]).ok is (policy is BINPACK)
+
+
+@pytest.mark.parametrize(("policy", "expected"), [(FIRST_FIT, "gpu-0"), (BINPACK, "gpu-2")])
+def test_binpack_takes_a_loose_gpu_before_breaking_an_nvlink_pair(policy: alloc.Policy, expected: str) -> None:
+    """With a 2-device request over one `partition2` value known, a 1-device claim takes the free GPU of the
+    broken pair, so the other pair stays whole for it."""
+    slices = [rslice(*(device(f"gpu-{i}", attributes={"partition2": str(i // 2)}) for i in range(4)))]
+    a = allocator(slices, allocated=[held("x", "gpu-3")], policy=policy)
+    pair = claim("pair", request(count=2), constraints=[match("driver-a/partition2", "req-0")])
+    a.consider([pair])
+    assert picked(a.allocate([claim("one")])) == [[("req-0", expected)]]
+    assert a.allocate([pair]).ok is (policy is BINPACK)

@@ -346,8 +346,8 @@ def test_spec_string_round_trips_and_applies_defaults() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        pytest.param("seed=1,claims=10", "mix is required (one of reference)", id="no-mix"),
-        pytest.param("mix=chaos", "mix 'chaos' is unknown (one of reference)", id="unknown-mix"),
+        pytest.param("seed=1,claims=10", "mix is required (one of reference, h100-nvlink)", id="no-mix"),
+        pytest.param("mix=chaos", "mix 'chaos' is unknown (one of reference, h100-nvlink)", id="unknown-mix"),
         pytest.param("mix=reference,seed=x", "seed must be an integer >= 0, got 'x'", id="bad-seed"),
         pytest.param("mix=reference,claims=0", "claims must be an integer >= 1, got '0'", id="no-claims"),
         pytest.param("mix=reference,colour=red", "unknown key 'colour'", id="unknown-key"),
