@@ -57,6 +57,7 @@ class Core:
         dev_group: Buffer,
         n_groups: int,
         max_results: int,
+        policy: int,
     ) -> None: ...
     def add_shape(
         self,
@@ -77,5 +78,5 @@ class Core:
     ) -> tuple[bytes, list[int], list[int], list[int], list[int], list[int]]: ...
     def count_free(self, shape: int, *, admin: bool, nodes: Buffer) -> int: ...
     def search(
-        self, plan: Buffer, nodes: Buffer | None, *, policy: int, limit: int, commit: bool
+        self, plan: Buffer, nodes: Buffer | None, *, limit: int, commit: bool
     ) -> tuple[int, int, list[int], list[int], list[int], list[list[int]]]: ...

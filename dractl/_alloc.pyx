@@ -340,6 +340,7 @@ cdef class Core:
     cdef int32_t n_dirty
     cdef Attr* attrs
     cdef int32_t n_attrs, cap_attrs
+    cdef bint binpack
 
     def __cinit__(self):
         self.shapes = NULL
@@ -350,10 +351,14 @@ cdef class Core:
 
     def __init__(self, *, node_off, node_dev, node_bad, cons_off, cons_id, cons_amt, chk_off, chk_id,
                  cnt_avail, cnt_total, cnt_set, set_off, set_dev, in_use, multi, shares,
-                 slot_value, slot_used, dev_group, n_groups, int max_results):
+                 slot_value, slot_used, dev_group, n_groups, int max_results, int policy):
         cdef Py_ssize_t n
         if max_results <= 0:
             raise ValueError("max_results must be positive")
+        if policy not in (C_POLICY_FIRST_FIT, C_POLICY_BINPACK):
+            raise ValueError("unknown policy")
+        # Fixed for the core's life: first-fit keeps none of binpack's bookkeeping.
+        self.binpack = policy == C_POLICY_BINPACK
         # The API's limit of results per claim, defined once in `dractl.model.limits`.
         self.max_results = max_results
         cdef int32_t d, k, c
@@ -704,6 +709,8 @@ cdef class Core:
             raise ValueError("unknown shape")
         if attr < -1 or attr >= self.n_attrs:
             raise ValueError("unknown attribute")
+        if not self.binpack:
+            return
         sh = &self.shapes[shape]
         if count > sh.demand:
             sh.demand = count
@@ -745,6 +752,8 @@ cdef class Core:
         cdef int32_t b
         if shape < 0 or shape >= self.n_shapes:
             raise ValueError("unknown shape")
+        if not self.binpack:
+            return
         sh = &self.shapes[shape]
         sh.held += devices
         if sh.held < 0.0:
@@ -981,8 +990,8 @@ cdef class Core:
                 self.n_dirty += 1
 
     cdef void _touched(self, int32_t d) noexcept nogil:
-        """The binpack keys cached for the nodes that see `d` are out of date, and so is the free
-        share of its unit in every shape that counts that unit."""
+        """The keys cached for the nodes that see `d` are out of date; for binpack, so are their
+        rooms and the free share of `d`'s unit in every shape that counts that unit."""
         cdef int32_t k, i, u
         cdef int64_t delta
         cdef double share
@@ -990,6 +999,8 @@ cdef class Core:
         self.clock += 1
         for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
             self.node_changed[self.dev_node[k]] = self.clock
+        if not self.binpack:
+            return
         u = self.unit[d]
         # The rooms of every node that sees a device of the same GPU: its counters changed too.
         if u < self.n_sets:
@@ -1037,9 +1048,9 @@ cdef class Core:
                     n += 1
         return n
 
-    def search(self, plan, nodes, *, int policy, long long limit, bint commit):
+    def search(self, plan, nodes, *, long long limit, bint commit):
         """Find devices for every request of the plan on the first node (in `nodes` order,
-        or by score with POLICY_BINPACK) where they fit. Returns (status, node, alternative per
+        or by score with the binpack policy) where they fit. Returns (status, node, alternative per
         request, devices, request per device, stats): on success (OK, node, ..., []); on
         failure (NO_FIT | SEARCH_LIMIT, -1, [], [], [], one stats row per alternative); when
         the search meets a device whose selector failed (see `add_shape`), (CEL_ERROR, node,
@@ -1098,7 +1109,7 @@ cdef class Core:
             for i in range(n_nodes):
                 if nv[i] < 0 or nv[i] >= self.n_nodes:
                     raise ValueError("unknown node in node list")
-        if policy == POLICY_BINPACK:
+        if self.binpack:
             self._refresh_pressure()
             self._refresh_rooms()
             for i in range(s.n_alts):
@@ -1164,9 +1175,9 @@ cdef class Core:
             for j in range(s.claim_req_off[i], s.claim_req_off[i + 1]):
                 s.req_claim[j] = i
         s.limit = limit
-        s.policy = policy
+        s.policy = C_POLICY_BINPACK if self.binpack else C_POLICY_FIRST_FIT
         s.depth = 0
-        if policy == C_POLICY_BINPACK:
+        if self.binpack:
             self._room_plan(&s)
         try:
             with nogil:
@@ -1195,11 +1206,11 @@ cdef class Core:
                         node_order[j] = node_order[i]
                         j += 1
                 n_nodes = j
-                if policy == C_POLICY_BINPACK:
+                if self.binpack:
                     self._first_node(&s, node_order, n_nodes, node_keys, max_visible)
                 status = R_FAIL
                 for i in range(n_nodes):
-                    if i == 1 and policy == C_POLICY_BINPACK:
+                    if i == 1 and self.binpack:
                         # The first node did not fit: the others are needed in full order.
                         self._sort_nodes(node_order + 1, node_keys + 1, n_nodes - 1, node_score, node_keys + n_nodes)
                     self._visit(&s, node_order[i])
@@ -1208,7 +1219,7 @@ cdef class Core:
                         status = R_ERROR
                     else:
                         status = self._request(&s, 0)
-                    if status == R_ERROR and policy == C_POLICY_BINPACK:
+                    if status == R_ERROR and self.binpack:
                         # Binpack tries failing devices last, so their error ends the attempt
                         # only when no node fits: remember the first one and go on.
                         if err_node < 0:
@@ -1388,8 +1399,8 @@ cdef class Core:
         return self.unit_code[self.unit[d]]
 
     cdef inline void _node_cache(self, Shape* sh, int32_t node) noexcept nogil:
-        """Bring the shape's cached free count and least value on `node` (without admin
-        access) up to date. Only a commit on the node or a new shape changes them, so most
+        """Bring the shape's cached free count and (for binpack) least value on `node` (without
+        admin access) up to date. Only a commit on the node or a new shape changes them, so most
         nodes reuse what an earlier search computed."""
         cdef int32_t k, d, free = 0
         if sh.key_at[node] >= self.node_changed[node] and sh.key_at[node] >= self.values_changed:
@@ -1399,7 +1410,8 @@ cdef class Core:
             if sh.cand[d] and (self.multi[d] or not self.in_use[d]):
                 free += 1
         sh.key_free[node] = free
-        sh.key_min[node] = self._least_value(sh, node, False, &sh.key_pressure[node])
+        if self.binpack:
+            sh.key_min[node] = self._least_value(sh, node, False, &sh.key_pressure[node])
         sh.key_at[node] = self.clock
 
     cdef void _sort_nodes(self, int32_t* order, int64_t* keys, int32_t n, int32_t* tmp_order, int64_t* tmp_keys) noexcept nogil:

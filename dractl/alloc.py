@@ -235,7 +235,6 @@ class Allocator:
     def __init__(
         self, snapshot: Snapshot, *, policy: Policy = Policy.BINPACK, search_limit: int = config.DEFAULT_SEARCH_LIMIT
     ) -> None:
-        self._policy = policy
         self._policy_code = _alloc.POLICY_BINPACK if policy is Policy.BINPACK else _alloc.POLICY_FIRST_FIT
         self._limit = search_limit
         self._lock = threading.RLock()
@@ -462,6 +461,7 @@ class Allocator:
             dev_group=index.dev_group,
             n_groups=index.n_groups,
             max_results=MAX_RESULTS,
+            policy=self._policy_code,
         )
         self._carry_over(previous, index)
         self._index = index
@@ -532,7 +532,7 @@ class Allocator:
         assert encoded is not None
         node_array = None if nodes is None else self._node_array(nodes)
         status, node, alts, devices, requests, stats = self._core.search(
-            encoded, node_array, policy=self._policy_code, limit=self._limit, commit=True
+            encoded, node_array, limit=self._limit, commit=True
         )
         if status == _alloc.CEL_ERROR:
             reason = self._cel_error(claims, plans, alt=alts[0], device=devices[0])
