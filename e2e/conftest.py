@@ -16,6 +16,7 @@ import node_images
 import pytest
 import realcluster
 import realnode
+from support import prebuild
 
 _TIMINGS = pytest.StashKey[list[str]]()
 
@@ -40,7 +41,9 @@ def real_images(tmp_path_factory: pytest.TempPathFactory) -> list[node_images.Im
 @pytest.fixture(scope="session")
 def dractl_image() -> node_images.Image:
     """dractl's own image, built here without Docker by tools/build_image.py (cached under ~/.cache/dractl/image;
-    the first build takes minutes); skips with one line where the builder's tools cannot be had."""
+    the first build takes minutes, and starts in the background when collection ends); skips with one line where
+    the builder's tools cannot be had."""
+    prebuild.wait()
     try:
         return node_images.dractl()
     except node_images.Unavailable as missing:

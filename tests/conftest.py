@@ -20,7 +20,7 @@ import controlplane
 import faultproxy
 import pytest
 import structlog
-from support import kube_objects
+from support import kube_objects, prebuild
 
 from dractl.kube import client
 
@@ -43,6 +43,21 @@ def _running(start: Callable[[], _S]) -> Iterator[_S]:
         yield started
     finally:
         started.stop()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that need dractl's image run last, while it builds in the background (`support.prebuild`)."""
+    prebuild.image_last(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not session.config.option.collectonly:
+        prebuild.start(session.items)
+
+
+def pytest_sessionfinish() -> None:
+    prebuild.stop()
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import build_image
 import pytest
-from support import debian
+from support import debian, prebuild
 
 SKIP_ROOT = "needs root to build the container image (mmdebstrap, chroot and umoci make files of other users)"
 SKIP_TOOLS = "needs Debian's mmdebstrap and umoci for the image tests: apt-get install -y mmdebstrap umoci (as root)"
@@ -29,6 +29,7 @@ def image() -> build_image.Image:
         pytest.skip(SKIP_ROOT)
     if not debian.ensure(["mmdebstrap", "umoci"], commands=list(build_image.TOOLS)):
         pytest.skip(SKIP_TOOLS)
+    prebuild.wait()
     return build_image.build()
 
 
