@@ -242,6 +242,33 @@ def test_closed_stdout_exits_quietly(tmp_path: pathlib.Path) -> None:
     assert stderr == ""
 
 
+@pytest.mark.parametrize("mode", ["simulate", "trace"])
+def test_closed_stdout_exits_quietly_with_tables(mode: str, tmp_path: pathlib.Path) -> None:
+    """Guards: a table (rich) written to a pipe whose reader has gone ends quietly with 141, as every other format
+    does, not with rich's own exit 1 (the exit code of invalid input)."""
+    args = ["simulate"]
+    if mode == "trace":
+        generated = _simulate("--generate", "mix=reference,seed=1,claims=5")
+        assert generated.returncode == 0, generated.stderr
+        (tmp_path / "trace.yaml").write_text(generated.stdout)
+        args += ["--trace", str(tmp_path / "trace.yaml")]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte: every write fails with EPIPE
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "dractl", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+        )
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) to fill stdout")
 def test_full_stdout_prints_one_line_and_exits_1() -> None:
     """Guards: `dractl simulate > /dev/full` prints one line naming the problem and exits 1, without a traceback."""
