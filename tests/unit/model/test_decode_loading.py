@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -85,6 +87,55 @@ def test_missing_path_and_empty_directory_are_problems(tmp_path: pathlib.Path) -
     assert caught.value.problems == (
         f"{tmp_path / 'nope.yaml'}: no such file or directory",
         f"{tmp_path / 'empty'}: no manifests (*.yaml, *.yml, *.json) in this directory",
+    )
+
+
+def test_input_without_objects_is_a_problem(tmp_path: pathlib.Path) -> None:
+    """Guards: an empty file, a file of comments, an empty JSON list, and a directory whose manifests hold no object are
+    each a problem naming the path, never a simulation of an empty cluster; an empty file beside manifests in a
+    directory is skipped, as kubectl skips it."""
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "comments.yaml").write_text("# nothing yet\n---\n")
+    (tmp_path / "none.json").write_text("[]")
+    (tmp_path / "blank").mkdir()
+    (tmp_path / "blank" / "a.yaml").write_text("\n")
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "a.yaml").write_text("")
+    (tmp_path / "mixed" / "b.yaml").write_text(CLASS)
+    names = ("empty.yaml", "comments.yaml", "none.json", "blank", "mixed")
+    with pytest.raises(decode.DecodeError) as caught:
+        decode.load_paths([tmp_path / name for name in names])
+    assert caught.value.problems == (
+        f"{tmp_path / 'empty.yaml'}: no Kubernetes objects: the file is empty or only comments",
+        f"{tmp_path / 'comments.yaml'}: no Kubernetes objects: the file is empty or only comments",
+        f"{tmp_path / 'none.json'}: no Kubernetes objects: the file is empty or only comments",
+        f"{tmp_path / 'blank'}: no Kubernetes objects: the manifests of this directory are empty or only comments",
+    )
+    assert len(decode.load_paths([tmp_path / "mixed"]).device_classes) == 1
+
+
+def test_a_pipe_is_read_like_a_file(tmp_path: pathlib.Path) -> None:
+    """Guards: a named pipe (what bash's `-f <(kubectl get ...)` passes) is read, not reported as missing."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=(CLASS,), daemon=True)
+    writer.start()
+    try:
+        objects = decode.load_paths([fifo])
+    finally:
+        if writer.is_alive():  # nothing opened the pipe to read: open it once, so the writer is not left blocked
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(timeout=10)
+    assert [c.meta.name for c in objects.device_classes] == ["gpu.nvidia.com"]
+
+
+def test_a_binary_file_is_one_problem(tmp_path: pathlib.Path) -> None:
+    """Guards: a file that is not UTF-8 text gets one line saying so, not a codec's error."""
+    (tmp_path / "blob.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(decode.DecodeError) as caught:
+        decode.load_paths([tmp_path / "blob.yaml"])
+    assert caught.value.problems == (
+        f"{tmp_path / 'blob.yaml'}: cannot read: not UTF-8 text (a binary file?); manifests are YAML or JSON",
     )
 
 
