@@ -34,7 +34,7 @@ EXPECTED = {
         "DeviceClass (document 1): metadata.name: must be a string, got a list",
         "DeviceClass (document 1): metadata.name: required",
     ],
-    "quantity-exponent.yaml": [f"ResourceSlice big: spec.devices[0].capacity[memory].value: '1e999999' {ABSURD}"],
+    "quantity-exponent.yaml": [f"ResourceSlice exp: spec.devices[0].capacity[memory].value: '1e999999' {ABSURD}"],
     "quantity-16ei.yaml": [f"ResourceSlice big: spec.devices[0].capacity[memory].value: '16Ei' {LARGEST}"],
     "recursive-anchor.yaml": ["document 1 (line 2): an alias refers to a value that contains it (a recursive anchor)"],
     "replicas.yaml": [
@@ -57,7 +57,7 @@ EXPECTED = {
 SLICE = """\
 apiVersion: resource.k8s.io/v1
 kind: ResourceSlice
-metadata: {{name: s}}
+metadata: {{name: {name}}}
 spec:
   driver: gpu.nvidia.com
   pool: {{name: node-1, resourceSliceCount: 1}}
@@ -135,12 +135,12 @@ GENERATED = {
     "deep-dashes.yaml": (lambda: "- " * 3_000 + "x\n", ["line 1: nested too deeply: indented more than 2000 columns"]),
     "deep.json": (lambda: "[" * 100_000 + "]" * 100_000, ["nested too deeply: more than 1000 levels of [ and {"]),
     "quantity-digits.yaml": (
-        lambda: SLICE.format(value="9" * 5_000 + "Ei"),
-        [f"ResourceSlice s: spec.devices[0].capacity[memory].value: '{'9' * 40}'... (5002 characters) {ABSURD}"],
+        lambda: SLICE.format(name="q", value="9" * 5_000 + "Ei"),
+        [f"ResourceSlice q: spec.devices[0].capacity[memory].value: '{'9' * 40}'... (5002 characters) {ABSURD}"],
     ),
     "int-digits.yaml": (
-        lambda: SLICE.format(value="9" * 5_000),
-        [f"ResourceSlice s: spec.devices[0].capacity[memory].value: '{'9' * 40}'... (5000 characters) {ABSURD}"],
+        lambda: SLICE.format(name="i", value="9" * 5_000),
+        [f"ResourceSlice i: spec.devices[0].capacity[memory].value: '{'9' * 40}'... (5000 characters) {ABSURD}"],
     ),
     "int-digits.json": (
         lambda: (

@@ -139,6 +139,25 @@ def test_a_binary_file_is_one_problem(tmp_path: pathlib.Path) -> None:
     )
 
 
+def test_an_object_given_twice_is_a_problem_naming_both_places(tmp_path: pathlib.Path) -> None:
+    """Guards: a slice or claim given twice (a file passed twice, `-o yaml` output fed back beside the claims it came
+    from) is refused naming both places, instead of a pool counted twice ("2 of 1 slices") or one claim kept silently;
+    the same name in another namespace or of another kind is no duplicate."""
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump_all([m.resource_slice(), m.claim()]))
+    elsewhere = {**m.claim(), "metadata": {"name": "train", "namespace": "ml"}}
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "train"}}
+    template["spec"] = {"spec": m.claim()["spec"]}
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump_all([elsewhere, template, m.claim()]))
+    with pytest.raises(decode.DecodeError) as caught:
+        decode.load_paths([tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "a.yaml"])
+    twice = "given twice, first in {} (document {}); the API holds one object per name: remove one or rename it"
+    assert caught.value.problems == (
+        f"{tmp_path / 'a.yaml'}: ResourceSlice node-1-gpu: metadata.name: {twice.format(tmp_path / 'a.yaml', 1)}",
+        f"{tmp_path / 'b.yaml'}: ResourceClaim default/train: metadata.name: {twice.format(tmp_path / 'a.yaml', 2)}",
+        f"{tmp_path / 'a.yaml'}: ResourceClaim default/train: metadata.name: {twice.format(tmp_path / 'a.yaml', 2)}",
+    )
+
+
 def test_yaml_syntax_error_names_file_and_line(problems: Callable[..., list[str]]) -> None:
     """Guards: a YAML syntax error names the file and the line."""
     text = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n   bad: indent\n"
@@ -151,7 +170,7 @@ def test_problems_from_all_files_are_collected(tmp_path: pathlib.Path) -> None:
     """Guards: decoding never stops at the first problem; every file and document is checked."""
     (tmp_path / "a.yaml").write_text("a: [\n")
     bad = m.mutated(m.claim(), lambda c: c["spec"]["devices"]["requests"][0]["exactly"].update(count=-1))
-    (tmp_path / "b.yaml").write_text(yaml.safe_dump_all([bad, bad]))
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump_all([bad, {**bad, "metadata": {"name": "other"}}]))
     with pytest.raises(decode.DecodeError) as caught:
         decode.load_paths([tmp_path])
     assert len(caught.value.problems) == 3
