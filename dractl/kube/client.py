@@ -51,6 +51,7 @@ import tenacity
 import urllib3
 import urllib3.connection
 import urllib3.exceptions
+import yaml
 
 from dractl import model
 from dractl.model import decode as model_decode
@@ -269,6 +270,8 @@ def connect(
     client-side limit) paces every request of the client. Keeps up to `POOL_CONNECTIONS` connections
     alive for reuse.
     """
+    if kubeconfig is not None:
+        _check_kubeconfig(os.fspath(kubeconfig))
     configuration = kubernetes.client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
@@ -288,6 +291,35 @@ def connect(
     if type(pools) in (urllib3.PoolManager, urllib3.ProxyManager):  # A SOCKS proxy keeps its own connections.
         pools.pool_classes_by_scheme = {"http": _FencedHTTPConnectionPool, "https": _FencedHTTPSConnectionPool}
     return Client(api_client, field_manager=field_manager, attempts=attempts, limiter=limiter)
+
+
+class KubeconfigError(ValueError):
+    """A kubeconfig file that cannot be one: missing, unreadable, not YAML, or not a mapping."""
+
+
+def _check_kubeconfig(path: str) -> None:
+    """Raise `KubeconfigError` with one plain line where the official loader would say "No
+    configuration found" for a missing file, or raise Python's own TypeError for YAML that is
+    not a mapping. Reads the file; the loader reads it again."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            data = yaml.safe_load(stream)
+    except FileNotFoundError:
+        raise KubeconfigError("no such file") from None
+    except UnicodeDecodeError:
+        raise KubeconfigError("not a kubeconfig: not UTF-8 text") from None
+    except OSError as error:
+        raise KubeconfigError(f"cannot read it: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None)
+        raise KubeconfigError(
+            f"not a kubeconfig: YAML syntax error{where}" + (f": {problem}" if problem else "")
+        ) from None
+    if not isinstance(data, dict):
+        found = "nothing" if data is None else f"a {type(data).__name__}"
+        raise KubeconfigError(f"not a kubeconfig: a mapping with clusters, users and contexts is expected, got {found}")
 
 
 # --- The fence at the socket ------------------------------------------------------------------

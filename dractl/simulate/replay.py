@@ -563,10 +563,9 @@ _PENDING_SHOWN = 20
 def _write_table(tr: trace.Trace, results: Sequence[Result], *, out: TextIO) -> None:
     """Per node GPUs and memory at the end (the first policy's), then every policy's cluster
     metrics side by side, then the claims still waiting (the first few, with reasons)."""
-    import rich.console  # imported here: rich takes about 50 ms to import
-    import rich.text
+    import rich.text  # imported here: rich takes about 50 ms to import
 
-    console = rich.console.Console(file=out, width=None if out.isatty() else 160, highlight=False)
+    console = report.new_console(out)
     first = results[0]
     console.print(
         rich.text.Text(

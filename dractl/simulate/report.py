@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import fractions
+import os
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from dractl import config, model
 from dractl.model import encode
 from dractl.model import nodes as model_nodes
 from dractl.simulate import engine, metrics
+
+if TYPE_CHECKING:
+    import rich.console
 
 CLUSTER_WIDE = "(cluster-wide)"
 
@@ -384,11 +389,10 @@ def write_table(
         return
     # Imported here: rich takes about 50 ms to import, which json, yaml and large
     # tables never use.
-    import rich.console
     import rich.table
     import rich.text
 
-    console = rich.console.Console(file=out, width=None if out.isatty() else 160, highlight=False)
+    console = new_console(out)
     claims = rich.table.Table(title=f"Claims (policy {policy.value})", title_justify="left")
     for column in header:
         claims.add_column(column, overflow="fold")
@@ -411,6 +415,19 @@ def write_table(
     console.print(usage_table)
     for problem in pool_problems:
         console.print(rich.text.Text(f"warning: {problem}", style="yellow"))
+
+
+def new_console(out: TextIO) -> rich.console.Console:
+    """A rich console on `out` (160 columns unless `out` is a terminal) that lets a closed pipe
+    raise `BrokenPipeError`: rich's own handler exits 1, where the CLI ends a closed pipe
+    (`dractl simulate | head -1`) quietly with 141 as for every other format."""
+    import rich.console  # imported here: rich takes about 50 ms to import
+
+    class Console(rich.console.Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    return Console(file=out, width=None if out.isatty() else 160, highlight=False)
 
 
 def write(

@@ -48,30 +48,49 @@ def load_paths(paths: Sequence[str | os.PathLike[str]]) -> types.Objects:
 
 
 def _load_path(out: problems.Results, path: pathlib.Path) -> None:
-    """One given path: a file, or a directory's manifests (recursively, sorted)."""
+    """One given path: a file, or a directory's manifests (recursively, sorted).
+
+    A given file, or a directory as a whole, that holds no object is a problem: an empty
+    input is a mistake (a failed `kubectl get ... > file`), not a cluster without devices.
+    A pipe is read like a file (`-f <(kubectl get resourceslices -o yaml)`), bounded alike.
+    """
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".yaml", ".yml", ".json"))
         if not files:
             out.problems.append(f"{path}: no manifests (*.yaml, *.yml, *.json) in this directory")
-    elif path.is_file():
+    elif path.exists():
         files = [path]
     else:
         out.problems.append(f"{path}: no such file or directory")
         return
+    held = False  # whether any file held an object, or a problem of its own
     for file in files:
+        limit = f"{MAX_FILE_BYTES // (1024 * 1024)} MiB: split the manifests into several files"
         try:
             size = file.stat().st_size
             if size > MAX_FILE_BYTES:
-                out.problems.append(
-                    f"{file}: {size} bytes is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB: split the manifests "
-                    "into several files"
-                )
+                out.problems.append(f"{file}: {size} bytes is larger than {limit}")
+                held = True
                 continue
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            out.problems.append(f"{file}: cannot read: {error}")
+            # A pipe's size is not known ahead: read one character past the limit to see it.
+            with file.open(encoding="utf-8") as stream:
+                text = stream.read(MAX_FILE_BYTES + 1)
+        except UnicodeDecodeError:
+            out.problems.append(f"{file}: cannot read: not UTF-8 text (a binary file?); manifests are YAML or JSON")
+            held = True
             continue
-        _load_text(out, text, str(file))
+        except OSError as error:
+            out.problems.append(f"{file}: cannot read: {error}")
+            held = True
+            continue
+        if len(text) > MAX_FILE_BYTES:
+            out.problems.append(f"{file}: more than {limit}")
+            held = True
+            continue
+        held = _load_text(out, text, str(file)) or held
+    if files and not held:
+        what = "the manifests of this directory are" if path.is_dir() else "the file is"
+        out.problems.append(f"{path}: no Kubernetes objects: {what} empty or only comments")
 
 
 @contextlib.contextmanager
@@ -147,26 +166,32 @@ def _decode(out: problems.Results, document: object, file: str, index: int) -> N
         out.problems.append(f"{file}: document {index + 1}: nested too deeply to decode")
 
 
-def _load_text(out: problems.Results, text: str, file: str) -> None:
+def _load_text(out: problems.Results, text: str, file: str) -> bool:
+    """Decode every document of `text` into `out`; returns whether it held any (a document, or
+    a problem where the text could not be read as documents)."""
     stripped = text.lstrip()
     if stripped[:1] in ("{", "["):
         data = _json(text)
         if data is not _NOT_JSON:
             if isinstance(data, str):
                 out.problems.append(f"{file}: {data}")
-                return
+                return True
             documents = data if isinstance(data, list) else [data]
             for index, document in enumerate(documents):
                 _decode(out, document, file, index)
-            return
+            return bool(documents)
     index = 0
+    held = False
     try:
         for document in yaml11.load_all(text):
             if document is not None:
+                held = True
                 _decode(out, document, file, index)
             index += 1
     except yaml11.YamlError as error:
         out.problems.append(f"{file}: {error}")
+        return True
+    return held
 
 
 _NOT_JSON = object()

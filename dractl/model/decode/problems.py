@@ -10,6 +10,10 @@ from collections.abc import Sequence
 
 from dractl.model import types
 
+_Decoded = (
+    types.DeviceClass | types.ResourceSlice | types.ResourceClaim | types.ResourceClaimTemplate | types.Pod | types.Node
+)
+
 
 class DecodeError(ValueError):
     """Manifests that the API server would reject. `problems` holds one message per problem."""
@@ -35,6 +39,7 @@ class Results:
         self.problems: list[str] = []
 
     def finish(self) -> types.Objects:
+        self._duplicates()
         if self.problems:
             raise DecodeError(self.problems)
         return types.Objects(
@@ -46,6 +51,33 @@ class Results:
             nodes=tuple(self.nodes),
             warnings=tuple(self.warnings),
         )
+
+    def _duplicates(self) -> None:
+        """One problem per object whose kind, namespace and name an earlier object has: the API
+        holds one object per name, where the simulation would count a slice twice or use one of
+        two claims silently."""
+        kinds: tuple[tuple[str, Sequence[_Decoded]], ...] = (
+            ("DeviceClass", self.classes),
+            ("ResourceSlice", self.slices),
+            ("ResourceClaim", self.claims),
+            ("ResourceClaimTemplate", self.templates),
+            ("Pod", self.pods),
+            ("Node", self.nodes),
+        )
+        for kind, values in kinds:
+            seen: dict[tuple[str, str], types.Source] = {}
+            for value in values:
+                meta = value.meta
+                key = (meta.namespace, meta.name)
+                first = seen.get(key)
+                if first is None or not meta.name:  # a missing name is a problem of its own
+                    seen[key] = value.source
+                    continue
+                shown = f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
+                self.problems.append(
+                    f"{value.source.file}: {kind} {shown}: metadata.name: given twice, first in {first.file} "
+                    f"(document {first.document + 1}); the API holds one object per name: remove one or rename it"
+                )
 
 
 class Report:

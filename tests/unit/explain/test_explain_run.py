@@ -141,6 +141,37 @@ def test_an_unusable_kubeconfig_is_one_line_with_exit_1(tmp_path: pathlib.Path) 
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "no such file"),
+        ("", "not a kubeconfig: a mapping with clusters, users and contexts is expected, got nothing"),
+        ("hello\n", "not a kubeconfig: a mapping with clusters, users and contexts is expected, got a str"),
+        ("- a\n", "not a kubeconfig: a mapping with clusters, users and contexts is expected, got a list"),
+        (
+            "clusters: [\n",
+            "not a kubeconfig: YAML syntax error at line 2, column 1: "
+            "expected the node content, but found '<stream end>'",
+        ),
+        (b"\xff\xfe\x00", "not a kubeconfig: not UTF-8 text"),
+    ],
+    ids=["missing", "empty", "a-word", "a-list", "bad-yaml", "binary"],
+)
+def test_a_kubeconfig_that_is_none_says_why_in_plain_words(
+    tmp_path: pathlib.Path, content: str | bytes | None, problem: str
+) -> None:
+    """Guards: a kubeconfig that is missing, empty, not YAML, binary or not a mapping is one plain line saying which
+    (the official loader said "No configuration found" for a missing file and "'str' object does not support item
+    assignment" for a word)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    if isinstance(content, bytes):
+        kubeconfig.write_bytes(content)
+    elif content is not None:
+        kubeconfig.write_text(content)
+    code, out, err = _invoke("explain", "claim", "ns/c", "--kubeconfig", str(kubeconfig))
+    assert (code, out, err) == (1, "", f"dractl explain: cannot use the kubeconfig ({kubeconfig}): {problem}\n")
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

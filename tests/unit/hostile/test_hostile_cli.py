@@ -34,7 +34,7 @@ EXPECTED = {
         "DeviceClass (document 1): metadata.name: must be a string, got a list",
         "DeviceClass (document 1): metadata.name: required",
     ],
-    "quantity-exponent.yaml": [f"ResourceSlice big: spec.devices[0].capacity[memory].value: '1e999999' {ABSURD}"],
+    "quantity-exponent.yaml": [f"ResourceSlice exp: spec.devices[0].capacity[memory].value: '1e999999' {ABSURD}"],
     "quantity-16ei.yaml": [f"ResourceSlice big: spec.devices[0].capacity[memory].value: '16Ei' {LARGEST}"],
     "recursive-anchor.yaml": ["document 1 (line 2): an alias refers to a value that contains it (a recursive anchor)"],
     "replicas.yaml": [
@@ -57,7 +57,7 @@ EXPECTED = {
 SLICE = """\
 apiVersion: resource.k8s.io/v1
 kind: ResourceSlice
-metadata: {{name: s}}
+metadata: {{name: {name}}}
 spec:
   driver: gpu.nvidia.com
   pool: {{name: node-1, resourceSliceCount: 1}}
@@ -135,12 +135,12 @@ GENERATED = {
     "deep-dashes.yaml": (lambda: "- " * 3_000 + "x\n", ["line 1: nested too deeply: indented more than 2000 columns"]),
     "deep.json": (lambda: "[" * 100_000 + "]" * 100_000, ["nested too deeply: more than 1000 levels of [ and {"]),
     "quantity-digits.yaml": (
-        lambda: SLICE.format(value="9" * 5_000 + "Ei"),
-        [f"ResourceSlice s: spec.devices[0].capacity[memory].value: '{'9' * 40}'... (5002 characters) {ABSURD}"],
+        lambda: SLICE.format(name="q", value="9" * 5_000 + "Ei"),
+        [f"ResourceSlice q: spec.devices[0].capacity[memory].value: '{'9' * 40}'... (5002 characters) {ABSURD}"],
     ),
     "int-digits.yaml": (
-        lambda: SLICE.format(value="9" * 5_000),
-        [f"ResourceSlice s: spec.devices[0].capacity[memory].value: '{'9' * 40}'... (5000 characters) {ABSURD}"],
+        lambda: SLICE.format(name="i", value="9" * 5_000),
+        [f"ResourceSlice i: spec.devices[0].capacity[memory].value: '{'9' * 40}'... (5000 characters) {ABSURD}"],
     ),
     "int-digits.json": (
         lambda: (
@@ -240,6 +240,33 @@ def test_closed_stdout_exits_quietly(tmp_path: pathlib.Path) -> None:
     process.stderr.close()
     assert process.wait(timeout=120) == 141
     assert stderr == ""
+
+
+@pytest.mark.parametrize("mode", ["simulate", "trace"])
+def test_closed_stdout_exits_quietly_with_tables(mode: str, tmp_path: pathlib.Path) -> None:
+    """Guards: a table (rich) written to a pipe whose reader has gone ends quietly with 141, as every other format
+    does, not with rich's own exit 1 (the exit code of invalid input)."""
+    args = ["simulate"]
+    if mode == "trace":
+        generated = _simulate("--generate", "mix=reference,seed=1,claims=5")
+        assert generated.returncode == 0, generated.stderr
+        (tmp_path / "trace.yaml").write_text(generated.stdout)
+        args += ["--trace", str(tmp_path / "trace.yaml")]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte: every write fails with EPIPE
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "dractl", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+        )
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) to fill stdout")

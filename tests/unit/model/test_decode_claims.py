@@ -382,10 +382,14 @@ def test_template_problems_use_the_template_path(problems: Callable[..., list[st
         "metadata": {"name": "one", "namespace": "ml"},
         "spec": {"spec": {"devices": {"requests": [_request(count=-3)]}}},
     }
-    flat = {**template, "spec": {"devices": {"requests": [_request()]}}}
+    flat = {
+        **template,
+        "metadata": {"name": "flat", "namespace": "ml"},
+        "spec": {"devices": {"requests": [_request()]}},
+    }
     assert problems([template, flat]) == [
         "m.yaml: ResourceClaimTemplate ml/one: spec.spec.devices.requests[0].exactly.count: must be >= 1",
-        "m.yaml: ResourceClaimTemplate ml/one: spec.devices: the claim spec of a template goes under spec.spec: write "
+        "m.yaml: ResourceClaimTemplate ml/flat: spec.devices: the claim spec of a template goes under spec.spec: write "
         "spec: {spec: {devices: ...}}",
     ]
 

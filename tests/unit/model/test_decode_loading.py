@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -88,6 +90,74 @@ def test_missing_path_and_empty_directory_are_problems(tmp_path: pathlib.Path) -
     )
 
 
+def test_input_without_objects_is_a_problem(tmp_path: pathlib.Path) -> None:
+    """Guards: an empty file, a file of comments, an empty JSON list, and a directory whose manifests hold no object are
+    each a problem naming the path, never a simulation of an empty cluster; an empty file beside manifests in a
+    directory is skipped, as kubectl skips it."""
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "comments.yaml").write_text("# nothing yet\n---\n")
+    (tmp_path / "none.json").write_text("[]")
+    (tmp_path / "blank").mkdir()
+    (tmp_path / "blank" / "a.yaml").write_text("\n")
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "a.yaml").write_text("")
+    (tmp_path / "mixed" / "b.yaml").write_text(CLASS)
+    names = ("empty.yaml", "comments.yaml", "none.json", "blank", "mixed")
+    with pytest.raises(decode.DecodeError) as caught:
+        decode.load_paths([tmp_path / name for name in names])
+    assert caught.value.problems == (
+        f"{tmp_path / 'empty.yaml'}: no Kubernetes objects: the file is empty or only comments",
+        f"{tmp_path / 'comments.yaml'}: no Kubernetes objects: the file is empty or only comments",
+        f"{tmp_path / 'none.json'}: no Kubernetes objects: the file is empty or only comments",
+        f"{tmp_path / 'blank'}: no Kubernetes objects: the manifests of this directory are empty or only comments",
+    )
+    assert len(decode.load_paths([tmp_path / "mixed"]).device_classes) == 1
+
+
+def test_a_pipe_is_read_like_a_file(tmp_path: pathlib.Path) -> None:
+    """Guards: a named pipe (what bash's `-f <(kubectl get ...)` passes) is read, not reported as missing."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=(CLASS,), daemon=True)
+    writer.start()
+    try:
+        objects = decode.load_paths([fifo])
+    finally:
+        if writer.is_alive():  # nothing opened the pipe to read: open it once, so the writer is not left blocked
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(timeout=10)
+    assert [c.meta.name for c in objects.device_classes] == ["gpu.nvidia.com"]
+
+
+def test_a_binary_file_is_one_problem(tmp_path: pathlib.Path) -> None:
+    """Guards: a file that is not UTF-8 text gets one line saying so, not a codec's error."""
+    (tmp_path / "blob.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(decode.DecodeError) as caught:
+        decode.load_paths([tmp_path / "blob.yaml"])
+    assert caught.value.problems == (
+        f"{tmp_path / 'blob.yaml'}: cannot read: not UTF-8 text (a binary file?); manifests are YAML or JSON",
+    )
+
+
+def test_an_object_given_twice_is_a_problem_naming_both_places(tmp_path: pathlib.Path) -> None:
+    """Guards: a slice or claim given twice (a file passed twice, `-o yaml` output fed back beside the claims it came
+    from) is refused naming both places, instead of a pool counted twice ("2 of 1 slices") or one claim kept silently;
+    the same name in another namespace or of another kind is no duplicate."""
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump_all([m.resource_slice(), m.claim()]))
+    elsewhere = {**m.claim(), "metadata": {"name": "train", "namespace": "ml"}}
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "train"}}
+    template["spec"] = {"spec": m.claim()["spec"]}
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump_all([elsewhere, template, m.claim()]))
+    with pytest.raises(decode.DecodeError) as caught:
+        decode.load_paths([tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "a.yaml"])
+    twice = "given twice, first in {} (document {}); the API holds one object per name: remove one or rename it"
+    assert caught.value.problems == (
+        f"{tmp_path / 'a.yaml'}: ResourceSlice node-1-gpu: metadata.name: {twice.format(tmp_path / 'a.yaml', 1)}",
+        f"{tmp_path / 'b.yaml'}: ResourceClaim default/train: metadata.name: {twice.format(tmp_path / 'a.yaml', 2)}",
+        f"{tmp_path / 'a.yaml'}: ResourceClaim default/train: metadata.name: {twice.format(tmp_path / 'a.yaml', 2)}",
+    )
+
+
 def test_yaml_syntax_error_names_file_and_line(problems: Callable[..., list[str]]) -> None:
     """Guards: a YAML syntax error names the file and the line."""
     text = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n   bad: indent\n"
@@ -100,7 +170,7 @@ def test_problems_from_all_files_are_collected(tmp_path: pathlib.Path) -> None:
     """Guards: decoding never stops at the first problem; every file and document is checked."""
     (tmp_path / "a.yaml").write_text("a: [\n")
     bad = m.mutated(m.claim(), lambda c: c["spec"]["devices"]["requests"][0]["exactly"].update(count=-1))
-    (tmp_path / "b.yaml").write_text(yaml.safe_dump_all([bad, bad]))
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump_all([bad, {**bad, "metadata": {"name": "other"}}]))
     with pytest.raises(decode.DecodeError) as caught:
         decode.load_paths([tmp_path])
     assert len(caught.value.problems) == 3

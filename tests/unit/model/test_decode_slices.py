@@ -427,4 +427,6 @@ def test_limits_are_inclusive() -> None:
         *[m.device(f"gpu-{i}", taints=[{"key": "k", "effect": "NoSchedule"}]) for i in range(64)]
     )
     full = _attrs(**{f"a{i}": {"int": i} for i in range(31)})
+    for index, given in enumerate((tainted, full)):
+        given["metadata"] = {"name": f"node-1-gpu-{index}"}
     assert [len(s.devices) for s in decode.load_documents([plain, tainted, full]).resource_slices] == [128, 64, 1]
