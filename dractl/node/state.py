@@ -37,7 +37,8 @@ from typing import Protocol
 import structlog
 
 from dractl import model
-from dractl.node import backend, cdi, checkpoint, mig, opaque, sharing
+from dractl.model import opaque
+from dractl.node import backend, cdi, checkpoint, mig, sharing
 
 __all__ = [
     "ClaimRef",

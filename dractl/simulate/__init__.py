@@ -12,7 +12,7 @@ import gc
 import pathlib
 from typing import TextIO
 
-from dractl import cel, config
+from dractl import config
 from dractl.model import decode
 from dractl.simulate import engine, report, timing
 
@@ -61,8 +61,9 @@ def _run(settings: config.Simulate, *, out: TextIO, err: TextIO, timer: timing.T
         count = sum(map(len, (objects.device_classes, objects.resource_slices, objects.resource_claims)))
         count += len(objects.resource_claim_templates) + len(objects.pods) + len(objects.nodes)
         timer.phase("decode", objects=count)
-    # The API server refuses objects whose selectors do not compile; so does the simulation.
-    invalid = cel.problems(objects)
+    # The API server refuses objects whose selectors do not compile, and (with dractl's chart) opaque configs the
+    # node agent would refuse; so does the simulation.
+    invalid = engine.refused(objects)
     if invalid:
         for problem in invalid:
             print(problem, file=err)

@@ -16,8 +16,8 @@ import enum
 import time
 from collections.abc import Mapping, Sequence
 
-from dractl import alloc, model
-from dractl.model import placement
+from dractl import alloc, cel, config, model
+from dractl.model import opaque, placement
 from dractl.simulate import claims
 
 # The API allows at most this many consumers in `status.reservedFor`.
@@ -236,6 +236,13 @@ def _place_pod(work: claims.PodWork, *, allocator: alloc.Allocator, ledger: _Led
     consumer = model.ResourceClaimConsumerReference(resource="pods", name=work.pod.meta.name, uid=work.uid)
     for key in existing:
         ledger.reserve(key, consumer)
+
+
+def refused(objects: model.Objects) -> tuple[str, ...]:
+    """What the API server refuses in `objects` where dractl's chart is installed, one line each naming the file,
+    object and field: selectors that do not compile (`cel.problems`), and opaque configs for dractl's driver that the
+    node agent would refuse, as the chart's admission policy refuses them (`opaque.problems`)."""
+    return cel.problems(objects) + opaque.problems(objects, driver=config.DEFAULT_DRIVER_NAME)
 
 
 def simulate(objects: model.Objects, *, policy: alloc.Policy, search_limit: int) -> Result:

@@ -40,7 +40,7 @@ from typing import Any, TextIO
 
 import msgspec
 
-from dractl import alloc, cel, config, model
+from dractl import alloc, config, model
 from dractl.model import placement
 from dractl.simulate import claims, engine, htmlmap, metrics, report, timing, trace
 
@@ -486,7 +486,7 @@ def _replay_and_report(
         for line in error.problems:
             print(line, file=err)
         return 1
-    invalid = cel.problems(_cluster_objects(tr))
+    invalid = engine.refused(_cluster_objects(tr))
     if invalid:
         for line in invalid:
             print(line, file=err)

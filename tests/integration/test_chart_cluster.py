@@ -31,7 +31,8 @@ from support import chart, kube_objects, kubelet, observe
 from dractl._proto import dra_v1_pb2
 from dractl.kube import access
 from dractl.kube import client as kube_client
-from dractl.node import opaque, plugin, state
+from dractl.model import opaque
+from dractl.node import plugin, state
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -78,7 +78,7 @@ is the CEL expression of the value.
 {{- end }}
 
 {{/*
-The agent's strict object check (dractl/node/opaque.py `_object`) as CEL giving "" or
+The agent's strict object check (dractl/model/opaque.py `_object`) as CEL giving "" or
 "<path>: <message>". Arguments: value (CEL), path (the field path, "" at the top), allowed (keys).
 Of several unknown fields it names the first in sorted order (kubectl sends keys sorted).
 */}}

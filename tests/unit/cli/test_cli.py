@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 from support.simulate_manifests import CLASS, resource_slice
 
 import dractl
-from dractl import cli
+from dractl import cli, simulate
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -321,6 +321,36 @@ spec:
         'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0' in result.stderr
     )
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_an_opaque_config_the_node_agent_would_refuse_is_rejected(tmp_path: pathlib.Path) -> None:
+    """Guards: a claim whose GpuConfig the node agent would refuse at prepare time (and the chart's admission policy
+    at apply time) is not shown as allocated: exit 1 naming file, claim and field, with the agent's message."""
+    path = tmp_path / "claim.yaml"
+    path.write_text(
+        """apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: tuned, namespace: default}
+spec:
+  devices:
+    requests:
+    - {name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}
+    config:
+    - opaque:
+        driver: gpu.nvidia.com
+        parameters:
+          apiVersion: resource.nvidia.com/v1beta1
+          kind: GpuConfig
+          sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: Fast}}
+"""
+    )
+    result = _invoke("simulate", "-f", str(simulate.EXAMPLES), "-f", str(path))
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"{path}: ResourceClaim default/tuned: spec.devices.config[0].opaque.parameters"
+        ".sharing.timeSlicingConfig.interval: must be Default, Short, Medium or Long, got 'Fast'"
+    ]
+    assert result.stdout == ""
 
 
 def test_the_cli_imports_no_cluster_libraries_until_a_mode_needs_them() -> None:

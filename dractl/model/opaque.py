@@ -2,17 +2,19 @@
 
 What it does: decodes the `parameters` of a claim's or class's opaque config for our driver
 strictly into `GpuConfig` / `MigDeviceConfig` values (unknown fields and bad values are a
-`ConfigError` naming the field), and picks for every allocation result the config that
+`ConfigError` naming the field), picks for every allocation result the config that
 applies to it, in the API's precedence order (built-in default < class configs < claim
 configs; later entries win within a source; a config naming the request beats an unscoped
-one). What it must not do: any I/O, or apply a config (sharing and state do that).
+one), and lists the configs of a set of manifests that the node agent would refuse
+(`problems`, as the chart's admission policy refuses them). What it must not do: any I/O,
+or apply a config (the node agent's sharing and state do that).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from dractl import model
@@ -30,6 +32,7 @@ __all__ = [
     "Selected",
     "decode",
     "select",
+    "problems",
 ]
 
 API_VERSION = "resource.nvidia.com/v1beta1"
@@ -279,3 +282,38 @@ def select(
             pick = Selected(index=None, config=GpuConfig() if kind is DeviceKind.GPU else MigDeviceConfig())
         chosen.append(pick)
     return tuple(chosen)
+
+
+def _config_problems(
+    prefix: str, path: str, configs: Sequence[model.OpaqueDeviceConfiguration], driver: str
+) -> Iterator[str]:
+    for index, entry in enumerate(configs):
+        if entry.driver != driver:
+            continue
+        try:
+            decode(entry.parameters)
+        except ConfigError as err:
+            field = f".{err.field}" if err.field else ""
+            yield f"{prefix}: {path}[{index}].opaque.parameters{field}: {err.message}"
+
+
+def problems(objects: model.Objects, *, driver: str) -> tuple[str, ...]:
+    """Every opaque config for `driver` in the DeviceClasses, ResourceClaims and ResourceClaimTemplates of `objects`
+    that `decode` refuses, as the chart's admission policy refuses it at apply time and with its message:
+    `<file>: <Kind> <name>: <path>[i].opaque.parameters.<field>: <message>`. Pure."""
+    found: list[str] = []
+    for device_class in objects.device_classes:
+        prefix = f"{device_class.source}: DeviceClass {device_class.meta.name}"
+        found.extend(_config_problems(prefix, "spec.config", device_class.config, driver))
+    specs: list[tuple[str, str, model.ObjectMeta, model.Source, model.ResourceClaimSpec]] = [
+        ("ResourceClaim", "spec.devices.config", c.meta, c.source, c.spec) for c in objects.resource_claims
+    ]
+    specs.extend(
+        ("ResourceClaimTemplate", "spec.spec.devices.config", t.meta, t.source, t.spec)
+        for t in objects.resource_claim_templates
+    )
+    for kind, path, meta, source, spec in specs:
+        if spec.config:
+            prefix = f"{source}: {kind} {meta.namespace}/{meta.name}"
+            found.extend(_config_problems(prefix, path, [c.opaque for c in spec.config], driver))
+    return tuple(found)

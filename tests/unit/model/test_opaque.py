@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dractl import model
-from dractl.node import opaque
+from dractl.model import decode, opaque
 
 API = opaque.API_VERSION
 GPU = opaque.DeviceKind.GPU
@@ -220,3 +220,76 @@ def test_every_config_of_our_driver_is_validated_even_if_unused() -> None:
     with pytest.raises(opaque.ConfigError) as caught:
         opaque.select(entries, driver="gpu.nvidia.com", results=[("gpu", GPU)])
     assert caught.value.index == 1 and caught.value.field == "sharing.strategy"
+
+
+_MANIFESTS = """\
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: shared-gpu}
+spec:
+  config:
+  - opaque:
+      driver: gpu.nvidia.com
+      parameters: {apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig, sharing: {strategy: mps}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: tuned, namespace: team-a}
+spec:
+  devices:
+    requests:
+    - {name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}
+    config:
+    - opaque: {driver: net.example.com, parameters: {anything: [goes]}}
+    - requests: [gpu]
+      opaque:
+        driver: gpu.nvidia.com
+        parameters:
+          apiVersion: resource.nvidia.com/v1beta1
+          kind: GpuConfig
+          sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: Fast}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: mig, namespace: team-a}
+spec:
+  spec:
+    devices:
+      requests:
+      - {name: mig, exactly: {deviceClassName: mig.nvidia.com}}
+      config:
+      - opaque: {driver: gpu.nvidia.com, parameters: {apiVersion: resource.nvidia.com/v1, kind: MigDeviceConfig}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: plain, namespace: team-a}
+spec:
+  devices:
+    requests:
+    - {name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}
+    config:
+    - opaque: {driver: gpu.nvidia.com, parameters: {apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig}}
+"""
+
+
+def test_problems_names_file_object_and_field_of_each_config_the_agent_would_refuse() -> None:
+    """Guards: `problems` finds a refused config in a DeviceClass, a ResourceClaim and a ResourceClaimTemplate, each
+    with its own path and the agent's message (as the chart's admission policy words it), and passes other drivers'
+    configs and good ones."""
+    objects = decode.load_text(_MANIFESTS, file="cluster.yaml")
+    assert opaque.problems(objects, driver="gpu.nvidia.com") == (
+        "cluster.yaml: DeviceClass shared-gpu: spec.config[0].opaque.parameters.sharing.strategy: "
+        + _message(_gpu({"strategy": "mps"})),
+        "cluster.yaml: ResourceClaim team-a/tuned: spec.devices.config[1].opaque.parameters"
+        ".sharing.timeSlicingConfig.interval: "
+        + _message(_gpu({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Fast"}})),
+        "cluster.yaml: ResourceClaimTemplate team-a/mig: spec.spec.devices.config[0].opaque.parameters"
+        ".apiVersion: " + _message({"apiVersion": "resource.nvidia.com/v1", "kind": "MigDeviceConfig"}),
+    )
+    assert opaque.problems(objects, driver="other.example.com") == ()
+
+
+def _message(parameters: Any) -> str:
+    with pytest.raises(opaque.ConfigError) as caught:
+        opaque.decode(parameters)
+    return caught.value.message
