@@ -66,12 +66,14 @@ class Plan:
     pods: tuple[PodWork, ...]
 
 
-def generated_claim_name(pod_name: str, pod_claim_name: str, *, namespace: str) -> str:
+def generated_claim_name(pod_name: str, pod_claim_name: str, *, namespace: str, attempt: int = 0) -> str:
     """`generate_name(...)` plus five characters from the API server's alphabet, derived
-    from a hash of namespace, pod and pod claim so that every run names claims alike. Pure."""
+    from a hash of namespace, pod and pod claim so that every run names claims alike. Pure.
+    `attempt` > 0 gives another name, as the API server's next try does when a name is taken."""
     import hashlib  # imported here: loading OpenSSL takes milliseconds that runs without pods do not need
 
-    digest = hashlib.sha256(f"{namespace}/{pod_name}/{pod_claim_name}".encode()).digest()
+    seed = f"{namespace}/{pod_name}/{pod_claim_name}" + (f"/{attempt}" if attempt else "")
+    digest = hashlib.sha256(seed.encode()).digest()
     suffix = "".join(_SUFFIX_ALPHABET[byte % len(_SUFFIX_ALPHABET)] for byte in digest[:_SUFFIX_LEN])
     return generate_name(pod_name, pod_claim_name) + suffix
 
@@ -82,15 +84,15 @@ def pod_uid(pod: model.Pod) -> str:
 
 
 def claim_from_template(
-    template: model.ResourceClaimTemplate, *, pod: model.Pod, uid: str, pod_claim_name: str
+    template: model.ResourceClaimTemplate, *, pod: model.Pod, uid: str, pod_claim_name: str, name: str | None = None
 ) -> model.ResourceClaim:
     """The claim the resourceclaim controller creates for `pod` from `template`: its labels and
     annotations plus the pod-claim-name annotation, a controller owner reference to the pod,
-    and the template's spec verbatim. Pure."""
+    and the template's spec verbatim; named `name`, by default `generated_claim_name`. Pure."""
     namespace = pod.meta.namespace
     return model.ResourceClaim(
         meta=model.ObjectMeta(
-            name=generated_claim_name(pod.meta.name, pod_claim_name, namespace=namespace),
+            name=name or generated_claim_name(pod.meta.name, pod_claim_name, namespace=namespace),
             namespace=namespace,
             generate_name=generate_name(pod.meta.name, pod_claim_name),
             labels=dict(template.claim_labels),
@@ -112,8 +114,9 @@ def claim_from_template(
 
 
 def _owned_claims(claims: Sequence[model.ResourceClaim]) -> dict[tuple[str, str, str], model.ResourceClaim]:
-    """Claims already made for a pod claim, by (namespace, pod, pod claim): upstream looks
-    for them before creating one, so feeding `-o yaml` output back in reuses them."""
+    """Claims already made for a pod claim, by (namespace, owner pod's uid, pod claim) and by (namespace, owner
+    pod's name, pod claim): upstream looks for them before creating one, so feeding `-o yaml` output back in
+    reuses them."""
     owned: dict[tuple[str, str, str], model.ResourceClaim] = {}
     for claim in claims:
         pod_claim_name = claim.meta.annotations.get(POD_CLAIM_NAME_ANNOTATION)
@@ -121,7 +124,8 @@ def _owned_claims(claims: Sequence[model.ResourceClaim]) -> dict[tuple[str, str,
             continue
         for ref in claim.meta.owner_references:
             if ref.get("kind") == "Pod" and ref.get("controller") is True:
-                owned[(claim.meta.namespace, str(ref.get("name")), pod_claim_name)] = claim
+                owned[(claim.meta.namespace, f"uid:{ref.get('uid')}", pod_claim_name)] = claim
+                owned[(claim.meta.namespace, f"name:{ref.get('name')}", pod_claim_name)] = claim
     return owned
 
 
@@ -148,15 +152,21 @@ def _resolve(
             pod_claim_name=entry.name, namespace=namespace, name=entry.resource_claim_name, claim=claim, problem=problem
         )
     template_name = entry.resource_claim_template_name or ""
-    existing = owned.get((namespace, pod.meta.name, entry.name))
+    # Upstream's orphan lookup: a claim this pod controls (by uid; by name for a pod the input gives no uid).
+    owner = f"uid:{pod.meta.uid}" if pod.meta.uid else f"name:{pod.meta.name}"
+    existing = owned.get((namespace, owner, entry.name))
     if existing is not None:
         return PodClaim(pod_claim_name=entry.name, namespace=namespace, name=existing.meta.name, claim=existing)
+    attempt = 0
     name = generated_claim_name(pod.meta.name, entry.name, namespace=namespace)
+    while f"{namespace}/{name}" in claims:  # taken by another claim: the API server would pick another
+        attempt += 1
+        name = generated_claim_name(pod.meta.name, entry.name, namespace=namespace, attempt=attempt)
     template = templates.get(f"{namespace}/{template_name}")
     if template is None:
         problem = f"ResourceClaimTemplate {namespace}/{template_name} does not exist (used by {where})"
         return PodClaim(pod_claim_name=entry.name, namespace=namespace, name=name, claim=None, problem=problem)
-    claim = claim_from_template(template, pod=pod, uid=uid, pod_claim_name=entry.name)
+    claim = claim_from_template(template, pod=pod, uid=uid, pod_claim_name=entry.name, name=name)
     return PodClaim(pod_claim_name=entry.name, namespace=namespace, name=name, claim=claim)
 
 

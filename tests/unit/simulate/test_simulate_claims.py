@@ -120,6 +120,42 @@ spec:
     assert plan.pods[0].claims[0].name == "trainer-gpu-abcde"
 
 
+def test_a_claim_controlled_by_another_pod_of_that_name_is_not_reused() -> None:
+    """Guards: a claim whose controller owner reference has another uid than the pod (a pod deleted and made again
+    under its name) is not the pod's, as upstream compares uids: the pod gets a new claim, the old one is standalone."""
+    made = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: trainer-gpu-abcde
+  annotations: {resource.kubernetes.io/pod-claim-name: gpu}
+  ownerReferences: [{apiVersion: v1, kind: Pod, name: trainer, uid: u-1, controller: true, blockOwnerDeletion: true}]
+spec:
+  devices:
+    requests:
+    - {name: gpu, exactly: {deviceClassName: gpu.example.com}}
+"""
+    again = pod("trainer", templates={"gpu": "tmpl"}).replace("{name: trainer}", "{name: trainer, uid: u-2}")
+    plan = claims.plan(load(CLUSTER, made, template("tmpl"), again))
+    assert [c.meta.name for c in plan.standalone] == ["trainer-gpu-abcde"]
+    made_now = plan.pods[0].claims[0]
+    assert made_now.claim is not None and made_now.name == claims.generated_claim_name(
+        "trainer", "gpu", namespace="default"
+    )
+    assert made_now.claim.meta.owner_references[0]["uid"] == "u-2"
+
+
+def test_a_generated_name_taken_by_another_claim_gets_the_next_one() -> None:
+    """Guards: when the input holds a claim (not the pod's) under the name the pod's claim would get, the pod's claim
+    is named as the API server's next try would name it, and the other claim stays a claim of its own."""
+    taken = claims.generated_claim_name("trainer", "gpu", namespace="default")
+    plan = claims.plan(load(CLUSTER, claim(taken), template("tmpl"), pod("trainer", templates={"gpu": "tmpl"})))
+    assert [c.meta.name for c in plan.standalone] == [taken]
+    item = plan.pods[0].claims[0]
+    assert item.name == claims.generated_claim_name("trainer", "gpu", namespace="default", attempt=1) != taken
+    assert item.claim is not None and item.claim.meta.name == item.name
+
+
 def test_pod_uid_is_kept_or_derived_deterministically() -> None:
     """Guards: pods without a uid get the same derived UUID on every run, distinct per pod."""
     objects = load(pod("a", templates={"g": "t"}), pod("b", templates={"g": "t"}))
