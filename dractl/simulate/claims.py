@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 
 from dractl import model
 from dractl.model import podclaims
@@ -76,6 +76,17 @@ def generated_claim_name(pod_name: str, pod_claim_name: str, *, namespace: str, 
     digest = hashlib.sha256(seed.encode()).digest()
     suffix = "".join(_SUFFIX_ALPHABET[byte % len(_SUFFIX_ALPHABET)] for byte in digest[:_SUFFIX_LEN])
     return generate_name(pod_name, pod_claim_name) + suffix
+
+
+def free_claim_name(pod: model.Pod, pod_claim_name: str, *, taken: Container[str]) -> str:
+    """The name the pod's claim gets from its template: `generated_claim_name`, or where another claim holds it
+    (`taken` holds `namespace/name` keys) the next attempt's, as the API server tries another name. Pure."""
+    namespace, attempt = pod.meta.namespace, 0
+    name = generated_claim_name(pod.meta.name, pod_claim_name, namespace=namespace)
+    while f"{namespace}/{name}" in taken:
+        attempt += 1
+        name = generated_claim_name(pod.meta.name, pod_claim_name, namespace=namespace, attempt=attempt)
+    return name
 
 
 def pod_uid(pod: model.Pod) -> str:
@@ -157,11 +168,7 @@ def _resolve(
     existing = owned.get((namespace, owner, entry.name))
     if existing is not None:
         return PodClaim(pod_claim_name=entry.name, namespace=namespace, name=existing.meta.name, claim=existing)
-    attempt = 0
-    name = generated_claim_name(pod.meta.name, entry.name, namespace=namespace)
-    while f"{namespace}/{name}" in claims:  # taken by another claim: the API server would pick another
-        attempt += 1
-        name = generated_claim_name(pod.meta.name, entry.name, namespace=namespace, attempt=attempt)
+    name = free_claim_name(pod, entry.name, taken=claims)
     template = templates.get(f"{namespace}/{template_name}")
     if template is None:
         problem = f"ResourceClaimTemplate {namespace}/{template_name} does not exist (used by {where})"

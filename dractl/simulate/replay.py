@@ -226,7 +226,8 @@ class _State:
                 if template is None:  # the trace's validation rules this out
                     problem = f"ResourceClaimTemplate {namespace}/{entry.resource_claim_template_name} does not exist"
                     continue
-                claim = claims.claim_from_template(template, pod=pod, uid=uid, pod_claim_name=entry.name)
+                name = claims.free_claim_name(pod, entry.name, taken=self.present)
+                claim = claims.claim_from_template(template, pod=pod, uid=uid, pod_claim_name=entry.name, name=name)
                 self._arrive_claim(claim)
                 owned.append(claim.key)
             if all(c.key != claim.key for c in found):

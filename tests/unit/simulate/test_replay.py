@@ -11,7 +11,7 @@ import yaml
 from support.simulate_manifests import CLASS, SLICES
 
 from dractl import config, model
-from dractl.simulate import replay, trace
+from dractl.simulate import claims, replay, trace
 
 # The simulate tests' two nodes, with the `type: gpu` attribute the metrics count GPUs by.
 GPU_SLICES = SLICES.replace("attributes: {model:", "attributes: {type: {string: gpu}, model:")
@@ -230,6 +230,41 @@ def test_a_pod_gets_its_template_claims_and_gives_them_back_when_it_departs() ->
     released = [a.claims[0].meta.name for a in result.actions if a.kind is replay.ActionKind.RELEASE]
     assert released == [own.meta.name]
     assert [c.meta.name for c in result.held] == ["named"]
+
+
+def test_a_claim_holding_the_name_of_a_pods_template_claim_keeps_its_devices() -> None:
+    """A present claim named as the pod's template claim would be is not replaced by it: the pod's claim gets the
+    next name, both are held, and the pod's departure releases only its own."""
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu", "namespace": "default"},
+        "spec": {
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "trainer", "namespace": "default"},
+        "spec": {
+            "resourceClaims": [{"name": "own", "resourceClaimTemplateName": "one-gpu"}],
+            "containers": [{"name": "main", "image": "busybox"}],
+        },
+    }
+    taken = claims.generated_claim_name("trainer", "own", namespace="default")
+    events = [
+        {"at": 0, "arrive": _claim(taken)},
+        {"at": 1, "arrive": pod},
+        {"at": 9, "depart": {"kind": "Pod", "name": "trainer"}},
+    ]
+    result = replay.replay(_small(events, extra=[template]), policy=config.Policy.FIRST_FIT)
+    allocated = [a.claims[0].meta.name for a in result.actions if a.kind is replay.ActionKind.ALLOCATE]
+    second = claims.generated_claim_name("trainer", "own", namespace="default", attempt=1)
+    assert allocated == [taken, second]
+    released = [a.claims[0].meta.name for a in result.actions if a.kind is replay.ActionKind.RELEASE]
+    assert released == [second]
+    assert [c.meta.name for c in result.held] == [taken]
 
 
 def test_replay_is_deterministic_with_a_fresh_allocator() -> None:
