@@ -188,7 +188,7 @@ def _seconds(flag: str, *, default: float, what: str) -> Callable[[_F], _F]:
 @_option(
     "--trace",
     "trace_file",
-    type=click.Path(dir_okay=False, allow_dash=True, path_type=pathlib.Path),
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=pathlib.Path),
     default=None,
     help="Replay a trace file (kind: Trace; '-' reads stdin) of claims and pods arriving and departing, "
     "instead of -f (default: none).",

@@ -144,7 +144,7 @@ def test_a_trace_with_an_opaque_config_the_agent_would_refuse_is_refused(tmp_pat
     ("args", "message"),
     [
         (["--compare", "first-fit,binpack"], "--compare, --html and --retry replay a trace"),
-        (["--generate", "mix=reference", "--trace", "x.yaml"], "--generate prints a trace"),
+        (["--generate", "mix=reference", "--trace", "TRACE"], "--generate prints a trace"),
         (["--trace", "TRACE", "--compare", "first-fit,binpack", "-o", "yaml"], "-o yaml prints one policy's claims"),
     ],
     ids=["compare-without-trace", "generate-with-trace", "compare-with-yaml"],
@@ -156,6 +156,14 @@ def test_flag_combinations_that_make_no_sense_are_one_line(
     result = _invoke(*[str(trace_file) if a == "TRACE" else a for a in args])
     assert result.exit_code == 1
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_trace_path_that_does_not_exist_is_a_usage_error_like_a_missing_file(tmp_path: pathlib.Path) -> None:
+    """A --trace path that does not exist exits 2 naming the flag and the path, as a missing -f path does."""
+    missing = tmp_path / "nope.yaml"
+    result = _invoke("--trace", str(missing))
+    assert result.exit_code == 2
+    assert "'--trace'" in result.stderr and f"'{missing}' does not exist" in result.stderr
 
 
 def test_compare_names_only_known_policies() -> None:
