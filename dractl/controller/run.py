@@ -63,6 +63,9 @@ LOST_STOP_TIMEOUT_S = 1.0
 SERVICE_ACCOUNT_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 JITTER_FACTOR = 1.2
 """client-go's leader election jitter: the renew deadline must exceed retry period x 1.2."""
+MAX_LEASE_DURATION_S = 2**31 - 1
+"""The longest lease: the Lease's spec.leaseDurationSeconds is an int32 (and the renew deadline and retry period,
+below it, stay within what thread waits accept)."""
 
 
 # --- What a controller is ----------------------------------------------------------------------
@@ -149,7 +152,7 @@ def check(settings: config.ControllerConfig, known: Mapping[str, Factory] | None
 
     Checks what the CLI's types cannot: controller names against `known` (default `CONTROLLERS`),
     Kubernetes names, and the lease timings client-go requires (lease duration > renew deadline >
-    1.2 x retry period, all positive).
+    1.2 x retry period, all positive, the lease duration an int32).
     """
     registry = CONTROLLERS if known is None else known
     listing = ", ".join(registry) or "none"
@@ -182,6 +185,11 @@ def check(settings: config.ControllerConfig, known: Mapping[str, Factory] | None
     ):
         if not seconds > 0:
             return f"{flag}: must be more than 0 seconds, got {seconds:g}"
+    if settings.lease_duration > MAX_LEASE_DURATION_S:
+        return (
+            f"--lease-duration: at most {MAX_LEASE_DURATION_S} seconds (the Lease's spec.leaseDurationSeconds "
+            f"is an int32), got {settings.lease_duration:g}"
+        )
     if settings.renew_deadline >= settings.lease_duration:
         return (
             f"--renew-deadline: {settings.renew_deadline:g}s must be less than "

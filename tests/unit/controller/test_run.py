@@ -198,6 +198,8 @@ BAD = {
     "unknown-option": (["--frobnicate"], "--frobnicate"),
     "lease-duration-negative": (["--lease-duration", "-1"], "--lease-duration"),
     "retry-period-zero": (["--retry-period", "0"], "--retry-period"),
+    "lease-duration-infinite": (["--lease-duration", "inf"], "--lease-duration"),
+    "lease-duration-above-int32": (["--lease-duration", "2147483648", "--renew-deadline", "1e9"], "--lease-duration"),
     "port-range": (["--metrics-port", "70000"], "--metrics-port"),
     "log-format": (["--log-format", "xml"], "--log-format"),
     "unknown-controller": (["--controllers", "claims,sched"], "--controllers"),
