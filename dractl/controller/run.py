@@ -653,7 +653,7 @@ def _run(
     try:
         endpoints = _serve(settings, metrics=metrics, supervisor=supervisor)
     except OSError as error:
-        print(f"dractl controller: error: cannot serve the metrics or health endpoint: {_one_line(error)}", file=out)
+        print(f"dractl controller: error: {_one_line(error)}", file=out)
         base.close()
         return EXIT_FAILED
     stopping = stop if stop is not None else threading.Event()
@@ -698,6 +698,18 @@ class _Endpoints:
         self.servers.clear()
 
 
+def _endpoint(*, port: int, routes: dict[str, daemon.Route], name: str, flag: str) -> daemon.HttpEndpoint:
+    """Listen on `port`; a port that cannot be had raises OSError whose message names the paths, the port and the
+    flag that set it, as the node agent's does."""
+    try:
+        return daemon.HttpEndpoint(port=port, routes=routes, name=name)
+    except OSError as error:
+        raise OSError(
+            f"cannot serve {', '.join(routes)} on port {port} ({flag} {port}): {error.strerror or error}; "
+            f"choose another with {flag}, or -1 to turn it off"
+        ) from error
+
+
 def _serve(settings: config.ControllerConfig, *, metrics: ProcessMetrics, supervisor: Supervisor) -> _Endpoints:
     """Start the endpoints: /metrics on the metrics port, /healthz and /readyz on the health port (one listener
     when the ports are equal and not 0; -1 turns one off). Raises OSError, with nothing left running."""
@@ -707,18 +719,17 @@ def _serve(settings: config.ControllerConfig, *, metrics: ProcessMetrics, superv
     found = _Endpoints(servers=[])
     try:
         if settings.metrics_port == settings.health_port and settings.metrics_port > 0:
-            server = daemon.HttpEndpoint(
-                port=settings.metrics_port, routes={**metric_routes, **health_routes}, name="http"
-            )
+            shared = {**metric_routes, **health_routes}
+            server = _endpoint(port=settings.metrics_port, routes=shared, name="http", flag="--metrics-port")
             found.servers.append(server)
             found.metrics_port = found.health_port = server.port
             return found
         if settings.metrics_port >= 0:
-            server = daemon.HttpEndpoint(port=settings.metrics_port, routes=metric_routes, name="metrics")
+            server = _endpoint(port=settings.metrics_port, routes=metric_routes, name="metrics", flag="--metrics-port")
             found.servers.append(server)
             found.metrics_port = server.port
         if settings.health_port >= 0:
-            server = daemon.HttpEndpoint(port=settings.health_port, routes=health_routes, name="health")
+            server = _endpoint(port=settings.health_port, routes=health_routes, name="health", flag="--health-port")
             found.servers.append(server)
             found.health_port = server.port
     except OSError:
