@@ -63,6 +63,9 @@ LOST_STOP_TIMEOUT_S = 1.0
 SERVICE_ACCOUNT_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 JITTER_FACTOR = 1.2
 """client-go's leader election jitter: the renew deadline must exceed retry period x 1.2."""
+MAX_LEASE_DURATION_S = 2**31 - 1
+"""The longest lease: the Lease's spec.leaseDurationSeconds is an int32 (and the renew deadline and retry period,
+below it, stay within what thread waits accept)."""
 
 
 # --- What a controller is ----------------------------------------------------------------------
@@ -149,7 +152,7 @@ def check(settings: config.ControllerConfig, known: Mapping[str, Factory] | None
 
     Checks what the CLI's types cannot: controller names against `known` (default `CONTROLLERS`),
     Kubernetes names, and the lease timings client-go requires (lease duration > renew deadline >
-    1.2 x retry period, all positive).
+    1.2 x retry period, all positive, the lease duration an int32).
     """
     registry = CONTROLLERS if known is None else known
     listing = ", ".join(registry) or "none"
@@ -182,6 +185,11 @@ def check(settings: config.ControllerConfig, known: Mapping[str, Factory] | None
     ):
         if not seconds > 0:
             return f"{flag}: must be more than 0 seconds, got {seconds:g}"
+    if settings.lease_duration > MAX_LEASE_DURATION_S:
+        return (
+            f"--lease-duration: at most {MAX_LEASE_DURATION_S} seconds (the Lease's spec.leaseDurationSeconds "
+            f"is an int32), got {settings.lease_duration:g}"
+        )
     if settings.renew_deadline >= settings.lease_duration:
         return (
             f"--renew-deadline: {settings.renew_deadline:g}s must be less than "
@@ -645,7 +653,7 @@ def _run(
     try:
         endpoints = _serve(settings, metrics=metrics, supervisor=supervisor)
     except OSError as error:
-        print(f"dractl controller: error: cannot serve the metrics or health endpoint: {_one_line(error)}", file=out)
+        print(f"dractl controller: error: {_one_line(error)}", file=out)
         base.close()
         return EXIT_FAILED
     stopping = stop if stop is not None else threading.Event()
@@ -690,6 +698,18 @@ class _Endpoints:
         self.servers.clear()
 
 
+def _endpoint(*, port: int, routes: dict[str, daemon.Route], name: str, flag: str) -> daemon.HttpEndpoint:
+    """Listen on `port`; a port that cannot be had raises OSError whose message names the paths, the port and the
+    flag that set it, as the node agent's does."""
+    try:
+        return daemon.HttpEndpoint(port=port, routes=routes, name=name)
+    except OSError as error:
+        raise OSError(
+            f"cannot serve {', '.join(routes)} on port {port} ({flag} {port}): {error.strerror or error}; "
+            f"choose another with {flag}, or -1 to turn it off"
+        ) from error
+
+
 def _serve(settings: config.ControllerConfig, *, metrics: ProcessMetrics, supervisor: Supervisor) -> _Endpoints:
     """Start the endpoints: /metrics on the metrics port, /healthz and /readyz on the health port (one listener
     when the ports are equal and not 0; -1 turns one off). Raises OSError, with nothing left running."""
@@ -699,18 +719,17 @@ def _serve(settings: config.ControllerConfig, *, metrics: ProcessMetrics, superv
     found = _Endpoints(servers=[])
     try:
         if settings.metrics_port == settings.health_port and settings.metrics_port > 0:
-            server = daemon.HttpEndpoint(
-                port=settings.metrics_port, routes={**metric_routes, **health_routes}, name="http"
-            )
+            shared = {**metric_routes, **health_routes}
+            server = _endpoint(port=settings.metrics_port, routes=shared, name="http", flag="--metrics-port")
             found.servers.append(server)
             found.metrics_port = found.health_port = server.port
             return found
         if settings.metrics_port >= 0:
-            server = daemon.HttpEndpoint(port=settings.metrics_port, routes=metric_routes, name="metrics")
+            server = _endpoint(port=settings.metrics_port, routes=metric_routes, name="metrics", flag="--metrics-port")
             found.servers.append(server)
             found.metrics_port = server.port
         if settings.health_port >= 0:
-            server = daemon.HttpEndpoint(port=settings.health_port, routes=health_routes, name="health")
+            server = _endpoint(port=settings.health_port, routes=health_routes, name="health", flag="--health-port")
             found.servers.append(server)
             found.health_port = server.port
     except OSError:

@@ -43,6 +43,7 @@ class PodState(enum.Enum):
     """Where a pod's claims stand together; the value is how outputs spell it."""
 
     ALLOCATED = "all claims allocated"
+    NO_CLAIMS = "no claims to allocate"  # spec.resourceClaims is empty, or names only claims not needed
     FITS = "claims fit"  # the pending claims fit on one node the pod may use
     BLOCKED = "cannot be scheduled"  # some claim cannot get devices on any node the pod may use
 
@@ -394,7 +395,9 @@ def explain_pod(
                 nodes=placement.nodes_of(claim.allocation, known),
                 item=item,
             )
-    state, node, reasons = PodState.ALLOCATED, _single(where.nodes), list(blockers)
+    # A pod without claims has none to place: saying "all claims allocated on node n" would claim a placement.
+    state, node = (PodState.ALLOCATED, _single(where.nodes)) if items else (PodState.NO_CLAIMS, None)
+    reasons = list(blockers)
     if blockers:
         state = PodState.BLOCKED
         note = "not tried: the pod cannot be scheduled (see the pod's reasons)"

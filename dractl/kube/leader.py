@@ -162,7 +162,9 @@ class Elector:
         try:
             held = self._step(began)
         except kube_client.ApiError as error:
-            log.info("lease %s/%s: %s", self.config.namespace, self.config.name, error)
+            # A warning, as client-go logs these as errors: a Lease the server refuses (401, 403) or cannot be
+            # reached leaves the replica a standby for ever, which a log read at warning level must show.
+            log.warning("lease %s/%s: cannot acquire or renew: %s", self.config.namespace, self.config.name, error)
             held = False
         if held:
             self.leading = True

@@ -236,6 +236,7 @@ class Agent:
         self._claims = claims
         self._publisher = publisher
         self._api: publish.Publisher | None = None
+        self._server = "(injected client)"  # The API server's URL once `_start` connects, for start-up errors.
         self._watch: publish.Watch | None = None
         self._layout = slices.Layout.SPLIT
         self._publish_taints = True
@@ -295,7 +296,7 @@ class Agent:
             raise AgentError(str(err)) from err
         except kube_client.ApiError as err:
             self.stop()
-            raise AgentError(f"cannot start: the API server answered: {err}") from err
+            raise AgentError(_api_failure(self._server, err)) from err
         except OSError as err:
             self.stop()
             raise AgentError(f"cannot start: {err}") from err
@@ -320,6 +321,7 @@ class Agent:
         # The ports before anything is published or served: a taken one stops the start with one line.
         self._listen(client)
         if client is not None:
+            self._server = client.host
             if self._claims is None:
                 self._claims = kube_claims.ApiClaimSource(client)
             if self._publisher is None:
@@ -703,6 +705,13 @@ def _node_address(client: kube_client.Client | None, node_name: str) -> str:
 
 
 _LOOPBACK = "127.0.0.1"
+
+
+def _api_failure(server: str, err: kube_client.ApiError) -> str:
+    """One line for an API request that stopped the start, naming the server, as `dractl explain` does. Pure."""
+    if isinstance(err, kube_client.Transient) and err.status == 0:
+        return f"cannot start: cannot reach the API server {server}: {err.message}"
+    return f"cannot start: the API server {server} answered: {err}"
 
 
 def _connect(settings: config.NodeAgent) -> kube_client.Client:

@@ -69,6 +69,20 @@ def test_only_one_of_two_electors_leads(kube_client: client.Client, namespace: s
     assert lease["spec"]["leaseDurationSeconds"] == 15
 
 
+def test_a_lease_the_server_refuses_is_a_warning_naming_the_lease_and_the_answer(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Guards: a candidate whose Lease reads are refused (403: a token without RBAC) does not lead and says why at
+    warning level, naming the Lease and the server's answer, so a replica that stays a standby for ever shows why."""
+    fault_proxy.add(faultproxy.respond(403, path="/leases/", count=None, reason="Forbidden"))
+    elector = _elector(proxied_client, namespace, "a", FakeClock())
+    with caplog.at_level("WARNING", logger=leader.__name__):
+        assert not elector.try_acquire_or_renew()
+    [record] = [r for r in caplog.records if r.name == leader.__name__]
+    assert record.levelname == "WARNING"
+    assert record.getMessage().startswith(f"lease {namespace}/dractl-controller: cannot acquire or renew: 403 ")
+
+
 def test_the_other_takes_over_when_the_leader_stops_renewing(kube_client: client.Client, namespace: str) -> None:
     """Guards: once the holder has not renewed for leaseDuration (on the candidate's clock) it is taken over."""
     clock_a, clock_b = FakeClock(), FakeClock()

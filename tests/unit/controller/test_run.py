@@ -198,6 +198,8 @@ BAD = {
     "unknown-option": (["--frobnicate"], "--frobnicate"),
     "lease-duration-negative": (["--lease-duration", "-1"], "--lease-duration"),
     "retry-period-zero": (["--retry-period", "0"], "--retry-period"),
+    "lease-duration-infinite": (["--lease-duration", "inf"], "--lease-duration"),
+    "lease-duration-above-int32": (["--lease-duration", "2147483648", "--renew-deadline", "1e9"], "--lease-duration"),
     "port-range": (["--metrics-port", "70000"], "--metrics-port"),
     "log-format": (["--log-format", "xml"], "--log-format"),
     "unknown-controller": (["--controllers", "claims,sched"], "--controllers"),
@@ -636,7 +638,8 @@ def test_equal_ports_serve_metrics_and_probes_on_one_listener_and_stop_returns_0
 
 
 def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: pathlib.Path) -> None:
-    """Guards: a metrics or health port that is taken ends the process with one line naming the problem, exit 1."""
+    """Guards: a metrics or health port that is taken ends the process with one line naming the paths, the port and
+    the flag to change, exit 1."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("0.0.0.0", 0))
         taken.listen(1)
@@ -650,7 +653,10 @@ def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: pathlib.Path) -> None:
         err = io.StringIO()
         assert run.run(settings, err=err) == run.EXIT_FAILED
     lines = [line for line in err.getvalue().splitlines() if not line.startswith("{")]
-    assert len(lines) == 1 and lines[0].startswith("dractl controller: error: cannot serve the metrics or health")
+    assert lines == [
+        f"dractl controller: error: cannot serve /healthz, /readyz on port {port} (--health-port {port}): "
+        "Address already in use; choose another with --health-port, or -1 to turn it off"
+    ]
 
 
 def test_the_real_elector_steps_its_heartbeat_even_while_the_api_is_away(tmp_path: pathlib.Path) -> None:

@@ -8,7 +8,7 @@ from support import devices as d
 from support.simulate_manifests import CLUSTER, LARGE, claim, load, pod, template
 
 from dractl import config, model
-from dractl.explain import reasoning
+from dractl.explain import output, reasoning
 
 # Claim "held" holds both GPUs of node-a, reserved for the pod "trainer".
 HELD = textwrap.dedent(
@@ -177,7 +177,21 @@ def test_a_recorded_generated_claim_is_the_one_explained() -> None:
 def test_a_pod_claim_recorded_as_not_needed_is_left_out() -> None:
     """Guards: a resourceClaimStatuses entry without a claim name means no claim: nothing is explained for it."""
     objects = load(CLUSTER, template("t"), pod("p", templates={"g": "t"}))
-    assert _explain_pod(objects, statuses={"g": None}).claims == ()
+    explained = _explain_pod(objects, statuses={"g": None})
+    assert (explained.claims, explained.state, explained.node) == ((), reasoning.PodState.NO_CLAIMS, None)
+
+
+def test_a_pod_without_claims_says_so_instead_of_all_claims_allocated() -> None:
+    """Guards: a pod with no spec.resourceClaims is "no claims to allocate", with no node, not "all claims allocated
+    on node <its node>" (a placement it does not have)."""
+    objects = load(CLUSTER, pod("p", extra="nodeName: node-a"))
+    explained = _explain_pod(objects)
+    assert (explained.state, explained.node, explained.claims) == (reasoning.PodState.NO_CLAIMS, None, ())
+    assert output.pod_lines(explained) == [
+        "Pod default/p: no claims to allocate",
+        "  spec.nodeName: node-a",
+        "  nodes it may use: node-a",
+    ]
 
 
 def test_the_pod_node_selector_limits_the_nodes() -> None:

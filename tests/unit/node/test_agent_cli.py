@@ -5,7 +5,10 @@ from __future__ import annotations
 import pathlib
 import re
 
+import controlplane
+import faultproxy
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from dractl import cli
@@ -82,6 +85,47 @@ def test_missing_kubeconfig_is_one_line_naming_it(dirs: list[str], tmp_path: pat
     assert result.exit_code == 1
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and str(missing) in lines[0]
+
+
+def test_an_api_server_nothing_answers_is_one_line_naming_it_and_exit_1(
+    dirs: list[str], tmp_path: pathlib.Path
+) -> None:
+    """Guards: an API server that cannot be reached at start is one line saying so and naming its URL (not "the API
+    server answered: 0 ..."), exit 1, no traceback."""
+    kubeconfig = controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig")
+    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    result = CliRunner().invoke(
+        cli.main, ["node-agent", "--node-name", "n1", "--device-source", "fake", "--kubeconfig", str(kubeconfig), *dirs]
+    )
+    assert result.exit_code == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"dractl node-agent: error: cannot start: cannot reach the API server {server}: "), line
+
+
+def test_an_api_server_that_refuses_is_one_line_naming_it_and_its_answer(
+    dirs: list[str], fault_proxy: faultproxy.FaultProxy
+) -> None:
+    """Guards: an API server that refuses the agent at start (403: a token without RBAC) is one line naming the
+    server and its answer, exit 1."""
+    fault_proxy.add(faultproxy.respond(403, path="/version", count=None, reason="Forbidden"))
+    result = CliRunner().invoke(
+        cli.main,
+        [
+            "node-agent",
+            "--node-name",
+            "n1",
+            "--device-source",
+            "fake",
+            "--kubeconfig",
+            str(fault_proxy.kubeconfig),
+            *dirs,
+        ],
+    )
+    assert result.exit_code == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith(
+        f"dractl node-agent: error: cannot start: the API server https://127.0.0.1:{fault_proxy.port} answered: 403 "
+    ), line
 
 
 def test_env_vars_set_the_flags(dirs: list[str]) -> None:
