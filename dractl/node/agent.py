@@ -79,6 +79,11 @@ SLICES_DIFFER_GRACE_S = 60.0
 # Repairs in a row back off from 0.5 s, doubling, to this: a server that keeps changing what the agent writes
 # must not turn every write into the next one.
 REPAIR_BACKOFF_MAX_S = 300.0
+# A repair this long after the one before starts a new row; longer than the longest backoff, so a fight that the
+# backoff slows down stays one row.
+REPAIR_ROW_S = 2 * REPAIR_BACKOFF_MAX_S
+# From this many repairs in a row the log says another writer is the likely cause.
+REPAIRS_BEFORE_HINT = 3
 # /healthz fails when a prepare or unprepare has run this long (the kubelet gave up on it long before).
 STUCK_CALL_S = 120.0
 # The oldest Kubernetes whose API server serves resource.k8s.io/v1, the only version dractl writes.
@@ -192,6 +197,31 @@ class _Outcome(enum.Enum):
     FAILED = "failed"
     PUBLISHED = "published"
     REPAIRED = "repaired"
+
+
+@dataclasses.dataclass
+class _Repairs:
+    """Repairs in a row, and the wait they earn before the next publish.
+
+    The publishes between two repairs do not end a row: a second writer of this node's slices (another agent for the
+    same node and driver) makes every write of ours the next repair of its, and the echo of our own write in between
+    writes nothing. Only a quiet `REPAIR_ROW_S` ends the row. Pure: the caller gives the time.
+    """
+
+    count: int = 0
+    last: float = float("-inf")
+
+    def record(self, outcome: _Outcome, now: float) -> None:
+        if outcome is _Outcome.REPAIRED:
+            self.count = self.count + 1 if now - self.last < REPAIR_ROW_S else 1
+            self.last = now
+
+    def delay(self, now: float) -> float:
+        """Seconds to wait before the next publish: 0 until two repairs in a row, then 0.5 s doubling per repair,
+        at most `REPAIR_BACKOFF_MAX_S`."""
+        if self.count < 2 or now - self.last >= REPAIR_ROW_S:
+            return 0.0
+        return min(REPAIR_BACKOFF_MAX_S, 0.5 * 2.0 ** (self.count - 2))
 
 
 class AgentError(Exception):
@@ -564,23 +594,34 @@ class Agent:
         is checked after each publish too, so a thread that outlived `stop()` ends as soon as its
         publish returns. Nothing else ends the thread: a failure is logged and retried at the next
         tick, with its traceback the first time it is seen and one line while it recurs, until a
-        publish succeeds. Repairs in a row (a server that keeps changing what we write would
-        otherwise make every write wake the next) wait longer and longer before the next publish.
+        publish succeeds. Repairs in a row (a server or a second agent that keeps changing what we
+        write would otherwise make every write wake the next) wait longer and longer before the next
+        publish (`_Repairs`), and from the third the log names the likely cause.
         """
         seen: set[str] = set()
-        repairs = 0
+        repairs = _Repairs()
         while not stopping.is_set():
             wanted.wait()
             if stopping.is_set():
                 return
-            if repairs >= 2 and stopping.wait(min(REPAIR_BACKOFF_MAX_S, 0.5 * 2 ** (repairs - 2))):
+            delay = repairs.delay(time.monotonic())
+            if delay and stopping.wait(delay):
                 return
             wanted.clear()
             try:
                 outcome = self._publish(monitor.taints())
                 if outcome is not _Outcome.FAILED:
                     seen.clear()
-                repairs = repairs + 1 if outcome is _Outcome.REPAIRED else 0
+                repairs.record(outcome, time.monotonic())
+                if outcome is _Outcome.REPAIRED and repairs.count >= REPAIRS_BEFORE_HINT:
+                    _log.warning(
+                        "another writer keeps changing this node's ResourceSlices: is a second node agent running for"
+                        " this node and driver (another release, or another plugin directory)?",
+                        node=self.settings.node_name,
+                        driver=self.settings.driver_name,
+                        repairs_in_a_row=repairs.count,
+                        next_publish_after_s=repairs.delay(time.monotonic()),
+                    )
             except Exception as err:  # noqa: BLE001 - a bug in building the slices must not stop every later publish
                 self._publish_pending = True
                 failure = f"{type(err).__qualname__}: {err}"

@@ -18,6 +18,7 @@ from typing import Any
 import controlplane
 import faultproxy
 import pytest
+import structlog
 from support import kubelet, observe
 
 from dractl import config
@@ -254,6 +255,44 @@ def test_slices_that_cannot_be_repaired_fail_healthz_and_show_in_metrics(
         lambda: _matches(kube_client, node_agent), what="the slice published again", timeout=REPAIR_TIMEOUT_S
     )
     assert observe.get(node_agent.health_port, "/healthz") == (200, "ok\n")
+
+
+def test_a_second_agent_for_the_node_is_named_in_the_log_and_the_fight_backs_off(
+    control_plane: controlplane.ControlPlane,
+    node_name: str,
+    sock_dir: pathlib.Path,
+    tmp_path: pathlib.Path,
+    start_agent: collections.abc.Callable[..., agent.Agent],
+) -> None:
+    """Guards against two agents for one node and driver (another release, another plugin directory) rewriting each
+    other's slices at full speed: each write of one is a repair for the other, the log names the likely cause, and
+    the repairs in a row back off instead of starting over at every echo."""
+    first = start_agent(node_name, profile="t4-x2", mig_mode=config.MigMode.STATIC)
+    settings = kubelet.agent_settings(
+        tmp_path / "second",
+        sock_dir / "second",
+        node_name=node_name,
+        fake_profile="a100-80gb-x8",
+        mig_mode=config.MigMode.STATIC,
+        kubeconfig=pathlib.Path(control_plane.kubeconfig),
+        health_port=0,
+        metrics_port=0,
+    )
+    gpus = fakegpu.FakeGpus(fakegpu.load_profile("a100-80gb-x8"), node_name=node_name)
+    second = agent.Agent(settings, gpus=gpus, health_poll_s=0.05)
+    with structlog.testing.capture_logs() as logs:
+        second.start()
+        try:
+            hint = controlplane.wait_until(
+                lambda: next((log for log in list(logs) if log["event"].startswith("another writer")), None),
+                what="the log naming a second writer",
+                timeout=REPAIR_TIMEOUT_S,
+            )
+        finally:
+            second.stop()
+    assert hint["node"] == node_name and hint["repairs_in_a_row"] >= agent.REPAIRS_BEFORE_HINT
+    assert hint["next_publish_after_s"] >= 1.0
+    assert _metric(first, "dractl_node_slice_repairs_total") + _metric(second, "dractl_node_slice_repairs_total") >= 3
 
 
 def test_a_change_that_leaves_the_slices_as_published_writes_nothing(

@@ -549,3 +549,25 @@ def test_a_mig_prepare_on_an_a100_another_client_holds_is_a_per_claim_error(
         a.stop()
     assert f"{ref.namespace}/{ref.name}" in error and "GPU 1" in error and "dcgm-exporter" in error, error
     assert gpus.gpus()[1].mig_mode is backend.MigMode.DISABLED and gpus.gpu_instances(1) == ()
+
+
+def test_repairs_in_a_row_survive_the_publishes_between_them_and_end_after_a_quiet_row() -> None:
+    """Guards against two agents for one node rewriting each other's slices at full speed: the echo of our own
+    write (a publish that wrote nothing) between two repairs does not end the row, so the wait keeps doubling; a
+    repair `REPAIR_ROW_S` after the last starts a new row with no wait."""
+    repairs = agent._Repairs()
+    now = 100.0
+    waits = []
+    for _ in range(6):
+        repairs.record(agent._Outcome.REPAIRED, now)
+        repairs.record(agent._Outcome.PUBLISHED, now + 0.01)  # the echo of that write
+        waits.append(repairs.delay(now + 0.02))
+        now += 1.0 + waits[-1]
+    assert waits == [0.0, 0.5, 1.0, 2.0, 4.0, 8.0]
+    later = now + agent.REPAIR_ROW_S
+    assert repairs.delay(later) == 0.0
+    repairs.record(agent._Outcome.REPAIRED, later)
+    assert (repairs.count, repairs.delay(later)) == (1, 0.0)
+    for _ in range(40):
+        repairs.record(agent._Outcome.REPAIRED, later)
+    assert repairs.delay(later) == agent.REPAIR_BACKOFF_MAX_S
