@@ -408,7 +408,28 @@ def discover_command(output: str, **device: Any) -> None:
 _DIR = click.Path(file_okay=False, path_type=pathlib.Path)
 
 
-@main.command("node-agent", short_help="Run the kubelet DRA plugin for the node's GPUs.")
+class _FlagError(click.ClickException):
+    """A bad flag value as one line, `dractl <mode>: error: <message>`, exit 2 (no usage block)."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(self.message, err=True)
+
+
+class _OneLineErrorsCommand(click.Command):
+    """A command whose flag parsing errors (bad value, unknown option) are one line naming the flag, exit 2."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as error:
+            raise _FlagError(f"dractl {info_name}: error: {error.format_message()}") from None
+
+
+@main.command("node-agent", cls=_OneLineErrorsCommand, short_help="Run the kubelet DRA plugin for the node's GPUs.")
 @_device_options
 @_option(
     "--cdi-root",
@@ -507,7 +528,8 @@ def node_agent_command(
     """Run the kubelet DRA plugin: publish this node's GPUs, prepare claims, report device health.
 
     Runs until SIGTERM or SIGINT, then removes its sockets and leaves the slices published.
-    Exits 1 with one line on stderr when it cannot start (no NVIDIA driver, a bad flag).
+    Exits 1 with one line on stderr when it cannot start (no NVIDIA driver, a flag value the agent
+    refuses), 2 with one line for a flag value of the wrong type or range.
     """
     devices = _device_settings(**device)
     settings = config.NodeAgent(
@@ -537,27 +559,6 @@ def node_agent_command(
     from dractl.node import agent  # imported here: it brings gRPC and the Kubernetes client
 
     sys.exit(agent.run(settings, err=sys.stderr))
-
-
-class _FlagError(click.ClickException):
-    """A bad flag value as one line, `dractl <mode>: error: <message>`, exit 2 (no usage block)."""
-
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(self.message, err=True)
-
-
-class _OneLineErrorsCommand(click.Command):
-    """A command whose flag parsing errors (bad value, unknown option) are one line naming the flag, exit 2."""
-
-    def make_context(
-        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
-    ) -> click.Context:
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except click.UsageError as error:
-            raise _FlagError(f"dractl {info_name}: error: {error.format_message()}") from None
 
 
 @main.command(

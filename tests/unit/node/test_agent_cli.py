@@ -128,6 +128,20 @@ def test_an_api_server_that_refuses_is_one_line_naming_it_and_its_answer(
     ), line
 
 
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [(["--kube-api-qps", "-1"], "--kube-api-qps"), (["--health-port", "port"], "--health-port")],
+    ids=["negative-qps", "port-not-a-number"],
+)
+def test_a_flag_value_of_the_wrong_type_or_range_is_one_line_and_exit_2(args: list[str], flag: str) -> None:
+    """Guards: a value the flag's type refuses is one line naming the flag, exit 2, as for the controller (no usage
+    block of three lines)."""
+    result = CliRunner().invoke(cli.main, ["node-agent", *args])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dractl node-agent: error: ") and f"'{flag}'" in lines[0]
+
+
 def test_env_vars_set_the_flags(dirs: list[str]) -> None:
     """Guards: DRACTL_FAKE_PROFILE reaches the agent (a bad value from the environment is reported like the flag)."""
     result = CliRunner().invoke(
