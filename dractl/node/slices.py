@@ -181,12 +181,13 @@ def build(inv: inventory.Inventory, *, options: Options) -> tuple[types.Resource
 def _check_options(options: Options) -> None:
     if len(options.node_name) > 253 or not _DNS_SUBDOMAIN.match(options.node_name):
         raise SliceError(
-            f"node name {options.node_name!r} is not a DNS subdomain (lowercase letters, digits, '-' and '.')"
+            f"node name {options.node_name!r} is not a DNS subdomain (lowercase letters, digits, '-' and '.'):"
+            " set --node-name to the Node's name"
         )
     if len(options.driver_name) > 63 or not _DNS_SUBDOMAIN.match(options.driver_name):
         raise SliceError(
             f"driver name {options.driver_name!r} is not a DNS subdomain of at most 63 characters "
-            "such as gpu.nvidia.com"
+            "such as gpu.nvidia.com: check --driver-name"
         )
     if options.generation < 0:
         raise SliceError(f"generation must be >= 0, got {options.generation}")

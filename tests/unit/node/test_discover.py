@@ -116,7 +116,8 @@ def test_bad_node_name_is_one_line() -> None:
     result = _fake("--node-name", "GPU_Node", "--fake-profile", "t4-x2")
     assert result.exit_code == 1 and result.stdout == ""
     assert (
-        result.stderr == "error: node name 'GPU_Node' is not a DNS subdomain (lowercase letters, digits, '-' and '.')\n"
+        result.stderr == "error: node name 'GPU_Node' is not a DNS subdomain (lowercase letters, digits, '-' and '.'):"
+        " set --node-name to the Node's name\n"
     )
 
 
