@@ -99,10 +99,8 @@ def test_plan_reports_missing_templates_and_claims() -> None:
     assert items[1].name == claims.generated_claim_name("lonely", "own", namespace="default")
 
 
-def test_plan_reuses_a_claim_already_made_for_the_pod() -> None:
-    """Guards: a claim in the input owned by the pod for that pod claim is used instead of a new one
-    (upstream's orphan lookup)."""
-    made = """
+# A claim kube-controller-manager made for pod claim "gpu" of pod "trainer" (uid u-1).
+MADE_FOR_TRAINER = """
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata:
@@ -114,7 +112,12 @@ spec:
     requests:
     - {name: gpu, exactly: {deviceClassName: gpu.example.com}}
 """
-    objects = load(CLUSTER, made, template("tmpl"), pod("trainer", templates={"gpu": "tmpl"}))
+
+
+def test_plan_reuses_a_claim_already_made_for_the_pod() -> None:
+    """Guards: a claim in the input owned by the pod for that pod claim is used instead of a new one
+    (upstream's orphan lookup)."""
+    objects = load(CLUSTER, MADE_FOR_TRAINER, template("tmpl"), pod("trainer", templates={"gpu": "tmpl"}))
     plan = claims.plan(objects)
     assert plan.standalone == ()
     assert plan.pods[0].claims[0].name == "trainer-gpu-abcde"
@@ -123,20 +126,8 @@ spec:
 def test_a_claim_controlled_by_another_pod_of_that_name_is_not_reused() -> None:
     """Guards: a claim whose controller owner reference has another uid than the pod (a pod deleted and made again
     under its name) is not the pod's, as upstream compares uids: the pod gets a new claim, the old one is standalone."""
-    made = """
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata:
-  name: trainer-gpu-abcde
-  annotations: {resource.kubernetes.io/pod-claim-name: gpu}
-  ownerReferences: [{apiVersion: v1, kind: Pod, name: trainer, uid: u-1, controller: true, blockOwnerDeletion: true}]
-spec:
-  devices:
-    requests:
-    - {name: gpu, exactly: {deviceClassName: gpu.example.com}}
-"""
     again = pod("trainer", templates={"gpu": "tmpl"}).replace("{name: trainer}", "{name: trainer, uid: u-2}")
-    plan = claims.plan(load(CLUSTER, made, template("tmpl"), again))
+    plan = claims.plan(load(CLUSTER, MADE_FOR_TRAINER, template("tmpl"), again))
     assert [c.meta.name for c in plan.standalone] == ["trainer-gpu-abcde"]
     made_now = plan.pods[0].claims[0]
     assert made_now.claim is not None and made_now.name == claims.generated_claim_name(
