@@ -336,8 +336,16 @@ class Agent:
         # Before anything is touched: a running agent serving these sockets (a second agent without
         # --pod-uid) makes this one refuse to start.
         plugin.check_sockets(self.sockets)
+        # Names before any state is written: fake GPUs keep their state for the node they were made for.
+        slices.check_names(s.node_name, s.driver_name)
         state_dir = s.plugin_state_dir
-        state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise OSError(
+                f"cannot create the state directory {state_dir} (--state-dir; default: --kubelet-plugins-dir/"
+                f"<driver name>): {err.strerror or err}"
+            ) from err
         fake = s.device_source is config.DeviceSource.FAKE
         if self._gpus is None:
             # The fake keeps its MIG instances in the state dir, so a restarted agent finds the

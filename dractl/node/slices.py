@@ -50,6 +50,7 @@ __all__ = [
     "Layout",
     "Options",
     "build",
+    "check_names",
     "layout_for",
     "mig_device_name",
     "gpu_device_name",
@@ -178,17 +179,22 @@ def build(inv: inventory.Inventory, *, options: Options) -> tuple[types.Resource
     )
 
 
-def _check_options(options: Options) -> None:
-    if len(options.node_name) > 253 or not _DNS_SUBDOMAIN.match(options.node_name):
+def check_names(node_name: str, driver_name: str) -> None:
+    """Raise `SliceError` naming the flag when the node or driver name cannot name a slice's node or driver."""
+    if len(node_name) > 253 or not _DNS_SUBDOMAIN.match(node_name):
         raise SliceError(
-            f"node name {options.node_name!r} is not a DNS subdomain (lowercase letters, digits, '-' and '.'):"
+            f"node name {node_name!r} is not a DNS subdomain (lowercase letters, digits, '-' and '.'):"
             " set --node-name to the Node's name"
         )
-    if len(options.driver_name) > 63 or not _DNS_SUBDOMAIN.match(options.driver_name):
+    if len(driver_name) > 63 or not _DNS_SUBDOMAIN.match(driver_name):
         raise SliceError(
-            f"driver name {options.driver_name!r} is not a DNS subdomain of at most 63 characters "
+            f"driver name {driver_name!r} is not a DNS subdomain of at most 63 characters "
             "such as gpu.nvidia.com: check --driver-name"
         )
+
+
+def _check_options(options: Options) -> None:
+    check_names(options.node_name, options.driver_name)
     if options.generation < 0:
         raise SliceError(f"generation must be >= 0, got {options.generation}")
 

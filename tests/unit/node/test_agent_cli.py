@@ -87,6 +87,34 @@ def test_missing_kubeconfig_is_one_line_naming_it(dirs: list[str], tmp_path: pat
     assert len(lines) == 1 and str(missing) in lines[0]
 
 
+def test_a_bad_node_name_is_one_line_naming_the_flag_and_writes_no_state(
+    dirs: list[str], sock_dir: pathlib.Path
+) -> None:
+    """Guards: a --node-name that cannot name a Node stops the start before anything is written (fake GPUs keep their
+    state for the node they were made for, so a state written under the bad name would refuse the corrected run)."""
+    result = CliRunner().invoke(cli.main, ["node-agent", "--node-name", "Bad_Node", "--device-source", "fake", *dirs])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        "dractl node-agent: error: node name 'Bad_Node' is not a DNS subdomain (lowercase letters, digits, '-' and "
+        "'.'): set --node-name to the Node's name"
+    ]
+    assert not (sock_dir / "plugins").exists()
+
+
+def test_a_state_dir_that_cannot_be_made_is_one_line_naming_the_flag(dirs: list[str], tmp_path: pathlib.Path) -> None:
+    """Guards: a --state-dir that cannot be created (under a regular file here) is one line naming the directory and
+    the flag, exit 1."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    state = blocker / "state"
+    result = CliRunner().invoke(
+        cli.main, ["node-agent", "--node-name", "n1", "--device-source", "fake", "--state-dir", str(state), *dirs]
+    )
+    assert result.exit_code == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and f"cannot create the state directory {state} (--state-dir" in lines[0]
+
+
 def test_an_api_server_nothing_answers_is_one_line_naming_it_and_exit_1(
     dirs: list[str], tmp_path: pathlib.Path
 ) -> None:
