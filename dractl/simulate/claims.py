@@ -95,15 +95,15 @@ def pod_uid(pod: model.Pod) -> str:
 
 
 def claim_from_template(
-    template: model.ResourceClaimTemplate, *, pod: model.Pod, uid: str, pod_claim_name: str, name: str | None = None
+    template: model.ResourceClaimTemplate, *, pod: model.Pod, uid: str, pod_claim_name: str, name: str
 ) -> model.ResourceClaim:
-    """The claim the resourceclaim controller creates for `pod` from `template`: its labels and
-    annotations plus the pod-claim-name annotation, a controller owner reference to the pod,
-    and the template's spec verbatim; named `name`, by default `generated_claim_name`. Pure."""
+    """The claim the resourceclaim controller creates for `pod` from `template`, named `name` (`free_claim_name`):
+    its labels and annotations plus the pod-claim-name annotation, a controller owner reference to the pod, and the
+    template's spec verbatim. Pure."""
     namespace = pod.meta.namespace
     return model.ResourceClaim(
         meta=model.ObjectMeta(
-            name=name or generated_claim_name(pod.meta.name, pod_claim_name, namespace=namespace),
+            name=name,
             namespace=namespace,
             generate_name=generate_name(pod.meta.name, pod_claim_name),
             labels=dict(template.claim_labels),

@@ -41,7 +41,11 @@ def test_claim_from_template_copies_metadata_and_spec() -> None:
     controller ownerReference."""
     objects = load(template("tmpl"), pod("trainer", templates={"gpu": "tmpl"}))
     made = claims.claim_from_template(
-        objects.resource_claim_templates[0], pod=objects.pods[0], uid="uid-1", pod_claim_name="gpu"
+        objects.resource_claim_templates[0],
+        pod=objects.pods[0],
+        uid="uid-1",
+        pod_claim_name="gpu",
+        name="trainer-gpu-x",
     )
     assert made.meta.name.startswith("trainer-gpu-") and made.meta.generate_name == "trainer-gpu-"
     assert made.meta.namespace == "default"
