@@ -3,7 +3,7 @@
 # GPU machine that reaches no registry: .gpu-check/ (git-ignored; carry it) with
 #   rootfs/  a minimal root filesystem with no NVIDIA driver: Debian's busybox-static and libc6 (an ordinary
 #            image has a C library; nothing else) and /usr/local/bin/cuda-query (tools/cuda_query.c);
-#   wheels/  the runtime dependencies the GPU machine lacks or has too old, for CPython 3.12 x86-64;
+#   wheels/  dractl's runtime dependencies and theirs, for CPython 3.12 x86-64;
 #   debs/    libyaml, whose headers the Cython build needs.
 # Usage: tools/gpu_check_prepare.sh                 (then run tools/gpu_check.sh there, carrying .gpu-check)
 #        tools/gpu_check_prepare.sh --rootfs-only DIR  (just the root filesystem, into DIR; the suite's
@@ -22,6 +22,8 @@ rootfs() {  # rootfs DIR: busybox-static + libc6 + cuda-query, and an empty load
     gcc -O2 -Wall -Wextra -o "$dir/usr/local/bin/cuda-query" tools/cuda_query.c -ldl
     # The driver's libraries must come from the CDI spec alone, never from the root's own cache.
     : > "$dir/etc/ld.so.cache"
+    # Nothing here converts character sets or reads documentation: 9 MiB less to carry.
+    rm -rf "$dir/usr/lib/x86_64-linux-gnu/gconv" "$dir/usr/share"
 }
 
 if [ "${1:-}" = "--rootfs-only" ]; then
@@ -35,17 +37,15 @@ rm -rf "$out" && mkdir -p "$out/rootfs" "$out/wheels" "$out/debs"
 apt-get update -qq
 rootfs "$out/rootfs"
 (cd "$out/debs" && apt-get download -qq libyaml-dev libyaml-0-2)
-# What the GPU machine's Python 3.12 lacks (KINDS.md lists what it has): dractl's floors come from pyproject.toml.
+# dractl's runtime dependencies with everything they need, as wheels for CPython 3.12 x86-64: the GPU machine's
+# own packages are of unknown versions (kubernetes alone needs pydantic, aiohttp-retry and a recent urllib3).
 python3 - "$out/wheels" <<'PY'
 import subprocess, sys, tomllib
 deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-wanted = [d for d in deps if d.split(">")[0].split("=")[0].split("<")[0].strip().lower()
-          in {"cel-expr-python", "protobuf", "grpcio", "msgspec", "structlog", "kubernetes", "tenacity", "urllib3"}]
-wanted += ["durationpy", "websocket-client", "requests-oauthlib", "oauthlib", "google-auth", "pyasn1-modules",
-           "pyasn1", "rsa", "cachetools", "six", "python-dateutil"]
-subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--no-deps",
-                "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
-                "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
-                "--platform", "manylinux_2_27_x86_64", "-d", sys.argv[1], *wanted], check=True)
+platforms = [f"--platform={p}" for p in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
+                                         "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64",
+                                         "manylinux1_x86_64")]
+subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.12",
+                "--implementation", "cp", *platforms, "-d", sys.argv[1], *deps], check=True)
 PY
 du -sh "$out" "$out"/*

@@ -1,12 +1,12 @@
 """The NVIDIA driver's user-space files under a driver root, found as the NVIDIA container toolkit finds them.
 
-What it does: reads the driver root's dynamic-linker cache (`<root>/etc/ld.so.cache`, glibc's
-binary format, parsed here) and picks the driver's compute and utility libraries from it (the
-toolkit's list: `libcuda`, `libnvidia-ml`, `libnvidia-ptxjitcompiler`, `libnvidia-nvvm`,
-`libnvidia-gpucomp`, ...), keeping only files of this driver version for this machine's
-architecture; finds the driver's binaries (`nvidia-smi`, `nvidia-debugdump`,
-`nvidia-persistenced`, the MPS control and server), its GSP firmware and the persistenced and
-fabric-manager sockets; and turns them into the CDI edits every claim spec shares: read-only
+What it does: finds the driver's compute and utility libraries (the toolkit's list: `libcuda`,
+`libnvidia-ml`, `libnvidia-ptxjitcompiler`, `libnvidia-nvvm`, `libnvidia-gpucomp`, ...) where the
+toolkit's library locator looks: the root's standard library directories, then its dynamic-linker
+cache (`<root>/etc/ld.so.cache`, glibc's binary format, parsed here), keeping only files of this
+driver version for this machine's architecture; finds the driver's binaries (`nvidia-smi`,
+`nvidia-debugdump`, `nvidia-persistenced`, the MPS control and server), its GSP firmware and the
+persistenced and fabric-manager sockets; and turns them into the CDI edits every claim spec shares: read-only
 bind mounts, plus a way for an ordinary image to load the libraries (the toolkit's
 `update-ldcache` hook where `nvidia-cdi-hook` exists in the root, else `LD_LIBRARY_PATH`).
 Paths are resolved inside the root (an absolute symlink such as `/var/run -> /run` stays in it),
@@ -38,6 +38,7 @@ __all__ = [
     "LIBRARY_DIR",
     "LD_LIBRARY_PATH",
     "HOOK",
+    "library_dirs",
     "DriverFilesError",
     "LdCacheEntry",
     "Library",
@@ -80,6 +81,8 @@ BINARIES = (
     "nvidia-cuda-mps-server",
 )
 _BIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+# GNU triplets of the machines the driver ships libraries for (see _ARCH_FLAGS).
+_TRIPLETS = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu", "ppc64le": "powerpc64le-linux-gnu"}
 _SOCKETS = ("/var/run/nvidia-persistenced/socket", "/var/run/nvidia-fabricmanager/socket")
 _FIRMWARE_DIR = "/lib/firmware/nvidia"
 LD_CACHE = "/etc/ld.so.cache"
@@ -258,39 +261,53 @@ class DriverFiles:
 def discover(root: pathlib.Path, *, driver_version: str, machine: str | None = None) -> DriverFiles:
     """Find the driver's files under `root` (as the agent sees it). Reads only.
 
-    Libraries: the ld-cache entries of this machine's 64-bit ELF type whose name starts with a
-    utility or compute library name and whose file (symlinks followed in the root) ends in
+    Libraries, as the toolkit's library locator finds them: the root's standard library
+    directories for this machine (`/usr/lib/<triplet>`, `/usr/lib64`, Debian's
+    `nvidia/current`, ...; a layout such as GKE's `<root>/lib64` is one of them), and the
+    root's ld cache for anywhere else. A file counts when its name starts with a utility or
+    compute library name, it is of this machine's 64-bit ELF type (ld cache) or in this
+    machine's directories, and once symlinks are followed in the root it ends in
     `.so.<driver_version>`, so another driver's leftovers are never mounted. Raises
-    DriverFilesError naming the root when there is no readable ld cache or no `libcuda.so` /
-    `libnvidia-ml.so` of this version. Binaries, firmware and sockets are optional.
+    DriverFilesError naming the root when neither gives `libcuda.so` and `libnvidia-ml.so` of
+    this version. Binaries, firmware and sockets are optional.
     """
-    cache_path = root / LD_CACHE.lstrip("/")
-    where = f"driver root {root}"
-    try:
-        data = cache_path.read_bytes()
-    except OSError as err:
-        raise DriverFilesError(
-            f"{where}: cannot read {LD_CACHE} ({err.strerror or err}); is the NVIDIA driver installed there"
-            " (--driver-root, --container-driver-root)?"
-        ) from None
     arch = ld_cache_arch(machine)
     prefixes = UTILITY_LIBRARIES + COMPUTE_LIBRARIES
     by_file: dict[str, set[str]] = {}
-    for entry in parse_ld_cache(data, source=f"{cache_path}"):
-        if entry.flags & _FLAG_TYPE_MASK != _FLAG_ELF_LIBC6 or entry.flags & _FLAG_ARCH_MASK != arch & _FLAG_ARCH_MASK:
+
+    def take(name: str, path: str) -> None:
+        real = resolve(root, path)
+        if real is not None and real.endswith(f".so.{driver_version}") and (root / real.lstrip("/")).is_file():
+            by_file.setdefault(real, {real.rsplit("/", 1)[-1]}).add(name)
+
+    for directory in library_dirs(machine or platform.machine()):
+        real_dir = resolve(root, directory)
+        if real_dir is None or not (root / real_dir.lstrip("/")).is_dir():
             continue
-        if not entry.name.startswith(prefixes):
-            continue
-        real = resolve(root, entry.path)
-        if real is None or not real.endswith(f".so.{driver_version}"):
-            continue
-        by_file.setdefault(real, {real.rsplit("/", 1)[-1]}).add(entry.name)
+        for entry in sorted(os.listdir(root / real_dir.lstrip("/"))):
+            if entry.startswith(prefixes):
+                take(entry, f"{real_dir}/{entry}")
+    cache_path = root / LD_CACHE.lstrip("/")
+    cache_problem = ""
+    try:
+        cache = parse_ld_cache(cache_path.read_bytes(), source=f"{cache_path}")
+    except OSError as err:
+        cache, cache_problem = (), f"cannot read {LD_CACHE} ({err.strerror or err})"
+    except DriverFilesError as err:
+        cache, cache_problem = (), str(err)
+        _log.warning("driver root's ld cache is unreadable; using its library directories only", problem=str(err))
+    for entry in cache:
+        same_arch = entry.flags & _FLAG_ARCH_MASK == arch & _FLAG_ARCH_MASK
+        if entry.flags & _FLAG_TYPE_MASK == _FLAG_ELF_LIBC6 and same_arch and entry.name.startswith(prefixes):
+            take(entry.name, entry.path)
     libraries = tuple(Library(path=p, names=tuple(sorted(n))) for p, n in sorted(by_file.items()))
     missing = [lib for lib in _REQUIRED if not any(n.startswith(lib) for x in libraries for n in x.names)]
     if missing:
+        searched = ", ".join(library_dirs(machine or platform.machine()))
         raise DriverFilesError(
-            f"{where}: {LD_CACHE} lists no {' or '.join(missing)} of driver version {driver_version}"
-            " (is this the root of the driver NVML reports?)"
+            f"driver root {root}: no {' or '.join(missing)} of driver version {driver_version} in {searched}"
+            f" or its {LD_CACHE}{f' ({cache_problem})' if cache_problem else ''}; is this the root of the driver"
+            " NVML reports (--driver-root, --container-driver-root)?"
         )
     binaries = [found for name in BINARIES if (found := _executable(root, name)) is not None]
     firmware_dir = f"{_FIRMWARE_DIR}/{driver_version}"
@@ -327,6 +344,16 @@ def discover(root: pathlib.Path, *, driver_version: str, machine: str | None = N
         hook=hook.path if hook is not None else None,
     )
     return files
+
+
+def library_dirs(machine: str) -> tuple[str, ...]:
+    """The toolkit's library search directories (besides the ld cache) that hold `machine`'s 64-bit libraries."""
+    triplet = _TRIPLETS[machine]
+    return tuple(
+        f"{prefix}{suffix}"
+        for prefix in ("/usr/lib", "/lib")
+        for suffix in (f"/{triplet}", "64", f"/{triplet}/nvidia/current")
+    )
 
 
 def _executable(root: pathlib.Path, name: str) -> File | None:

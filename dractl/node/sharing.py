@@ -25,6 +25,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -46,6 +47,8 @@ __all__ = [
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
 # The NVIDIA driver sizes each daemon's shm tmpfs at half the node's memory (65536k if unknown).
 _SHM_FALLBACK = "65536k"
+# How long a started control daemon has to open its control pipe (it forks and returns at once).
+_DAEMON_START_S = 10.0
 
 _log = structlog.get_logger(__name__)
 
@@ -100,7 +103,8 @@ def _workload_edits(daemon_dir: pathlib.Path) -> cdi.ContainerEdits:
 
 def _answers(control: pathlib.Path) -> bool:
     """Whether a live daemon holds this control pipe: a FIFO with a reader (a write-only open that
-    would not block succeeds) or a socket that accepts. Pure apart from that probe; never blocks."""
+    would not block succeeds; older CUDA) or a socket that accepts, stream or seqpacket. Pure apart
+    from that probe; never blocks."""
     try:
         mode = os.stat(control).st_mode
     except OSError:
@@ -115,13 +119,17 @@ def _answers(control: pathlib.Path) -> bool:
         os.close(fd)
         return True
     if stat.S_ISSOCK(mode):
-        with socket.socket(socket.AF_UNIX) as probe:
-            probe.settimeout(1.0)
-            try:
-                probe.connect(str(control))
-            except OSError:
-                return False
-        return True
+        # CUDA 13's daemon listens on a SOCK_SEQPACKET socket (a stream connect gets EPROTOTYPE).
+        for kind in (socket.SOCK_SEQPACKET, socket.SOCK_STREAM):
+            with socket.socket(socket.AF_UNIX, kind) as probe:
+                probe.settimeout(1.0)
+                try:
+                    probe.connect(str(control))
+                except OSError as err:
+                    if err.errno == errno.EPROTOTYPE:
+                        continue
+                    return False
+            return True
     return False
 
 
@@ -159,15 +167,23 @@ class NvidiaMps:
     mount propagation so the shm tmpfs it mounts there reaches the container runtime), so the CDI
     mounts resolve for the runtime. The control daemon starts under `unshare --mount` with its
     shm directory bound over /dev/shm; its server processes inherit that namespace. `runner`
-    runs every command (mount, unshare, the control client, umount) and is injectable.
+    runs every command (mount, unshare, the control client, umount) and is injectable. `start()`
+    returns once the daemon answers on its control pipe (within `start_timeout` seconds), so a
+    workload started after the prepare never finds no daemon and runs without MPS and its limits.
     """
 
     def __init__(
-        self, *, root: pathlib.Path, executable: str = "nvidia-cuda-mps-control", runner: Runner = _run
+        self,
+        *,
+        root: pathlib.Path,
+        executable: str = "nvidia-cuda-mps-control",
+        runner: Runner = _run,
+        start_timeout: float = _DAEMON_START_S,
     ) -> None:
         self._root = root
         self._executable = executable
         self._runner = runner
+        self._start_timeout = start_timeout
 
     def _dirs(self, daemon_id: str) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
         base = self._root / daemon_id
@@ -214,6 +230,7 @@ class NvidiaMps:
                 env,
                 "",
             )
+            self._wait_answering(settings.daemon_id)
         except OSError:
             # No daemon uses the tmpfs: leave no mount behind for a caller that never calls stop().
             self.stop(settings.daemon_id)
@@ -225,6 +242,22 @@ class NvidiaMps:
             commands.append(f"set_default_device_pinned_mem_limit {uuid} {mib}M")
         for command in commands:
             self._runner([self._executable], env, command + "\n")
+
+    def _wait_answering(self, daemon_id: str) -> None:
+        """Until the daemon answers on its control pipe; OSError with the end of its log after `start_timeout`."""
+        deadline = time.monotonic() + self._start_timeout
+        while not self.running(daemon_id):
+            if time.monotonic() >= deadline:
+                _, log, _ = self._dirs(daemon_id)
+                try:
+                    said = " ".join((log / "control.log").read_text(errors="replace").split()[-40:])
+                except OSError:
+                    said = "it wrote no control.log"
+                raise OSError(
+                    f"{self._executable} -d started but its control pipe did not answer within"
+                    f" {self._start_timeout:g} s ({log}/control.log: {said})"
+                )
+            time.sleep(0.01)
 
     def stop(self, daemon_id: str) -> None:
         _, _, shm = self._dirs(daemon_id)

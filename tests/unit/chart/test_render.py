@@ -15,6 +15,7 @@ from support import chart
 import dractl
 from dractl import cli
 from dractl.kube import access
+from dractl.node import driverfiles
 
 EXAMPLES = pathlib.Path(dractl.__file__).parent / "examples" / "00-deviceclasses.yaml"
 OLDEST = "1.34.0"
@@ -124,6 +125,17 @@ def test_the_node_agent_daemonset_mounts_the_kubelets_directories_and_names_its_
     assert (str(params["driver_root"]), str(params["container_driver_root"])) == ("/", "/driver-root")
     assert container["securityContext"]["privileged"] is True
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": params["health_port"]}
+
+
+def test_the_node_agent_loads_nvml_from_every_directory_it_finds_driver_files_in() -> None:
+    """Guards: the agent's LD_LIBRARY_PATH names, under /driver-root, every library directory driver discovery
+    searches on amd64 and arm64 (GKE's <root>/lib64 included), so NVML loads from the driver whose files the CDI
+    specs mount, wherever that driver root keeps them."""
+    container = _container(RENDERED["defaults"], "DaemonSet")
+    (path,) = [e["value"] for e in container["env"] if e["name"] == "LD_LIBRARY_PATH"]
+    searched = {f"/driver-root{d}" for machine in ("x86_64", "aarch64") for d in driverfiles.library_dirs(machine)}
+    assert searched <= set(path.split(":"))
+    assert "/driver-root/lib64" in searched
 
 
 @pytest.mark.parametrize("values", sorted(RENDERED), ids=str)

@@ -122,9 +122,9 @@ def test_symlinks_resolve_inside_the_root(tmp_path: pathlib.Path) -> None:
 
 
 def test_discovery_takes_this_drivers_libraries_for_this_machine(root: pathlib.Path) -> None:
-    """Guards: from the ld cache only compute/utility libraries of the driver's version and 64-bit type are taken
-    (not zlib, not the i386 build, not an older driver's NVML), each with every name it is loaded by; binaries,
-    firmware and the persistenced socket behind /var/run -> /run are found."""
+    """Guards: from the library directories and the ld cache only compute/utility libraries of the driver's
+    version and 64-bit type are taken (not zlib, not the i386 build, not an older driver's NVML), each with every
+    name it is loaded by; binaries, firmware and the persistenced socket behind /var/run -> /run are found."""
     files = driverfiles.discover(root, driver_version=VERSION, machine="x86_64")
     by_path = {library.path: library.names for library in files.libraries}
     assert by_path[f"{_LIBDIR}/libcuda.so.{VERSION}"] == ("libcuda.so", "libcuda.so.1", f"libcuda.so.{VERSION}")
@@ -197,17 +197,74 @@ def test_with_nvidia_cdi_hook_in_the_root_the_ld_cache_hook_replaces_ld_library_
 
 
 def test_a_root_without_the_driver_is_one_clear_error(tmp_path: pathlib.Path, root: pathlib.Path) -> None:
-    """Guards: no ld cache, or a cache without this version's libcuda/libnvidia-ml, raises DriverFilesError naming
-    the root, the file and the version, so the agent refuses to start instead of writing specs a GPU cannot use."""
-    with pytest.raises(driverfiles.DriverFilesError, match=rf"driver root {tmp_path}: cannot read /etc/ld.so.cache"):
-        driverfiles.discover(tmp_path, driver_version=VERSION)
+    """Guards: a root with neither libraries nor an ld cache, or without this version's libcuda/libnvidia-ml,
+    raises DriverFilesError naming the root, the version, where it looked and why the cache gave nothing, so the
+    agent refuses to start instead of writing specs a GPU cannot use."""
+    with pytest.raises(driverfiles.DriverFilesError) as raised:
+        driverfiles.discover(tmp_path, driver_version=VERSION, machine="x86_64")
+    assert str(raised.value).startswith(
+        f"driver root {tmp_path}: no libcuda.so or libnvidia-ml.so of driver version {VERSION} in "
+        "/usr/lib/x86_64-linux-gnu, /usr/lib64, /usr/lib/x86_64-linux-gnu/nvidia/current, /lib/x86_64-linux-gnu,"
+    )
+    assert "or its /etc/ld.so.cache (cannot read /etc/ld.so.cache (No such file or directory))" in str(raised.value)
     with pytest.raises(
         driverfiles.DriverFilesError,
-        match=r"lists no libcuda.so or libnvidia-ml.so of driver version 575.57.08",
+        match=r"no libcuda.so or libnvidia-ml.so of driver version 575.57.08 in .* or its /etc/ld.so.cache;",
     ):
         driverfiles.discover(root, driver_version="575.57.08", machine="x86_64")
     with pytest.raises(driverfiles.DriverFilesError, match="no NVIDIA driver libraries exist for machine type 'mips'"):
         driverfiles.discover(root, driver_version=VERSION, machine="mips")
+
+
+def test_a_root_laid_out_like_gkes_is_found_without_an_ld_cache(tmp_path: pathlib.Path) -> None:
+    """Guards: a driver installed as GKE and driver containers lay it out (`<root>/lib64`, `<root>/bin`, no
+    ld.so.cache) gives the same libraries, names and binaries, as the toolkit's library locator finds them; a
+    library of another version beside them is left out."""
+    gke = tmp_path / "nvidia"
+    (gke / "lib64").mkdir(parents=True)
+    (gke / "bin").mkdir()
+    for name in ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so"):
+        (gke / "lib64" / f"{name}.{VERSION}").write_text("fake\n")
+        (gke / "lib64" / f"{name}.1").symlink_to(f"{name}.{VERSION}")
+    (gke / "lib64/libnvidia-nvvm.so.4").symlink_to("libnvidia-nvvm.so.470.256.02")
+    (gke / "lib64/libnvidia-nvvm.so.470.256.02").write_text("old\n")
+    (gke / "bin/nvidia-smi").write_text("#!/bin/sh\n")
+    (gke / "bin/nvidia-smi").chmod(0o755)
+    files = driverfiles.discover(gke, driver_version=VERSION, machine="x86_64")
+    assert {lib.path: lib.names for lib in files.libraries} == {
+        f"/lib64/{name}.{VERSION}": (f"{name}.1", f"{name}.{VERSION}")
+        for name in ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so")
+    }
+    assert files.binaries == (driverfiles.File(path="/bin/nvidia-smi", real="/bin/nvidia-smi"),)
+    mounts = {m["containerPath"]: m["hostPath"] for m in driverfiles.edits(files, host_root=gke).mounts}
+    assert mounts["/usr/local/nvidia/lib64/libcuda.so.1"] == f"{gke}/lib64/libcuda.so.{VERSION}"
+    assert mounts["/bin/nvidia-smi"] == f"{gke}/bin/nvidia-smi"
+
+
+def test_libraries_only_the_ld_cache_knows_are_found_and_a_broken_cache_falls_back(root: pathlib.Path) -> None:
+    """Guards: a driver in a directory only the ld cache names (/opt/nvidia/lib) is found through the cache; a
+    malformed cache beside libraries in the standard directories is a warning, not a refusal."""
+    moved = root / "opt/nvidia/lib"
+    moved.mkdir(parents=True)
+    for library in (root / _LIBDIR.lstrip("/")).glob("libnvidia-ml.so*"):
+        library.rename(moved / library.name)
+    arch = driverfiles.ld_cache_arch("x86_64")
+    cache = root / "etc/ld.so.cache"
+    entries = driverfiles.parse_ld_cache(cache.read_bytes())
+    entries += (
+        driverfiles.LdCacheEntry(name="libnvidia-ml.so.1", path="/opt/nvidia/lib/libnvidia-ml.so.1", flags=arch),
+    )
+    cache.write_bytes(driverfiles.write_ld_cache(entries))
+    files = driverfiles.discover(root, driver_version=VERSION, machine="x86_64")
+    assert {lib.path: lib.names for lib in files.libraries}[f"/opt/nvidia/lib/libnvidia-ml.so.{VERSION}"] == (
+        "libnvidia-ml.so.1",
+        f"libnvidia-ml.so.{VERSION}",
+    )
+    for library in moved.iterdir():
+        library.rename(root / _LIBDIR.lstrip("/") / library.name)
+    cache.write_bytes(b"not a cache")
+    files = driverfiles.discover(root, driver_version=VERSION, machine="x86_64")
+    assert f"{_LIBDIR}/libnvidia-ml.so.{VERSION}" in {lib.path for lib in files.libraries}
 
 
 def test_the_fake_nvidia_smi_lists_the_gpus_a_container_was_given(root: pathlib.Path, gpus: fakegpu.FakeGpus) -> None:
@@ -285,7 +342,7 @@ def test_a_gpu_node_names_host_paths_of_the_driver_root_it_reads_elsewhere(
     [
         pytest.param(
             {"driver_root": pathlib.Path("/nonexistent-driver")},
-            "dractl node-agent: error: driver root /nonexistent-driver: cannot read /etc/ld.so.cache",
+            "dractl node-agent: error: driver root /nonexistent-driver: no libcuda.so or libnvidia-ml.so of driver",
             id="no-driver",
         ),
         pytest.param(

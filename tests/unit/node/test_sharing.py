@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import socket
+import threading
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -115,6 +117,57 @@ def test_a_control_pipe_left_by_a_dead_daemon_does_not_pass_for_a_running_one(tm
     (tmp_path / "d2/pipe").mkdir(parents=True)
     (tmp_path / "d2/pipe/control").write_text("")
     assert not mps.running("d2")
+
+
+def test_start_returns_once_the_forked_daemon_answers(tmp_path: pathlib.Path) -> None:
+    """Guards: `nvidia-cuda-mps-control -d` returns before its forked daemon opens the control pipe; start() waits
+    for the pipe to answer, so the settings and the workload find a daemon."""
+    daemon = ControlDaemon()
+
+    def forks(argv: Sequence[str], env: Mapping[str, str], stdin: str) -> None:
+        if "-d" not in argv:
+            daemon(argv, env, stdin)
+            return
+        ready = threading.Timer(0.2, daemon, (argv, env, stdin))
+        ready.start()
+
+    mps = sharing.NvidiaMps(root=tmp_path, runner=forks)
+    mps.start(sharing.MpsSettings(daemon_id="d1", uuids=("GPU-a",), active_thread_percentage=50))
+    assert mps.running("d1")
+    assert [("-d" in call[0], call[2]) for call in daemon.calls[1:]] == [
+        (True, ""),
+        (False, "set_default_active_thread_percentage 50\n"),
+    ]
+    daemon.die()
+
+
+def test_a_daemon_that_never_answers_fails_the_start_with_its_log(tmp_path: pathlib.Path) -> None:
+    """Guards: a control daemon that exits at once (its pipe never answers) is an OSError quoting its control.log,
+    which the prepare path rolls back on, and nothing of it is left."""
+
+    def dies(argv: Sequence[str], env: Mapping[str, str], stdin: str) -> None:
+        if "-d" in argv:
+            log = pathlib.Path(env["CUDA_MPS_LOG_DIRECTORY"]) / "control.log"
+            log.write_text("[2026-11-27 13:21:08.1 Control 4242] Failed to start: no GPU visible\n")
+
+    mps = sharing.NvidiaMps(root=tmp_path, runner=dies, start_timeout=0.2)
+    with pytest.raises(OSError, match=r"did not answer within 0.2 s .*control.log: .*Failed to start: no GPU"):
+        mps.start(sharing.MpsSettings(daemon_id="d1", uuids=("GPU-a",)))
+    assert not (tmp_path / "d1").exists()
+
+
+@pytest.mark.parametrize("kind", [socket.SOCK_SEQPACKET, socket.SOCK_STREAM], ids=["seqpacket", "stream"])
+def test_a_control_socket_answers_while_its_daemon_listens(tmp_path: pathlib.Path, kind: int) -> None:
+    """Guards: CUDA 13's control daemon listens on a SOCK_SEQPACKET unix socket at pipe/control (seen on an H200,
+    where a stream connect gets EPROTOTYPE): it counts as running while it listens, of either kind, and not once
+    its daemon has closed it."""
+    mps = sharing.NvidiaMps(root=tmp_path)
+    (tmp_path / "d1/pipe").mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX, kind) as listener:
+        listener.bind(str(tmp_path / "d1/pipe/control"))
+        listener.listen()
+        assert mps.running("d1")
+    assert (tmp_path / "d1/pipe/control").exists() and not mps.running("d1")
 
 
 def test_fake_mps_records_calls_and_makes_the_pipe_dir(tmp_path: pathlib.Path) -> None:
