@@ -284,9 +284,9 @@ def discover(root: pathlib.Path, *, driver_version: str, machine: str | None = N
         real_dir = resolve(root, directory)
         if real_dir is None or not (root / real_dir.lstrip("/")).is_dir():
             continue
-        for entry in sorted(os.listdir(root / real_dir.lstrip("/"))):
-            if entry.startswith(prefixes):
-                take(entry, f"{real_dir}/{entry}")
+        for file_name in sorted(os.listdir(root / real_dir.lstrip("/"))):
+            if file_name.startswith(prefixes):
+                take(file_name, f"{real_dir}/{file_name}")
     cache_path = root / LD_CACHE.lstrip("/")
     cache_problem = ""
     try:
