@@ -30,6 +30,7 @@ import ipaddress
 import pathlib
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -339,13 +340,11 @@ class Agent:
         # Names before any state is written: fake GPUs keep their state for the node they were made for.
         slices.check_names(s.node_name, s.driver_name)
         state_dir = s.plugin_state_dir
-        try:
-            state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise OSError(
-                f"cannot create the state directory {state_dir} (--state-dir; default: --kubelet-plugins-dir/"
-                f"<driver name>): {err.strerror or err}"
-            ) from err
+        _writable_dir(
+            state_dir, what="the state directory", flag="--state-dir; default: --kubelet-plugins-dir/<driver name>"
+        )
+        # Checked here rather than at the first prepare, which would fail, as every later one, with the same message.
+        _writable_dir(s.cdi_root, what="the CDI directory", flag="--cdi-root")
         fake = s.device_source is config.DeviceSource.FAKE
         if self._gpus is None:
             # The fake keeps its MIG instances in the state dir, so a restarted agent finds the
@@ -761,6 +760,21 @@ def _api_failure(server: str, err: kube_client.ApiError) -> str:
     if isinstance(err, kube_client.Transient) and err.status == 0:
         return f"cannot start: cannot reach the API server {server}: {err.message}"
     return f"cannot start: the API server {server} answered: {err}"
+
+
+def _writable_dir(path: pathlib.Path, *, what: str, flag: str) -> None:
+    """Create `path` when missing and prove it writable by creating and removing a temporary file there (named as
+    `checkpoint.write_atomically` names its temporary files, which CDI runtimes ignore). Raises OSError with one line
+    naming `what`, the directory, `flag` and the OS error. Idempotent."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OSError(f"cannot create {what} {path} ({flag}): {err.strerror or err}") from err
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".dractl-write-check.", suffix=".tmp"):
+            pass
+    except OSError as err:
+        raise OSError(f"cannot write to {what} {path} ({flag}): {err.strerror or err}") from err
 
 
 def _connect(settings: config.NodeAgent) -> kube_client.Client:
