@@ -5,10 +5,8 @@ from __future__ import annotations
 import pathlib
 import re
 
-import controlplane
 import faultproxy
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from dractl import cli
@@ -143,21 +141,6 @@ def test_a_cdi_root_that_cannot_be_made_or_written_is_one_line_naming_the_flag(
     assert line.startswith(f"dractl node-agent: error: cannot start: {failure.format(path=path)}"), line
     assert line.rsplit(": ", 1)[1] in {"Not a directory", "Permission denied", "Read-only file system"}, line
     assert not (sock_dir / "reg").exists() and not (sock_dir / "plugins" / "gpu.nvidia.com" / "dra.sock").exists()
-
-
-def test_an_api_server_nothing_answers_is_one_line_naming_it_and_exit_1(
-    dirs: list[str], tmp_path: pathlib.Path
-) -> None:
-    """Guards: an API server that cannot be reached at start is one line saying so and naming its URL (not "the API
-    server answered: 0 ..."), exit 1, no traceback."""
-    kubeconfig = controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig")
-    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-    result = CliRunner().invoke(
-        cli.main, ["node-agent", "--node-name", "n1", "--device-source", "fake", "--kubeconfig", str(kubeconfig), *dirs]
-    )
-    assert result.exit_code == 1
-    [line] = result.stderr.splitlines()
-    assert line.startswith(f"dractl node-agent: error: cannot start: cannot reach the API server {server}: "), line
 
 
 def test_an_api_server_that_refuses_is_one_line_naming_it_and_its_answer(
