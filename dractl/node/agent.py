@@ -348,6 +348,11 @@ class Agent:
         except kube_client.ApiError as err:
             self.stop()
             raise AgentError(_api_failure(self._server, err)) from err
+        except kube_client.BadObject as err:
+            self.stop()
+            raise AgentError(
+                f"cannot start: the API server {self._server} answered what dractl cannot read: {err}"
+            ) from err
         except OSError as err:
             self.stop()
             raise AgentError(f"cannot start: {err}") from err

@@ -169,6 +169,25 @@ def test_an_api_server_that_refuses_is_one_line_naming_it_and_its_answer(
     ), line
 
 
+def test_an_api_server_whose_version_names_no_version_is_one_line_naming_it(
+    dirs: list[str], fault_proxy: faultproxy.FaultProxy
+) -> None:
+    """Guards: a /version answer the agent cannot read (200 without major and minor) is one line naming the server
+    and what is missing, exit 1, not a traceback (a crash loop)."""
+    fault_proxy.add(faultproxy.respond(200, path="/version", count=None))
+    result = CliRunner().invoke(
+        cli.main,
+        ["node-agent", "--node-name", "n1", "--device-source", "fake", "--kubeconfig", str(fault_proxy.kubeconfig)]
+        + dirs,
+    )
+    assert result.exit_code == 1, result.output
+    [line] = result.stderr.splitlines()
+    assert line == (
+        f"dractl node-agent: error: cannot start: the API server https://127.0.0.1:{fault_proxy.port} answered what "
+        "dractl cannot read: the API server's /version names no version: major None, minor None"
+    ), line
+
+
 @pytest.mark.parametrize(
     ("args", "flag"),
     [(["--kube-api-qps", "-1"], "--kube-api-qps"), (["--health-port", "port"], "--health-port")],
