@@ -512,7 +512,7 @@ class Agent:
         Only `kube_client.Transient` is waited for (and only with `stopping`): each failed try is one warning naming
         the server, the error and the delay before the next, and /healthz answers 200 saying so, since restarting
         the agent cannot bring an API server back. Every other error (a refusal, a too-old server, a taken port)
-        goes up at once. May be called again after a failed try: every request is a read or a dry run.
+        goes up at once. Each try sends every request again, which is safe: all are reads or dry runs.
         """
         # While waiting, one attempt per request, bounded: a try must not outlast a SIGTERM by minutes (same pool
         # and limiter). Without a wait, the client's own retries are the only ones.
