@@ -7,8 +7,10 @@ this node's slices and its Node, so a slice deleted or edited by someone else (o
 registered again) is republished within seconds; builds the claim state (`state`), starts the
 health monitor (`health`; its taints republish the slices), the kubelet plugin (`plugin`),
 Prometheus metrics and a liveness endpoint (`liveness`: one gRPC call over each socket, no
-call stuck, the Node exists, the API holds the node's slices), both bound before anything else
-so a taken port is one line naming its flag. Then it waits for SIGTERM/SIGINT and shuts down:
+call stuck, the Node exists, the API holds the node's slices), both bound before anything is
+published or served so a taken port is one line naming its flag. An API server it cannot reach
+at start is waited for in the process (with a back-off, /healthz answering 200 meanwhile, a
+SIGTERM ending the wait). Then it waits for SIGTERM/SIGINT and shuts down:
 sockets removed, slices left in place (the kubelet wipes them 30 s after the driver is gone,
 and a restart within that window keeps them).
 
@@ -30,6 +32,7 @@ import ipaddress
 import pathlib
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -88,6 +91,14 @@ REPAIRS_BEFORE_HINT = 3
 STUCK_CALL_S = 120.0
 # The oldest Kubernetes whose API server serves resource.k8s.io/v1, the only version dractl writes.
 MIN_KUBERNETES = (1, 34)
+# An API server the agent cannot reach at start is tried again in the process after 1 s, doubling to 30 s: the agent is
+# up within seconds of the server's return (an agent that exited would wait out the kubelet's restart back-off, up to
+# 5 min), and a fleet of nodes waiting for one control plane does not press it harder than every 30 s each.
+API_WAIT_FIRST_S = 1.0
+API_WAIT_MAX_S = 30.0
+# Each try while waiting is one attempt per request, bounded by this, rather than the client's 5 attempts of 30 s: the
+# wait is the retry, and a SIGTERM must not wait minutes for a try sent to a server that drops packets.
+API_TRY_TIMEOUT_S = 10.0
 
 
 # --- metrics ---------------------------------------------------------------------------------------
@@ -267,6 +278,9 @@ class Agent:
         self._publisher = publisher
         self._api: publish.Publisher | None = None
         self._server = "(injected client)"  # The API server's URL once `_start` connects, for start-up errors.
+        self._client: kube_client.Client | None = None  # The client `_start` built (closed by `stop()`), if any.
+        # While the start waits for the API server: what /healthz answers (200), naming the server and the last error.
+        self._waiting: str | None = None
         self._watch: publish.Watch | None = None
         self._layout = slices.Layout.SPLIT
         self._publish_taints = True
@@ -301,11 +315,18 @@ class Agent:
             pod_uid=self.settings.pod_uid,
         )
 
-    def start(self) -> None:
-        """Bring the agent up. Raises AgentError with one line when something cannot start
-        (the caller exits 1); what was started is stopped again first."""
+    def start(self, stopping: threading.Event | None = None) -> bool:
+        """Bring the agent up; True once it serves. Raises AgentError with one line when something cannot start
+        (the caller exits 1); what was started is stopped again first.
+
+        With `stopping`, an API server that cannot be reached (`kube_client.Transient`: no connection, 5xx, 429) is
+        waited for, tried again from `API_WAIT_FIRST_S` doubling to `API_WAIT_MAX_S`, while /healthz answers 200
+        naming the wait; `stopping` set during the wait ends it (at once, or once a try already sent ends, within
+        `API_TRY_TIMEOUT_S`), and start returns False with nothing left running. Without `stopping` an unreachable
+        server is an AgentError at once, as a refusal or a too-old server always is.
+        """
         try:
-            self._start()
+            started = self._start(stopping)
         except AgentError:
             self.stop()
             raise
@@ -327,11 +348,21 @@ class Agent:
         except kube_client.ApiError as err:
             self.stop()
             raise AgentError(_api_failure(self._server, err)) from err
+        except kube_client.BadObject as err:
+            self.stop()
+            raise AgentError(
+                f"cannot start: the API server {self._server} answered what dractl cannot read: {err}"
+            ) from err
         except OSError as err:
             self.stop()
             raise AgentError(f"cannot start: {err}") from err
+        if not started:
+            _log.info("node agent stopped while waiting for the API server", server=self._server)
+            self.stop()
+        return started
 
-    def _start(self) -> None:
+    def _start(self, stopping: threading.Event | None) -> bool:
+        """`start`'s work: False when `stopping` was set while it waited for the API server."""
         s = self.settings
         # Before anything is touched: a running agent serving these sockets (a second agent without
         # --pod-uid) makes this one refuse to start.
@@ -339,13 +370,11 @@ class Agent:
         # Names before any state is written: fake GPUs keep their state for the node they were made for.
         slices.check_names(s.node_name, s.driver_name)
         state_dir = s.plugin_state_dir
-        try:
-            state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise OSError(
-                f"cannot create the state directory {state_dir} (--state-dir; default: --kubelet-plugins-dir/"
-                f"<driver name>): {err.strerror or err}"
-            ) from err
+        _writable_dir(
+            state_dir, what="the state directory", flag="--state-dir; default: --kubelet-plugins-dir/<driver name>"
+        )
+        # Checked here rather than at the first prepare, which would fail, as every later one, with the same message.
+        _writable_dir(s.cdi_root, what="the CDI directory", flag="--cdi-root")
         fake = s.device_source is config.DeviceSource.FAKE
         if self._gpus is None:
             # The fake keeps its MIG instances in the state dir, so a restarted agent finds the
@@ -356,16 +385,22 @@ class Agent:
         gpus = self._gpus
         self._inventory = inventory.read(gpus)
         client = _connect(s) if self._claims is None or self._publisher is None else None
-        # The ports before anything is published or served: a taken one stops the start with one line.
-        self._listen(client)
+        self._client = client
+        # The ports before anything is published or served: a taken one stops the start with one line. /healthz
+        # first, so it answers while the start waits for the API server; /metrics once its address is known (by
+        # default the Node's, read through the API).
+        self._listen_health()
+        if s.metrics_address is not None or client is None:
+            self._listen_metrics(s.metrics_address if s.metrics_address is not None else _LOOPBACK)
         if client is not None:
             self._server = client.host
+            if not self._reach_api(client, stopping):
+                return False
             if self._claims is None:
                 self._claims = kube_claims.ApiClaimSource(client)
             if self._publisher is None:
                 self._api = publish.Publisher(client, driver=s.driver_name, node_name=s.node_name)
                 self._publisher = self._api
-                self._check_server(self._api)
             self._recorder = kube_events.Recorder(client, host=s.node_name)
         assert self._claims is not None  # Injected, or made above from the client built when it was not.
         untainted = self._build({})
@@ -439,6 +474,7 @@ class Agent:
             health=self._address(self.health_port),
             metrics=self._address(self.metrics_port),
         )
+        return True
 
     def _common_edits(self, state_dir: pathlib.Path) -> cdi.CommonEdits:
         """Where the driver's files in every claim spec come from, checked now so that a wrong
@@ -468,9 +504,54 @@ class Agent:
         native.check()
         return native
 
-    def _listen(self, client: kube_client.Client | None) -> None:
-        """Bind /healthz and /metrics. A port that is taken or an address that is not this host's is an AgentError
-        naming the flags; the metrics address defaults to the Node's InternalIP (loopback without one)."""
+    def _reach_api(self, client: kube_client.Client, stopping: threading.Event | None) -> bool:
+        """Ask the API server what the start needs from it until it answers: its version and the fields it keeps
+        (`_check_server`, unless a publisher was injected) and, without --metrics-address, the Node's address, on
+        which /metrics is then bound. True once it answered; False when `stopping` was set while waiting.
+
+        Only `kube_client.Transient` is waited for (and only with `stopping`): each failed try is one warning naming
+        the server, the error and the delay before the next, and /healthz answers 200 saying so, since restarting
+        the agent cannot bring an API server back. Every other error (a refusal, a too-old server, a taken port)
+        goes up at once. Each try sends every request again, which is safe: all are reads or dry runs.
+        """
+        # While waiting, one attempt per request, bounded: a try must not outlast a SIGTERM by minutes (same pool
+        # and limiter). Without a wait, the client's own retries are the only ones.
+        trying = client
+        if stopping is not None:
+            trying = kube_client.Client(
+                client.api_client,
+                field_manager=client.field_manager,
+                attempts=1,
+                timeout=API_TRY_TIMEOUT_S,
+                limiter=client.limiter,
+            )
+        s = self.settings
+        delay = API_WAIT_FIRST_S
+        self._waiting = f"waiting for the API server {client.host}"
+        while True:
+            try:
+                if self._publisher is None:
+                    self._check_server(publish.Publisher(trying, driver=s.driver_name, node_name=s.node_name))
+                if s.metrics_address is None and s.metrics_port >= 0:
+                    self._listen_metrics(_node_address(trying, s.node_name))
+            except kube_client.Transient as err:
+                if stopping is None:
+                    raise
+                error = _reason(err)
+                self._waiting = f"waiting for the API server {client.host}: {error}"
+                _log.warning(
+                    "cannot reach the API server; trying again", server=client.host, error=error, retry_in_s=delay
+                )
+                if stopping.wait(delay):
+                    return False
+                delay = min(delay * 2, API_WAIT_MAX_S)
+            else:
+                self._waiting = None
+                return True
+
+    def _listen_health(self) -> None:
+        """Bind /healthz (unless off). A port that is taken or an address that is not this host's is an AgentError
+        naming the flags."""
         s = self.settings
         if s.health_port >= 0:
             self.health_port = self._bind(
@@ -479,9 +560,12 @@ class Agent:
                 route=("/healthz", self.healthz),
                 flags=("--health-address", "--health-port"),
             )
+
+    def _listen_metrics(self, host: str) -> None:
+        """Bind /metrics on `host` (unless off), as `_listen_health` binds /healthz."""
+        s = self.settings
         if s.metrics_port >= 0:
             registry = self.metrics.registry
-            host = s.metrics_address if s.metrics_address is not None else _node_address(client, s.node_name)
             self.metrics_port = self._bind(
                 host=host,
                 port=s.metrics_port,
@@ -574,6 +658,10 @@ class Agent:
         if self._gpus is not None:
             self._gpus.close()
             self._gpus = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        self._waiting = None
 
     def tick(self) -> None:
         """Periodic work from the main loop: have a failed publish retried (by the current
@@ -708,7 +796,12 @@ class Agent:
 
     def healthz(self) -> daemon.Answer:
         """/healthz: 200 when both sockets answer, no call is stuck, the Node exists and the API has held this
-        node's slices within the grace; else 503 with one line per problem."""
+        node's slices within the grace; else 503 with one line per problem. While the start waits for the API
+        server, 200 with one line saying so: a restart cannot bring the server back, so it is not a liveness
+        failure (the chart's probe would otherwise restart the agent into the kubelet's back-off)."""
+        waiting = self._waiting
+        if waiting is not None:
+            return 200, daemon.TEXT, f"{waiting}\n"
         problems = []
         current = self.plugin
         problems.extend(plugin.probe(current.sockets) if current is not None else ["the plugin is not serving yet"])
@@ -738,17 +831,20 @@ def _discover_settings(settings: config.NodeAgent) -> config.Discover:
     )
 
 
-def _node_address(client: kube_client.Client | None, node_name: str) -> str:
-    """The Node's first InternalIP, or loopback when there is no client, no such Node or no such address."""
-    if client is not None:
-        try:
-            node = client.get(kube_client.NODES, node_name)
-        except kube_client.ApiError as err:
-            _log.warning("cannot read the Node's address; /metrics listens on loopback", node=node_name, error=str(err))
-            return _LOOPBACK
-        for address in (node.get("status") or {}).get("addresses") or ():
-            if isinstance(address, dict) and address.get("type") == "InternalIP" and address.get("address"):
-                return str(address["address"])
+def _node_address(client: kube_client.Client, node_name: str) -> str:
+    """The Node's first InternalIP, or loopback when there is no such Node or no such address. Raises
+    `kube_client.Transient` when the API server does not answer (the start waits for it: an address read later is
+    the Node's, where loopback would stay for good)."""
+    try:
+        node = client.get(kube_client.NODES, node_name)
+    except kube_client.Transient:
+        raise
+    except kube_client.ApiError as err:
+        _log.warning("cannot read the Node's address; /metrics listens on loopback", node=node_name, error=str(err))
+        return _LOOPBACK
+    for address in (node.get("status") or {}).get("addresses") or ():
+        if isinstance(address, dict) and address.get("type") == "InternalIP" and address.get("address"):
+            return str(address["address"])
     _log.info("the Node has no InternalIP; /metrics listens on loopback", node=node_name)
     return _LOOPBACK
 
@@ -761,6 +857,27 @@ def _api_failure(server: str, err: kube_client.ApiError) -> str:
     if isinstance(err, kube_client.Transient) and err.status == 0:
         return f"cannot start: cannot reach the API server {server}: {err.message}"
     return f"cannot start: the API server {server} answered: {err}"
+
+
+def _reason(err: kube_client.Transient) -> str:
+    """Why a try to reach the API server failed, for the wait's warning and /healthz: the connection's error, or the
+    answer (`503 ServiceUnavailable: ...`). Pure."""
+    return err.message if err.status == 0 else str(err)
+
+
+def _writable_dir(path: pathlib.Path, *, what: str, flag: str) -> None:
+    """Create `path` when missing and prove it writable by creating and removing a temporary file there (named as
+    `checkpoint.write_atomically` names its temporary files, which CDI runtimes ignore). Raises OSError with one line
+    naming `what`, the directory, `flag` and the OS error. Idempotent."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OSError(f"cannot create {what} {path} ({flag}): {err.strerror or err}") from err
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".dractl-write-check.", suffix=".tmp"):
+            pass
+    except OSError as err:
+        raise OSError(f"cannot write to {what} {path} ({flag}): {err.strerror or err}") from err
 
 
 def _connect(settings: config.NodeAgent) -> kube_client.Client:
@@ -783,28 +900,32 @@ def run(
 ) -> int:
     """Run the node agent until SIGTERM/SIGINT (or `stop` is set); return the exit code.
 
-    0 after a clean shutdown; 1 with one line on `err` (stderr) when the agent cannot start.
-    `agent` replaces the one built from `settings` (tests inject collaborators that way).
+    0 after a clean shutdown, also one while the start waits for the API server; 1 with one line on `err` (stderr)
+    when the agent cannot start. `agent` replaces the one built from `settings` (tests inject collaborators that way).
     """
     out = err if err is not None else sys.stderr
     daemon.configure_logging(settings.log_format, stream=out)
     stopping = stop if stop is not None else threading.Event()
     if agent is None:
         agent = Agent(settings)
-    try:
-        agent.start()
-    except AgentError as error:
-        print(f"dractl node-agent: error: {error}", file=out)
-        return EXIT_FAILED
+    # Installed before the start, so a SIGTERM while it waits for the API server ends the wait (exit 0).
     previous = daemon.install_signal_handlers(stopping.set)
     try:
-        while not stopping.wait(timeout=5.0):
-            try:
-                agent.tick()
-            except Exception:  # noqa: BLE001 - periodic housekeeping must never take the plugin down
-                _log.exception("node agent: periodic work failed; retrying at the next tick")
+        try:
+            if not agent.start(stopping):
+                return EXIT_OK
+        except AgentError as error:
+            print(f"dractl node-agent: error: {error}", file=out)
+            return EXIT_FAILED
+        try:
+            while not stopping.wait(timeout=5.0):
+                try:
+                    agent.tick()
+                except Exception:  # noqa: BLE001 - periodic housekeeping must never take the plugin down
+                    _log.exception("node agent: periodic work failed; retrying at the next tick")
+        finally:
+            _log.info("node agent stopping")
+            agent.stop()
     finally:
-        _log.info("node agent stopping")
-        agent.stop()
         daemon.restore_signal_handlers(previous)
     return EXIT_OK

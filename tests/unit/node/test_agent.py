@@ -184,6 +184,13 @@ def test_stop_removes_sockets_and_leaves_slices(node_agent: agent.Agent, publish
     assert all(len(slices) > 0 for slices in publisher.published)
 
 
+def test_a_start_creates_a_missing_cdi_root_and_leaves_nothing_in_it(node_agent: agent.Agent) -> None:
+    """Guards: the start-up check of --cdi-root creates the directory (missing in the fixture's settings) and removes
+    the file that proved it writable, so the runtime never reads anything there but claim specs."""
+    assert node_agent.settings.cdi_root.is_dir()
+    assert list(node_agent.settings.cdi_root.iterdir()) == []
+
+
 def test_a_failed_publish_is_retried(
     settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
 ) -> None:

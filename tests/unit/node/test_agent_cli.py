@@ -5,10 +5,8 @@ from __future__ import annotations
 import pathlib
 import re
 
-import controlplane
 import faultproxy
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from dractl import cli
@@ -115,19 +113,34 @@ def test_a_state_dir_that_cannot_be_made_is_one_line_naming_the_flag(dirs: list[
     assert len(lines) == 1 and f"cannot create the state directory {state} (--state-dir" in lines[0]
 
 
-def test_an_api_server_nothing_answers_is_one_line_naming_it_and_exit_1(
-    dirs: list[str], tmp_path: pathlib.Path
+@pytest.mark.parametrize(
+    ("case", "failure"),
+    [
+        ("under-a-regular-file", "cannot create the CDI directory {path} (--cdi-root): Not a directory"),
+        ("sysfs", "cannot write to the CDI directory {path} (--cdi-root): "),
+    ],
+    ids=["under-a-regular-file", "a-directory-nobody-may-write"],
+)
+def test_a_cdi_root_that_cannot_be_made_or_written_is_one_line_naming_the_flag(
+    case: str, failure: str, dirs: list[str], sock_dir: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
-    """Guards: an API server that cannot be reached at start is one line saying so and naming its URL (not "the API
-    server answered: 0 ..."), exit 1, no traceback."""
-    kubeconfig = controlplane.unreachable_kubeconfig(tmp_path / "kubeconfig")
-    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    """Guards: a --cdi-root that cannot be created (a path under a regular file) or written to stops the start with
+    one line naming the directory, the flag and the OS error, exit 1, before any socket is made (not an agent whose
+    every prepare fails). The unwritable directory is /sys, where sysfs lets nobody create a file, root included
+    (root ignores a directory's mode bits)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    path = blocker / "cdi" if case == "under-a-regular-file" else pathlib.Path("/sys")
+    if case == "sysfs" and not path.is_dir():
+        pytest.skip("no /sys on this machine, the one directory root cannot write to")
     result = CliRunner().invoke(
-        cli.main, ["node-agent", "--node-name", "n1", "--device-source", "fake", "--kubeconfig", str(kubeconfig), *dirs]
+        cli.main, ["node-agent", "--node-name", "n1", "--device-source", "fake", *dirs, "--cdi-root", str(path)]
     )
     assert result.exit_code == 1
     [line] = result.stderr.splitlines()
-    assert line.startswith(f"dractl node-agent: error: cannot start: cannot reach the API server {server}: "), line
+    assert line.startswith(f"dractl node-agent: error: cannot start: {failure.format(path=path)}"), line
+    assert line.rsplit(": ", 1)[1] in {"Not a directory", "Permission denied", "Read-only file system"}, line
+    assert not (sock_dir / "reg").exists() and not (sock_dir / "plugins" / "gpu.nvidia.com" / "dra.sock").exists()
 
 
 def test_an_api_server_that_refuses_is_one_line_naming_it_and_its_answer(
@@ -153,6 +166,25 @@ def test_an_api_server_that_refuses_is_one_line_naming_it_and_its_answer(
     [line] = result.stderr.splitlines()
     assert line.startswith(
         f"dractl node-agent: error: cannot start: the API server https://127.0.0.1:{fault_proxy.port} answered: 403 "
+    ), line
+
+
+def test_an_api_server_whose_version_names_no_version_is_one_line_naming_it(
+    dirs: list[str], fault_proxy: faultproxy.FaultProxy
+) -> None:
+    """Guards: a /version answer the agent cannot read (200 without major and minor) is one line naming the server
+    and what is missing, exit 1, not a traceback (a crash loop)."""
+    fault_proxy.add(faultproxy.respond(200, path="/version", count=None))
+    result = CliRunner().invoke(
+        cli.main,
+        ["node-agent", "--node-name", "n1", "--device-source", "fake", "--kubeconfig", str(fault_proxy.kubeconfig)]
+        + dirs,
+    )
+    assert result.exit_code == 1, result.output
+    [line] = result.stderr.splitlines()
+    assert line == (
+        f"dractl node-agent: error: cannot start: the API server https://127.0.0.1:{fault_proxy.port} answered what "
+        "dractl cannot read: the API server's /version names no version: major None, minor None"
     ), line
 
 
