@@ -20,6 +20,7 @@ import click
 
 import dractl
 from dractl import config, simulate
+from dractl.model import decode
 
 
 class _Program:
@@ -164,9 +165,10 @@ def _seconds(flag: str, *, default: float, what: str) -> Callable[[_F], _F]:
     "--file",
     "files",
     multiple=True,
-    type=click.Path(exists=True, path_type=pathlib.Path),
-    help="Manifest file or directory, repeatable; DRACTL_FILE takes a ':'-separated list (default: the built-in "
-    "example cluster).",
+    type=click.Path(exists=True, allow_dash=True, path_type=pathlib.Path),
+    callback=lambda _context, _param, files: _stdin_once(files),
+    help="Manifest file or directory ('-' reads stdin, once), repeatable; DRACTL_FILE takes a ':'-separated list "
+    "(default: the built-in example cluster).",
 )
 @_policy()
 @_output(
@@ -266,6 +268,14 @@ def simulate_command(
 
         _exit_writing(lambda: replay.run(settings, out=sys.stdout, err=sys.stderr))
     _exit_writing(lambda: simulate.run(settings, out=sys.stdout, err=sys.stderr), quick=True)
+
+
+def _stdin_once(files: tuple[pathlib.Path, ...]) -> tuple[pathlib.Path, ...]:
+    """The -f paths, refused (exit 2, naming the flag) when they name standard input twice: the
+    first `-` reads it to its end, so a second would find it empty."""
+    if sum(str(file) == decode.STDIN for file in files) > 1:
+        raise click.BadParameter(f"{decode.STDIN!r} is given more than once: standard input can be read once")
+    return files
 
 
 def _exit_writing(run: Callable[[], int], *, quick: bool = False) -> NoReturn:

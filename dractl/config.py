@@ -39,7 +39,8 @@ class Retry(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Simulate:
-    """Settings of `dractl simulate`. No `paths` means the built-in example cluster.
+    """Settings of `dractl simulate`. No `paths` means the built-in example cluster; the path `-`
+    is standard input (at most once).
 
     `trace` replays a trace file (`-` for stdin) instead of the manifests; `generate` is a
     generator spec whose trace is printed instead of simulating. `compare` lists the policies

@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import pathlib
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -460,12 +459,6 @@ def _flag_problem(settings: config.Simulate) -> str | None:
     return None
 
 
-def _load(path: pathlib.Path) -> trace.Trace:
-    if str(path) == "-":
-        return trace.parse_text(sys.stdin.read(), file="<stdin>")
-    return trace.load(path)
-
-
 def _cluster_objects(tr: trace.Trace) -> model.Objects:
     """The cluster plus every arriving claim, for the selector check `simulate -f` makes."""
     arriving = tuple(e.object for e in tr.events if isinstance(e, trace.Arrival))
@@ -482,7 +475,7 @@ def _replay_and_report(
     settings: config.Simulate, path: pathlib.Path, *, out: TextIO, err: TextIO, timer: timing.Timer | None
 ) -> int:
     try:
-        tr = _load(path)
+        tr = trace.load(path)
     except trace.TraceError as error:
         for line in error.problems:
             print(line, file=err)

@@ -159,10 +159,12 @@ class Trace:
 
 
 def load(path: str | pathlib.Path) -> Trace:
-    """Read and validate one trace file; raises `TraceError` naming the file. Reads the file only."""
-    file = str(path)
+    """Read and validate one trace file, or standard input for `-` (named `<stdin>`), as `simulate -f`
+    reads its inputs; raises `TraceError` naming the input. Reads the file (or standard input) only."""
+    file = decode.input_name(path)
     try:
-        text = pathlib.Path(path).read_text(encoding="utf-8")
+        with decode.open_text(path) as stream:
+            text = stream.read()
     except (OSError, UnicodeDecodeError) as error:
         raise TraceError([f"{file}: cannot read: {error}"]) from None
     return parse_text(text, file=file)

@@ -1,7 +1,8 @@
 """Decode and validate manifests (YAML or JSON) into model values, with the API's defaults applied.
 
 What it does: reads files, directories (recursively: `*.yaml`, `*.yml`, `*.json`, sorted by
-path), multi-document YAML, JSON and `kind: List` (or any `*List` with `items`), and turns
+path), standard input for the path `-` (named `<stdin>` in messages), multi-document YAML,
+JSON and `kind: List` (or any `*List` with `items`), and turns
 `resource.k8s.io/v1` DeviceClass, ResourceSlice, ResourceClaim and ResourceClaimTemplate
 objects plus core/v1 Pod and Node into `types` values. `v1beta2` has the same shape as `v1`;
 `v1beta1` is converted (request fields inline instead of under `exactly`, devices wrapped in
@@ -41,10 +42,30 @@ is `yaml11`'s PyYAML path (anchors, tags, errors), imported only when a document
 What it must not do: compile or evaluate CEL (`dractl.cel` does, one layer up; only empty
 and over-long expressions are refused here), check that referenced DeviceClasses exist (the
 allocator reports missing classes), talk to an API server, or allocate. Pure apart from
-reading the given paths.
+reading the given paths (standard input for `-`).
+
+`open_text(path)` and `input_name(path)` are how every reader of a path a user gives (the
+trace of `simulate --trace` too) opens it and names it, so `-` means standard input alike.
 """
 
-from dractl.model.decode.loading import load_documents, load_object, load_paths, load_text
+from dractl.model.decode.loading import (
+    STDIN,
+    input_name,
+    load_documents,
+    load_object,
+    load_paths,
+    load_text,
+    open_text,
+)
 from dractl.model.decode.problems import DecodeError
 
-__all__ = ["DecodeError", "load_documents", "load_object", "load_paths", "load_text"]
+__all__ = [
+    "STDIN",
+    "DecodeError",
+    "input_name",
+    "load_documents",
+    "load_object",
+    "load_paths",
+    "load_text",
+    "open_text",
+]

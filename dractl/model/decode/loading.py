@@ -1,6 +1,7 @@
 """Reading manifests: files and directories -> text -> documents -> decoded objects.
 
-What it does: walks the given paths, reads each file (at most `MAX_FILE_BYTES`), parses JSON
+What it does: walks the given paths, reads each file (at most `MAX_FILE_BYTES`; the path `-` is
+standard input, named `<stdin>` in messages: `open_text`, `input_name`), parses JSON
 with the json module (far faster than a YAML parser) and everything else with `yaml11`
 (YAML as kubectl reads it), and hands each document to `dispatch`. Every problem names the
 file; syntax errors also name the line and column. Hostile input is bounded here: nesting
@@ -8,18 +9,21 @@ depth before a recursive parser runs, integers of thousands of digits, alias bom
 `yaml11`), and a document whose decoding still recurses too deeply becomes one message.
 
 What it must not do: validate fields (the kind modules do) or write anything. Pure apart
-from reading the given paths.
+from reading the given paths (and standard input, for `-`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
+import io
 import json
 import os
 import pathlib
+import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from dractl.model import types
 from dractl.model.decode import dispatch, problems, yaml11
@@ -30,15 +34,21 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 # integer fits in 64 bits, so such numbers are read as floats, as Go's JSON decoder reads them.
 _INT_DIGITS = 20
 
+# The path that means standard input, as in `kubectl apply -f -`, and its name in messages.
+STDIN = "-"
+STDIN_NAME = "<stdin>"
+
 Decoded = (
     types.DeviceClass | types.ResourceSlice | types.ResourceClaim | types.ResourceClaimTemplate | types.Pod | types.Node
 )
 
 
 def load_paths(paths: Sequence[str | os.PathLike[str]]) -> types.Objects:
-    """Decode files and directories (recursively, `*.yaml`/`*.yml`/`*.json`, sorted).
+    """Decode files and directories (recursively, `*.yaml`/`*.yml`/`*.json`, sorted), and standard
+    input for `-`.
 
-    Raises `problems.DecodeError` with every problem of every file. Reads the files; otherwise pure.
+    Raises `problems.DecodeError` with every problem of every file. Reads the files, and standard
+    input to its end for `-`: give `-` at most once (a second read finds it empty). Otherwise pure.
     """
     out = problems.Results()
     with _without_gc():
@@ -47,14 +57,46 @@ def load_paths(paths: Sequence[str | os.PathLike[str]]) -> types.Objects:
     return out.finish()
 
 
+def input_name(path: str | os.PathLike[str]) -> str:
+    """How messages name an input: `<stdin>` for `-`, otherwise the path as given. Pure."""
+    return STDIN_NAME if os.fspath(path) == STDIN else os.fspath(path)
+
+
+@contextlib.contextmanager
+def open_text(path: str | os.PathLike[str]) -> Iterator[TextIO]:
+    """Open one input as UTF-8 text: a file or a pipe, or standard input for `-`.
+
+    Standard input is read the way a file is (UTF-8 whatever the locale, universal newlines)
+    and left open on exit. Raises `OSError` when the input cannot be opened, standard input
+    included when it is closed (`<&-`); reading raises `UnicodeDecodeError` for text that is not
+    UTF-8. Reads nothing itself.
+    """
+    if os.fspath(path) != STDIN:
+        with open(path, encoding="utf-8") as stream:
+            yield stream
+        return
+    # sys.stdin is None when the process started with file descriptor 0 closed.
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:
+        raise OSError(errno.EBADF, "standard input is closed")
+    stream = io.TextIOWrapper(buffer, encoding="utf-8")
+    try:
+        yield stream
+    finally:
+        stream.detach()  # closing the wrapper would close standard input
+
+
 def _load_path(out: problems.Results, path: pathlib.Path) -> None:
-    """One given path: a file, or a directory's manifests (recursively, sorted).
+    """One given path: a file, a directory's manifests (recursively, sorted), or standard input (`-`).
 
     A given file, or a directory as a whole, that holds no object is a problem: an empty
     input is a mistake (a failed `kubectl get ... > file`), not a cluster without devices.
-    A pipe is read like a file (`-f <(kubectl get resourceslices -o yaml)`), bounded alike.
+    A pipe, standard input included, is read like a file (`-f <(kubectl get resourceslices -o yaml)`),
+    bounded alike.
     """
-    if path.is_dir():
+    if str(path) == STDIN:
+        files = [path]
+    elif path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".yaml", ".yml", ".json"))
         if not files:
             out.problems.append(f"{path}: no manifests (*.yaml, *.yml, *.json) in this directory")
@@ -65,32 +107,42 @@ def _load_path(out: problems.Results, path: pathlib.Path) -> None:
         return
     held = False  # whether any file held an object, or a problem of its own
     for file in files:
-        limit = f"{MAX_FILE_BYTES // (1024 * 1024)} MiB: split the manifests into several files"
-        try:
+        name = input_name(file)
+        text = _read(out, file, name)
+        if text is None:
+            held = True
+            continue
+        held = _load_text(out, text, name) or held
+    if files and not held:
+        if str(path) == STDIN:
+            what = "standard input is"
+        else:
+            what = "the manifests of this directory are" if path.is_dir() else "the file is"
+        out.problems.append(f"{input_name(path)}: no Kubernetes objects: {what} empty or only comments")
+
+
+def _read(out: problems.Results, file: pathlib.Path, name: str) -> str | None:
+    """The text of one input, or None with its problem (named `name`) added to `out`."""
+    limit = f"{MAX_FILE_BYTES // (1024 * 1024)} MiB: split the manifests into several files"
+    try:
+        if str(file) != STDIN:
             size = file.stat().st_size
             if size > MAX_FILE_BYTES:
-                out.problems.append(f"{file}: {size} bytes is larger than {limit}")
-                held = True
-                continue
-            # A pipe's size is not known ahead: read one character past the limit to see it.
-            with file.open(encoding="utf-8") as stream:
-                text = stream.read(MAX_FILE_BYTES + 1)
-        except UnicodeDecodeError:
-            out.problems.append(f"{file}: cannot read: not UTF-8 text (a binary file?); manifests are YAML or JSON")
-            held = True
-            continue
-        except OSError as error:
-            out.problems.append(f"{file}: cannot read: {error}")
-            held = True
-            continue
-        if len(text) > MAX_FILE_BYTES:
-            out.problems.append(f"{file}: more than {limit}")
-            held = True
-            continue
-        held = _load_text(out, text, str(file)) or held
-    if files and not held:
-        what = "the manifests of this directory are" if path.is_dir() else "the file is"
-        out.problems.append(f"{path}: no Kubernetes objects: {what} empty or only comments")
+                out.problems.append(f"{name}: {size} bytes is larger than {limit}")
+                return None
+        # A pipe's size is not known ahead: read one character past the limit to see it.
+        with open_text(file) as stream:
+            text = stream.read(MAX_FILE_BYTES + 1)
+    except UnicodeDecodeError:
+        out.problems.append(f"{name}: cannot read: not UTF-8 text (a binary file?); manifests are YAML or JSON")
+        return None
+    except OSError as error:
+        out.problems.append(f"{name}: cannot read: {error}")
+        return None
+    if len(text) > MAX_FILE_BYTES:
+        out.problems.append(f"{name}: more than {limit}")
+        return None
+    return text
 
 
 @contextlib.contextmanager

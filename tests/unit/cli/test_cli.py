@@ -91,8 +91,8 @@ FLAGS = {
 TIMING = re.compile(r"claims_per_s=[0-9]+\.[0-9]+")
 
 
-def _invoke(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli.main, list(args), env=env, catch_exceptions=False)
+def _invoke(*args: str, env: dict[str, str] | None = None, stdin: str | bytes | None = None) -> Result:
+    return CliRunner().invoke(cli.main, list(args), env=env, input=stdin, catch_exceptions=False)
 
 
 @pytest.fixture
@@ -160,6 +160,120 @@ def test_env_vars_mirror_flags(manifests: pathlib.Path, bad: pathlib.Path) -> No
     assert both.exit_code == 1 and str(bad) in both.stderr
     limited = _invoke("simulate", env={"DRACTL_SEARCH_LIMIT": "0"})
     assert limited.exit_code == 2 and "DRACTL_SEARCH_LIMIT" not in limited.stdout and "--search-limit" in limited.stderr
+
+
+def test_dash_reads_the_manifests_from_stdin(manifests: pathlib.Path) -> None:
+    """Guards: `-f -` (and DRACTL_FILE=-) reads the manifests from standard input, with the same result as the file."""
+    from_file = _invoke("simulate", "-f", str(manifests), "-o", "json")
+    from_stdin = _invoke("simulate", "-f", "-", "-o", "json", stdin=MANIFESTS)
+    from_env = _invoke("simulate", "-o", "json", env={"DRACTL_FILE": "-"}, stdin=MANIFESTS)
+    assert from_file.exit_code == from_stdin.exit_code == from_env.exit_code == 0, from_stdin.stderr
+    assert json.loads(from_file.stdout)["summary"]["allocated"] == 1
+    assert from_stdin.stdout == from_env.stdout == from_file.stdout
+
+
+def test_dash_goes_with_other_files_and_an_object_in_both_is_refused_naming_both(tmp_path: pathlib.Path) -> None:
+    """Guards: `-f -` with other -f files decodes all of them together (the cluster from a file, the claims from stdin),
+    and an object given both on stdin and in a file is refused naming `<stdin>` and the file, in the order given."""
+    first_claim = "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: fits}"
+    cluster, claims = MANIFESTS.split("---\n" + first_claim)
+    claims = first_claim + claims
+    (tmp_path / "cluster.yaml").write_text(cluster)
+    (tmp_path / "claims.yaml").write_text(claims)
+    together = _invoke("simulate", "-f", str(tmp_path / "cluster.yaml"), "-f", "-", "-o", "json", stdin=claims)
+    assert together.exit_code == 0, together.stderr
+    assert json.loads(together.stdout)["summary"]["allocated"] == 1
+    twice = "given twice, first in {} (document {}); the API holds one object per name: remove one or rename it"
+    stdin_first = _invoke("simulate", "-f", "-", "-f", str(tmp_path / "claims.yaml"), stdin=MANIFESTS)
+    assert stdin_first.exit_code == 1 and stdin_first.stdout == ""
+    assert stdin_first.stderr.splitlines() == [
+        f"{tmp_path / 'claims.yaml'}: ResourceClaim default/{name}: metadata.name: {twice.format('<stdin>', document)}"
+        for name, document in (("fits", 3), ("too-big", 4))
+    ] + [
+        f"{tmp_path / 'claims.yaml'}: Pod default/{name}: metadata.name: {twice.format('<stdin>', document)}"
+        for name, document in (("one", 5), ("two", 6))
+    ]
+    file_first = _invoke("simulate", "-f", str(tmp_path / "cluster.yaml"), "-f", "-", stdin=cluster)
+    assert file_first.exit_code == 1
+    assert file_first.stderr.splitlines()[0] == (
+        f"<stdin>: DeviceClass gpu.example.com: metadata.name: {twice.format(tmp_path / 'cluster.yaml', 1)}"
+    )
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"DRACTL_FILE": f"-{os.pathsep}-"}],
+    ids=["flag-twice", "env-var-twice"],
+)
+def test_stdin_given_twice_is_a_usage_error_naming_the_flag(env: dict[str, str]) -> None:
+    """Guards: a second `-` (in -f or DRACTL_FILE) is exit 2 naming -f and saying stdin can be read once, before any
+    input is read, instead of the second read finding standard input empty."""
+    args = ("simulate",) if env else ("simulate", "-f", "-", "-f", "-")
+    result = _invoke(*args, env=env, stdin=MANIFESTS)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        "Error: Invalid value for '-f' / '--file' (env var: 'DRACTL_FILE'): '-' is given more than once: "
+        "standard input can be read once"
+    )
+
+
+@pytest.mark.parametrize(
+    ("stdin", "problem"),
+    [
+        ("", "no Kubernetes objects: standard input is empty or only comments"),
+        ("# nothing yet\n---\n", "no Kubernetes objects: standard input is empty or only comments"),
+        (b"\x89PNG\r\n\x1a\n\xff\xfe", "cannot read: not UTF-8 text (a binary file?); manifests are YAML or JSON"),
+        ("a: [\n", "line 2, column 1: YAML syntax error: while parsing a flow node did not find expected node content"),
+    ],
+    ids=["empty", "only-comments", "binary", "syntax-error"],
+)
+def test_bad_stdin_is_one_line_naming_stdin(stdin: str | bytes, problem: str) -> None:
+    """Guards: empty, comment-only, binary or unparsable standard input is exit 1 with the problem an empty, binary or
+    unparsable file gets, named `<stdin>`, and no traceback."""
+    result = _invoke("simulate", "-f", "-", stdin=stdin)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"<stdin>: {problem}"]
+
+
+def test_invalid_objects_on_stdin_are_named_as_from_stdin() -> None:
+    """Guards: a field problem in a manifest read from `-f -` names `<stdin>`, the object and the field."""
+    result = _invoke("simulate", "-f", "-", stdin=BAD)
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[0].startswith(
+        "<stdin>: ResourceClaim default/train: spec.devices.requests[0].exactly.count:"
+    )
+
+
+def _simulate_program(*args: str, stdin: bytes | None) -> tuple[int, str, str]:
+    """`dractl simulate` run as a program with `stdin` on its standard input (closed when None), its standard streams in
+    Latin-1 as in a non-UTF-8 locale: exit code, stdout and stderr."""
+    command = [sys.executable, "-m", "dractl", "simulate", *args]
+    if stdin is None:  # subprocess cannot start a child with descriptor 0 closed; the shell's `<&-` does
+        command = ["sh", "-c", 'exec "$@" <&-', "sh", *command]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": "latin-1"}
+    done = subprocess.run(command, input=stdin, env=env, capture_output=True, timeout=60, check=False, cwd=ROOT)
+    return done.returncode, done.stdout.decode("latin-1"), done.stderr.decode("latin-1")
+
+
+@pytest.mark.parametrize(
+    ("stdin", "code"),
+    [(MANIFESTS.encode(), 0), (BAD.encode(), 1), (b"a: [\n", 1), (b"\xff\xfe", 1)],
+    ids=["manifests", "invalid-objects", "syntax-error", "binary"],
+)
+def test_dash_reads_stdin_as_dev_stdin_reads_it(stdin: bytes, code: int) -> None:
+    """Guards: `-f -` reads standard input the way `-f /dev/stdin` (a pipe) does, as UTF-8 whatever the locale: the
+    same output, exit code and problems, only named `<stdin>` instead of `/dev/stdin`."""
+    dev = _simulate_program("-f", "/dev/stdin", "-o", "json", stdin=stdin)
+    dash = _simulate_program("-f", "-", "-o", "json", stdin=stdin)
+    assert dev[0] == code and "Traceback" not in dev[2]
+    assert dash == (code, dev[1], dev[2].replace("/dev/stdin: ", "<stdin>: "))
+    assert code == 0 or dash[2].startswith("<stdin>: ")
+
+
+def test_closed_stdin_is_one_line() -> None:
+    """Guards: `-f -` with standard input closed (`<&-`) is one line naming `<stdin>`, exit 1, not a traceback."""
+    closed = "<stdin>: cannot read: [Errno 9] standard input is closed\n"
+    assert _simulate_program("-f", "-", stdin=None) == (1, "", closed)
 
 
 def test_json_output_has_the_documented_keys(manifests: pathlib.Path) -> None:

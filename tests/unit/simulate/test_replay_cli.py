@@ -14,7 +14,7 @@ from dractl.simulate import trace
 SPEC = "mix=reference,seed=3,claims=60,a100=2,h100=2,t4=1,round=20"
 
 
-def _invoke(*args: str, stdin: str | None = None) -> Result:
+def _invoke(*args: str, stdin: str | bytes | None = None) -> Result:
     return CliRunner().invoke(cli.main, ["simulate", *args], input=stdin, catch_exceptions=False)
 
 
@@ -78,6 +78,28 @@ def test_trace_from_stdin_and_yaml_output(trace_file: pathlib.Path) -> None:
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith("---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\n")
     assert "allocation:" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("stdin", "problem"),
+    [
+        ("", "a trace is one YAML document (kind: Trace), found 0"),
+        (b"\xff\xfe", "cannot read: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+    ],
+    ids=["empty", "binary"],
+)
+def test_a_bad_trace_on_stdin_gets_a_file_s_message_naming_stdin(
+    stdin: str | bytes, problem: str, tmp_path: pathlib.Path
+) -> None:
+    """--trace - reads standard input as --trace FILE reads a file (UTF-8, whatever stdin's own encoding): an empty or
+    binary one is the empty or binary file's one line, named `<stdin>`, exit 1, no traceback."""
+    file = tmp_path / "trace.yaml"
+    file.write_bytes(stdin.encode() if isinstance(stdin, str) else stdin)
+    from_file = _invoke("--trace", str(file))
+    from_stdin = _invoke("--trace", "-", stdin=stdin)
+    assert from_file.exit_code == from_stdin.exit_code == 1
+    assert from_file.stderr.splitlines() == [f"{file}: {problem}"]
+    assert from_stdin.stderr.splitlines() == [f"<stdin>: {problem}"] and from_stdin.stdout == ""
 
 
 def test_html_writes_the_map_with_the_utilisation_chart(trace_file: pathlib.Path, tmp_path: pathlib.Path) -> None:
@@ -146,8 +168,9 @@ def test_a_trace_with_an_opaque_config_the_agent_would_refuse_is_refused(tmp_pat
         (["--compare", "first-fit,binpack"], "--compare, --html and --retry replay a trace"),
         (["--generate", "mix=reference", "--trace", "TRACE"], "--generate prints a trace"),
         (["--trace", "TRACE", "--compare", "first-fit,binpack", "-o", "yaml"], "-o yaml prints one policy's claims"),
+        (["--trace", "-", "-f", "-"], "--trace replays the trace's own cluster"),
     ],
-    ids=["compare-without-trace", "generate-with-trace", "compare-with-yaml"],
+    ids=["compare-without-trace", "generate-with-trace", "compare-with-yaml", "trace-and-file-both-stdin"],
 )
 def test_flag_combinations_that_make_no_sense_are_one_line(
     args: list[str], message: str, trace_file: pathlib.Path
