@@ -79,8 +79,10 @@ PUBLISHER_JOIN_S = 5.0
 # /healthz fails when the API has not held this node's slices for this long: a repair takes seconds,
 # so this long means publishing keeps failing.
 SLICES_DIFFER_GRACE_S = 60.0
-# Repairs in a row back off from 0.5 s, doubling, to this: a server that keeps changing what the agent writes
-# must not turn every write into the next one.
+# Repairs in a row back off from this, doubling, to REPAIR_BACKOFF_MAX_S: a server that keeps changing what the
+# agent writes must not turn every write into the next one. A change of the node's own slices (a health taint)
+# never waits for it.
+REPAIR_BACKOFF_FIRST_S = 0.5
 REPAIR_BACKOFF_MAX_S = 300.0
 # A repair this long after the one before starts a new row; longer than the longest backoff, so a fight that the
 # backoff slows down stays one row.
@@ -219,6 +221,7 @@ class _Repairs:
     writes nothing. Only a quiet `REPAIR_ROW_S` ends the row. Pure: the caller gives the time.
     """
 
+    first: float = REPAIR_BACKOFF_FIRST_S
     count: int = 0
     last: float = float("-inf")
 
@@ -228,11 +231,11 @@ class _Repairs:
             self.last = now
 
     def delay(self, now: float) -> float:
-        """Seconds to wait before the next publish: 0 until two repairs in a row, then 0.5 s doubling per repair,
+        """Seconds to wait before the next publish: 0 until two repairs in a row, then `first` doubling per repair,
         at most `REPAIR_BACKOFF_MAX_S`."""
         if self.count < 2 or now - self.last >= REPAIR_ROW_S:
             return 0.0
-        return min(REPAIR_BACKOFF_MAX_S, 0.5 * 2.0 ** (self.count - 2))
+        return min(REPAIR_BACKOFF_MAX_S, self.first * 2.0 ** (self.count - 2))
 
 
 class AgentError(Exception):
@@ -257,7 +260,8 @@ class Agent:
     failed publish is retried when `tick()` wakes it, and any change to this node's slices or Node
     in the API wakes it too; a publisher thread left running by `stop()` never publishes again once
     its publish returns; `stop()` is idempotent and never deletes slices. `stuck_after_s` and
-    `differ_grace_s` are /healthz's bounds (STUCK_CALL_S, SLICES_DIFFER_GRACE_S).
+    `differ_grace_s` are /healthz's bounds (STUCK_CALL_S, SLICES_DIFFER_GRACE_S); `repair_backoff_s`
+    is the first wait after repairs in a row (REPAIR_BACKOFF_FIRST_S).
     """
 
     def __init__(
@@ -270,6 +274,7 @@ class Agent:
         health_poll_s: float = 1.0,
         stuck_after_s: float = STUCK_CALL_S,
         differ_grace_s: float = SLICES_DIFFER_GRACE_S,
+        repair_backoff_s: float = REPAIR_BACKOFF_FIRST_S,
     ) -> None:
         self.settings = settings
         self.metrics = Metrics.create()
@@ -288,11 +293,13 @@ class Agent:
         self._health_poll_s = health_poll_s
         self._stuck_after_s = stuck_after_s
         self._differ_grace_s = differ_grace_s
+        self._repair_backoff_s = repair_backoff_s
         self.synced = liveness.Slices(node_name=settings.node_name)
         self.calls: liveness.Calls | None = None
         self._inventory: inventory.Inventory | None = None
         self._publish_pending = False
         self._publish_wanted = threading.Event()
+        self._publish_changed = threading.Event()
         self._publishing: threading.Thread | None = None
         self._stop_publishing = threading.Event()
         self._last_sweep = 0.0
@@ -443,9 +450,10 @@ class Agent:
         # wake-ups meant for the new thread never reach it.
         self._stop_publishing = threading.Event()
         self._publish_wanted = threading.Event()
+        self._publish_changed = threading.Event()
         self._publishing = threading.Thread(
             target=self._publish_loop,
-            args=(self.monitor, self._publish_wanted, self._stop_publishing),
+            args=(self.monitor, self._publish_wanted, self._publish_changed, self._stop_publishing),
             name="dractl-publish",
             daemon=True,
         )
@@ -652,6 +660,7 @@ class Agent:
             self.monitor = None
         if self._publishing is not None:
             self._stop_publishing.set()
+            self._publish_changed.set()
             self._publish_wanted.set()
             self._publishing.join(timeout=PUBLISHER_JOIN_S)
             self._publishing = None
@@ -679,9 +688,12 @@ class Agent:
         for error in result.errors:
             _log.warning("sweep: could not clean up", error=error)
 
-    def _publish_loop(self, monitor: health.Monitor, wanted: threading.Event, stopping: threading.Event) -> None:
+    def _publish_loop(
+        self, monitor: health.Monitor, wanted: threading.Event, changed: threading.Event, stopping: threading.Event
+    ) -> None:
         """The publisher thread: publish the monitor's current taints whenever `wanted` is set,
-        until `stopping` is set; both events are this thread's own.
+        until `stopping` is set; `changed` says the taints changed since the last publish read them. All three
+        events are this thread's own.
 
         The taints are read here, at publish time, by the only thread that publishes, so each
         publish carries a state at least as new as the one before: an older health state never
@@ -692,17 +704,21 @@ class Agent:
         tick, with its traceback the first time it is seen and one line while it recurs, until a
         publish succeeds. Repairs in a row (a server or a second agent that keeps changing what we
         write would otherwise make every write wake the next) wait longer and longer before the next
-        publish (`_Repairs`), and from the third the log names the likely cause.
+        publish (`_Repairs`), and from the third the log names the likely cause; a change of the taints
+        cuts that wait short, since a health change is news, not an echo of a fight.
         """
         seen: set[str] = set()
-        repairs = _Repairs()
+        repairs = _Repairs(first=self._repair_backoff_s)
         while not stopping.is_set():
             wanted.wait()
             if stopping.is_set():
                 return
             delay = repairs.delay(time.monotonic())
-            if delay and stopping.wait(delay):
+            if delay and not changed.is_set():
+                changed.wait(delay)  # stop() sets it too
+            if stopping.is_set():
                 return
+            changed.clear()
             wanted.clear()
             try:
                 outcome = self._publish(monitor.taints())
@@ -784,7 +800,9 @@ class Agent:
 
     def _on_taints(self, taints: Mapping[str, tuple[model.DeviceTaint, ...]]) -> None:
         # Called on the monitor's NVML event thread: only wake the current publisher thread, which
-        # reads the newest taints itself, so a slow API server cannot delay the next event.
+        # reads the newest taints itself, so a slow API server cannot delay the next event; a repair
+        # back-off does not either (`changed`).
+        self._publish_changed.set()
         self._publish_wanted.set()
 
     def _on_api_change(self) -> None:

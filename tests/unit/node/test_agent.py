@@ -30,7 +30,7 @@ from dractl._proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from dractl.node import agent, backend, fakegpu
+from dractl.node import agent, backend, fakegpu, publish
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
@@ -39,7 +39,8 @@ UID = "0c1d2e3f-0000-4000-8000-0000000000a1"
 
 class FakePublisher:
     """Records every publish (the thread that made it, and whether the registration socket existed then); can fail
-    on demand, and hang like a slow API server while `gate` is set and not yet open (`hanging` says one is)."""
+    on demand, hang like a slow API server while `gate` is set and not yet open (`hanging` says one is), and report
+    each publish as a repair of slices someone else changed while `repairing` is set."""
 
     def __init__(self, registration_socket: pathlib.Path) -> None:
         self.registration_socket = registration_socket
@@ -50,8 +51,9 @@ class FakePublisher:
         self.cond = threading.Condition()
         self.gate: threading.Event | None = None
         self.hanging = threading.Event()
+        self.repairing = False
 
-    def publish(self, desired: Sequence[model.ResourceSlice]) -> None:
+    def publish(self, desired: Sequence[model.ResourceSlice]) -> publish.Result | None:
         if self.gate is not None:
             self.hanging.set()
             assert self.gate.wait(timeout=60)
@@ -63,6 +65,8 @@ class FakePublisher:
             self.socket_existed.append(self.registration_socket.exists())
             self.threads.append(threading.current_thread())
             self.cond.notify_all()
+        # As the real publisher answers when it had to rewrite slices someone else changed.
+        return publish.Result(generation=len(self.published), updated=1) if self.repairing else None
 
     def wait_for(
         self, predicate: collections.abc.Callable[[tuple[model.ResourceSlice, ...]], bool], *, timeout: float = 20
@@ -556,6 +560,28 @@ def test_a_mig_prepare_on_an_a100_another_client_holds_is_a_per_claim_error(
         a.stop()
     assert f"{ref.namespace}/{ref.name}" in error and "GPU 1" in error and "dcgm-exporter" in error, error
     assert gpus.gpus()[1].mig_mode is backend.MigMode.DISABLED and gpus.gpu_instances(1) == ()
+
+
+def test_a_health_taint_is_published_at_once_during_a_repair_back_off(
+    settings: config.NodeAgent, gpus: fakegpu.FakeGpus, claims: Claims, publisher: FakePublisher
+) -> None:
+    """Guards: repairs in a row make the next repair wait (here 600 s, far past this test's deadline), but an XID
+    that changes the node's own slices is published without waiting for it: a fight over the slices (a second
+    agent, slices deleted by hand) must not hide a failed GPU from the scheduler."""
+    a = agent.Agent(settings, gpus=gpus, claims=claims, publisher=publisher, health_poll_s=0.05, repair_backoff_s=600)
+    a.start()
+    try:
+        publisher.repairing = True
+        for _ in range(2):  # two repairs in a row: the next publish would wait 600 s
+            before = len(publisher.published)
+            a._on_api_change()
+            assert publisher.wait_for(lambda _slices, before=before: len(publisher.published) > before)
+        assert (a.metrics.registry.get_sample_value("dractl_node_slice_repairs_total") or 0) >= 2
+        a._on_api_change()  # another echo: now in the back-off
+        gpus.inject_xid(0, 79)
+        assert publisher.wait_for(lambda slices: bool(_tainted(slices, "gpu-0")), timeout=30)
+    finally:
+        a.stop()
 
 
 def test_repairs_in_a_row_survive_the_publishes_between_them_and_end_after_a_quiet_row() -> None:
