@@ -12,10 +12,10 @@ no MIG or compute mode and resets nothing: the claim is a whole GPU with no shar
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import pathlib
+import platform
 import shutil
 import subprocess
 import sys
@@ -30,7 +30,7 @@ from support import kubelet  # noqa: E402
 from support.state_inputs import Claims, claim, result  # noqa: E402
 
 from dractl import config  # noqa: E402
-from dractl.node import agent, nvml, sharing  # noqa: E402
+from dractl.node import agent, driverfiles, nvml, sharing  # noqa: E402
 
 UID = "6a5b4c3d-0000-4000-8000-0000000000c1"
 
@@ -41,11 +41,9 @@ def driver_root() -> tuple[pathlib.Path, str]:
     one it was loaded from (GKE's layout, and driver images mounted at /usr/local/nvidia: `<root>/lib64`,
     `<root>/bin`)."""
     nvml.NvmlBackend()  # loads libnvidia-ml as the agent does
-    ctypes.CDLL("libnvidia-ml.so.1")
     maps = pathlib.Path("/proc/self/maps").read_text().split()
     loaded = next(pathlib.Path(word) for word in maps if "/libnvidia-ml.so" in word).resolve()
-    standard = {pathlib.Path(d) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/lib/x86_64-linux-gnu", "/lib64")}
-    if loaded.parent in standard:
+    if str(loaded.parent) in driverfiles.library_dirs(platform.machine()):
         return pathlib.Path("/"), f"NVML was loaded from {loaded}"
     return loaded.parent.parent, f"NVML was loaded from {loaded}"
 
