@@ -22,6 +22,7 @@ import hashlib
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -205,6 +206,7 @@ class NvidiaMps:
             # A daemon that died with an earlier agent (its pod's processes end with it) left its
             # pipe behind; a new daemon needs a clean one.
             _log.info("replacing the pipe directory of an MPS daemon that is gone", daemon=settings.daemon_id)
+            self._end_silent(settings.daemon_id)
             shutil.rmtree(pipe)
         for directory in (pipe, log, shm):
             directory.mkdir(parents=True, exist_ok=True)
@@ -266,9 +268,31 @@ class NvidiaMps:
                 self._runner([self._executable], self._env(daemon_id), "quit\n")
             except OSError as err:
                 _log.warning("stopping MPS control daemon failed", daemon=daemon_id, error=str(err))
+        else:
+            self._end_silent(daemon_id)
         if os.path.ismount(shm):
             self._runner(["umount", str(shm)], {}, "")
         shutil.rmtree(self._root / daemon_id, ignore_errors=True)
+
+    def _end_silent(self, daemon_id: str) -> None:
+        """SIGTERM a control daemon that still runs but does not answer on its pipe (hung, or its socket
+        removed), found by the pid file it keeps in its pipe directory, so removing that directory leaves no
+        daemon behind. A pid that now belongs to another program (its name is not the control daemon's) is
+        left alone."""
+        pipe, _, _ = self._dirs(daemon_id)
+        name = pathlib.Path(self._executable).name
+        try:
+            pid = int((pipe / f"{name}.pid").read_text().strip())
+            comm = pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
+        except (OSError, ValueError):
+            return  # no pid file, or no such process: nothing runs
+        if comm != name[:15]:  # the kernel keeps 15 characters of a program's name
+            return
+        _log.warning("ending an MPS control daemon that does not answer on its pipe", daemon=daemon_id, pid=pid)
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
     def daemons(self) -> tuple[str, ...]:
         if not self._root.is_dir():

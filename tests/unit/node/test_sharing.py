@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
+import signal
 import socket
+import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -168,6 +171,49 @@ def test_a_control_socket_answers_while_its_daemon_listens(tmp_path: pathlib.Pat
         listener.listen()
         assert mps.running("d1")
     assert (tmp_path / "d1/pipe/control").exists() and not mps.running("d1")
+
+
+def test_a_daemon_that_stops_answering_is_ended_by_its_pid_file_and_another_program_is_not(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Guards: a control daemon that still runs but no longer answers on its pipe (a stale probe once left every
+    CUDA 13 daemon so) gets SIGTERM from stop(), and from a start() that replaces its pipe, through the pid file it
+    keeps in its pipe directory, so removing the directory leaves no daemon running; a pid file naming a process
+    of another program is left alone."""
+    program = tmp_path / "bin/nvidia-cuda-mps-control"
+    program.parent.mkdir()
+    shutil.copy("/bin/sleep", program)  # a process whose name is the control daemon's
+    processes: list[subprocess.Popen[bytes]] = []
+    daemon = ControlDaemon()
+
+    def forks(argv: Sequence[str], env: Mapping[str, str], stdin: str) -> None:
+        daemon(argv, env, stdin)
+        if "-d" in argv:
+            runs = [str(program) if env["CUDA_MPS_LOG_DIRECTORY"].endswith("d1/log") else "sleep", "60"]
+            processes.append(subprocess.Popen(runs))
+            pid_file = pathlib.Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "nvidia-cuda-mps-control.pid"
+            pid_file.write_text(f"{processes[-1].pid}\n")
+
+    mps = sharing.NvidiaMps(root=tmp_path / "mps", runner=forks)
+    try:
+        mps.start(sharing.MpsSettings(daemon_id="d1", uuids=("GPU-a",)))
+        mps.start(sharing.MpsSettings(daemon_id="d2", uuids=("GPU-b",)))
+        daemon.die()  # both still run; neither answers
+        mps.stop("d1")
+        mps.stop("d2")
+        assert processes[0].wait(timeout=30) == -signal.SIGTERM
+        assert processes[1].poll() is None
+        assert not any(call[2] == "quit\n" for call in daemon.calls)
+        # start() replacing the pipe of a daemon that does not answer ends that daemon first.
+        mps.start(sharing.MpsSettings(daemon_id="d1", uuids=("GPU-a",)))
+        daemon.die()
+        mps.start(sharing.MpsSettings(daemon_id="d1", uuids=("GPU-a",)))
+        assert processes[2].wait(timeout=30) == -signal.SIGTERM
+        assert processes[3].poll() is None
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
 
 
 def test_fake_mps_records_calls_and_makes_the_pipe_dir(tmp_path: pathlib.Path) -> None:
