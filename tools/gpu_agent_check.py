@@ -96,10 +96,20 @@ def check_agent(args: argparse.Namespace, work: pathlib.Path, results: dict[str,
         node.stop()
 
 
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs: it exists and is not a zombie (that machine's init does not reap them)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def check_mps(work: pathlib.Path, rootfs: pathlib.Path, results: dict[str, object]) -> bool:
     """An MPS control daemon for the first GPU in a tmpfs of its own, as a shared claim gets it (the compute mode
     is left alone): started, answering, a CUDA program run through it with that tmpfs as its /dev/shm (as the
-    claim's container has it), the daemon's server seen, then stopped with nothing left."""
+    claim's container has it), the daemon's server seen, then stopped with nothing left; then a daemon whose control
+    socket is removed (it runs on, silent) must be ended by stop() through its pid file."""
     uuid = nvml.NvmlBackend().gpus()[0].uuid
     mps = sharing.NvidiaMps(root=work / "mps")
     pipe, shm = work / "mps/gpu-check/pipe", work / "mps/gpu-check/shm"
@@ -138,6 +148,15 @@ def check_mps(work: pathlib.Path, rootfs: pathlib.Path, results: dict[str, objec
         own_tmpfs = shm.is_mount()
         mps.stop("gpu-check")
         stopped = not (work / "mps/gpu-check").exists() and not mps.running("gpu-check")
+        # A daemon that runs on but no longer answers (its control socket gone) must not outlive stop().
+        mps.start(sharing.MpsSettings(daemon_id="gpu-check", uuids=(uuid,)))
+        silent = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+        (pipe / "control").unlink()
+        mps.stop("gpu-check")
+        deadline = time.monotonic() + 10
+        while _running(silent) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        silent_ended = not _running(silent)
         results["mps"] = {
             "answered_ms": answered_ms,
             "own_tmpfs": own_tmpfs,
@@ -145,8 +164,9 @@ def check_mps(work: pathlib.Path, rootfs: pathlib.Path, results: dict[str, objec
             "client_output": (client.stdout + client.stderr).strip()[-400:],
             "servers": servers,
             "stopped": stopped,
+            "silent_daemon_ended": silent_ended,
         }
-        return client.returncode == 0 and bool(servers) and own_tmpfs and stopped
+        return client.returncode == 0 and bool(servers) and own_tmpfs and stopped and silent_ended
     finally:
         mps.stop("gpu-check")  # idempotent; never leave the daemon or its tmpfs behind
 
