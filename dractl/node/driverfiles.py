@@ -39,6 +39,7 @@ __all__ = [
     "LD_LIBRARY_PATH",
     "HOOK",
     "library_dirs",
+    "scripts",
     "DriverFilesError",
     "LdCacheEntry",
     "Library",
@@ -354,6 +355,21 @@ def library_dirs(machine: str) -> tuple[str, ...]:
         for prefix in ("/usr/lib", "/lib")
         for suffix in (f"/{triplet}", "64", f"/{triplet}/nvidia/current")
     )
+
+
+def scripts(root: pathlib.Path, files: DriverFiles) -> tuple[str, ...]:
+    """The binaries of `files` that are scripts (`#!`), not the driver's programs, by their path in the root: a
+    wrapper such as a `/usr/bin/nvidia-smi` that execs the driver's real one elsewhere, which the container does
+    not get. Reads the first two bytes of each."""
+    found = []
+    for binary in files.binaries:
+        try:
+            with open(root / binary.real.lstrip("/"), "rb") as program:
+                if program.read(2) == b"#!":
+                    found.append(binary.path)
+        except OSError:
+            continue
+    return tuple(found)
 
 
 def _executable(root: pathlib.Path, name: str) -> File | None:

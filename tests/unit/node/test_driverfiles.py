@@ -10,6 +10,7 @@ import subprocess
 
 import click.testing
 import pytest
+import structlog
 from support import cdi_rules, kubelet
 from support.state_inputs import Claims, claim, result
 
@@ -267,6 +268,27 @@ def test_libraries_only_the_ld_cache_knows_are_found_and_a_broken_cache_falls_ba
     assert f"{_LIBDIR}/libnvidia-ml.so.{VERSION}" in {lib.path for lib in files.libraries}
 
 
+def test_binaries_that_are_scripts_are_named(tmp_path: pathlib.Path) -> None:
+    """Guards: a driver binary that is a `#!` script (a wrapper that execs the real program elsewhere, as on a
+    GKE-style host's /usr/bin/nvidia-smi) is named by `scripts`; an ELF program is not."""
+    for name, content in (
+        ("nvidia-smi", b"#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi\n"),
+        ("nvidia-debugdump", b"\x7fELF"),
+    ):
+        program = tmp_path / "usr/bin" / name
+        program.parent.mkdir(parents=True, exist_ok=True)
+        program.write_bytes(content)
+        program.chmod(0o755)
+    files = driverfiles.DriverFiles(
+        version=VERSION,
+        libraries=(),
+        binaries=tuple(
+            driverfiles.File(path=f"/usr/bin/{n}", real=f"/usr/bin/{n}") for n in ("nvidia-smi", "nvidia-debugdump")
+        ),
+    )
+    assert driverfiles.scripts(tmp_path, files) == ("/usr/bin/nvidia-smi",)
+
+
 def test_the_fake_nvidia_smi_lists_the_gpus_a_container_was_given(root: pathlib.Path, gpus: fakegpu.FakeGpus) -> None:
     """Guards: the fake root's nvidia-smi -L prints the GPUs of NVIDIA_VISIBLE_DEVICES, as the real one would
     inside a container given those GPUs, and all of them without the variable."""
@@ -294,14 +316,17 @@ def test_a_fake_node_mounts_its_fake_driver_root_and_names_no_device_node(
     tmp_path: pathlib.Path, sock_dir: pathlib.Path, gpus: fakegpu.FakeGpus
 ) -> None:
     """Guards: with fake GPUs the agent lays out a fake driver root in its state directory and the claim's spec
-    mounts its files (every hostPath exists on the host, as containerd requires) and names no device node."""
+    mounts its files (every hostPath exists on the host, as containerd requires) and names no device node; its
+    binaries, scripts of its own, draw no warning."""
     claims = Claims()
     a = agent.Agent(kubelet.agent_settings(tmp_path, sock_dir), gpus=gpus, claims=claims, publisher=kubelet.Slices())
-    a.start()
+    with structlog.testing.capture_logs() as logs:
+        a.start()
     try:
         spec = _prepare(a, claims)
     finally:
         a.stop()
+    assert not [log for log in logs if "scripts" in log["event"]]  # the fake root's scripts are its own
     common = spec["containerEdits"]
     assert "deviceNodes" not in common and all("deviceNodes" not in d["containerEdits"] for d in spec["devices"])
     host_paths = [m["hostPath"] for m in common["mounts"]]
@@ -314,7 +339,8 @@ def test_a_gpu_node_names_host_paths_of_the_driver_root_it_reads_elsewhere(
     tmp_path: pathlib.Path, sock_dir: pathlib.Path, gpus: fakegpu.FakeGpus, root: pathlib.Path
 ) -> None:
     """Guards: --driver-root is what specs name and --container-driver-root where the agent reads the files: a
-    driver container's root mounted into the agent at another path still gives host paths."""
+    driver container's root mounted into the agent at another path still gives host paths. Binaries there that
+    are scripts are named in a warning that points at --driver-root."""
     claims = Claims()
     settings = kubelet.agent_settings(
         tmp_path,
@@ -324,13 +350,18 @@ def test_a_gpu_node_names_host_paths_of_the_driver_root_it_reads_elsewhere(
         container_driver_root=root,
     )
     a = agent.Agent(settings, gpus=gpus, claims=claims, publisher=kubelet.Slices())
-    a.start()
+    with structlog.testing.capture_logs() as logs:
+        a.start()
     try:
         spec = _prepare(a, claims)
     finally:
         a.stop()
     mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
     nvml = f"/run/nvidia/driver{_LIBDIR}/libnvidia-ml.so.{VERSION}"
+    # The fake root's binaries are scripts: on a GPU node that is worth a warning naming them and the flag.
+    (warning,) = [log for log in logs if log["event"].startswith("driver binaries in the driver root are scripts")]
+    assert warning["driver_root"] == "/run/nvidia/driver" and "/usr/bin/nvidia-smi" in warning["scripts"]
+    assert "--driver-root" in warning["event"]
     assert mounts["/usr/local/nvidia/lib64/libnvidia-ml.so.1"] == nvml
     assert mounts["/usr/bin/nvidia-smi"] == "/run/nvidia/driver/usr/bin/nvidia-smi"
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
