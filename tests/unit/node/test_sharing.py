@@ -11,6 +11,7 @@ import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 
+import controlplane
 import pytest
 
 from dractl.node import backend, fakegpu, sharing
@@ -191,6 +192,11 @@ def test_a_daemon_that_stops_answering_is_ended_by_its_pid_file_and_another_prog
         if "-d" in argv:
             runs = [str(program) if env["CUDA_MPS_LOG_DIRECTORY"].endswith("d1/log") else "sleep", "60"]
             processes.append(subprocess.Popen(runs))
+            # Popen can return before the kernel names the child after its program: a daemon writes its pid file
+            # once it runs, so wait for that name, as the real daemon's would be long before anyone reads it.
+            comm = pathlib.Path(f"/proc/{processes[-1].pid}/comm")
+            named = pathlib.Path(runs[0]).name[:15]
+            controlplane.wait_until(lambda: comm.read_text().strip() == named, what=f"the child is named {named}")
             pid_file = pathlib.Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "nvidia-cuda-mps-control.pid"
             pid_file.write_text(f"{processes[-1].pid}\n")
 
