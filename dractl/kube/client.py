@@ -908,13 +908,10 @@ class BadObject(ValueError):
     """An object from the API server that the model refuses; str() names it and the fields."""
 
 
-Decoded = (
-    model.ResourceSlice | model.ResourceClaim | model.DeviceClass | model.ResourceClaimTemplate | model.Pod | model.Node
-)
 _MODEL_KINDS = frozenset({"ResourceSlice", "ResourceClaim", "DeviceClass", "ResourceClaimTemplate", "Pod", "Node"})
 
 
-def decode(raw: Mapping[str, Any], *, strict: bool = False) -> Decoded | None:
+def decode(raw: Mapping[str, Any], *, strict: bool = False) -> model.Decoded | None:
     """One raw API object (with apiVersion and kind) as a model value.
 
     An object the model refuses is logged with its kind and name and skipped (None), so one bad

@@ -54,6 +54,7 @@ __all__ = [
     "Pod",
     "Node",
     "Objects",
+    "Decoded",
 ]
 
 
@@ -458,6 +459,10 @@ class Node:
 
     meta: ObjectMeta
     source: Source = Source()
+
+
+Decoded = DeviceClass | ResourceSlice | ResourceClaim | ResourceClaimTemplate | Pod | Node
+"""Any one object of the kinds the model decodes."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

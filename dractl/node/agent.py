@@ -509,18 +509,19 @@ class Agent:
             return cdi.NvidiaCtk(extra_args=[f"--driver-root={s.driver_root}"])
         else:
             native = driverfiles.NativeEdits(root=s.agent_driver_root, host_root=s.driver_root, driver_version=version)
-            wrappers = driverfiles.scripts(s.agent_driver_root, native.check())
-            if wrappers:
-                # Seen on a GKE-style host: /usr/bin/nvidia-smi execs /usr/local/nvidia/bin/nvidia-smi.
-                _log.warning(
-                    "driver binaries in the driver root are scripts, not the driver's programs: containers get the"
-                    " scripts, which may run files they do not have; set --driver-root to where the driver is"
-                    " installed (e.g. /usr/local/nvidia, /home/kubernetes/bin/nvidia on GKE)",
-                    driver_root=str(s.driver_root),
-                    scripts=list(wrappers),
-                )
-            return native
-        native.check()
+        files = native.check()
+        # The fake root's binaries are scripts of its own; on a GPU node one is a wrapper around the driver's program
+        # elsewhere (seen on a GKE-style host: /usr/bin/nvidia-smi execs /usr/local/nvidia/bin/nvidia-smi).
+        fake = s.device_source is config.DeviceSource.FAKE
+        wrappers = () if fake else driverfiles.scripts(s.agent_driver_root, files)
+        if wrappers:
+            _log.warning(
+                "driver binaries in the driver root are scripts, not the driver's programs: containers get the"
+                " scripts, which may run files they do not have; set --driver-root to where the driver is"
+                " installed (e.g. /usr/local/nvidia, /home/kubernetes/bin/nvidia on GKE)",
+                driver_root=str(s.driver_root),
+                scripts=list(wrappers),
+            )
         return native
 
     def _reach_api(self, client: kube_client.Client, stopping: threading.Event | None) -> bool:

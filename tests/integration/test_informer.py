@@ -30,18 +30,18 @@ class Recorder:
     def _label(self, value: model.ResourceClaimTemplate) -> str:
         return value.meta.labels.get("v", "")
 
-    def handlers(self) -> informer.Handlers[client.Decoded]:
-        def add(value: client.Decoded) -> None:
+    def handlers(self) -> informer.Handlers[model.Decoded]:
+        def add(value: model.Decoded) -> None:
             assert isinstance(value, model.ResourceClaimTemplate)
             with self.lock:
                 self.events.append(("add", value.meta.name, self._label(value)))
 
-        def update(old: client.Decoded, new: client.Decoded) -> None:
+        def update(old: model.Decoded, new: model.Decoded) -> None:
             assert isinstance(new, model.ResourceClaimTemplate)
             with self.lock:
                 self.events.append(("update", new.meta.name, self._label(new)))
 
-        def delete(value: client.Decoded) -> None:
+        def delete(value: model.Decoded) -> None:
             assert isinstance(value, model.ResourceClaimTemplate)
             with self.lock:
                 self.events.append(("delete", value.meta.name, self._label(value)))
@@ -53,7 +53,7 @@ class Recorder:
             return list(self.events)
 
 
-StartInformer = Callable[[informer.Handlers[client.Decoded]], informer.Informer[client.Decoded]]
+StartInformer = Callable[[informer.Handlers[model.Decoded]], informer.Informer[model.Decoded]]
 
 
 @contextlib.contextmanager
@@ -62,8 +62,8 @@ def _informers(api: client.Client, namespace: str) -> Iterator[StartInformer]:
     stops them (last started first, each even when stopping another failed)."""
     with contextlib.ExitStack() as started:
 
-        def start(handlers: informer.Handlers[client.Decoded]) -> informer.Informer[client.Decoded]:
-            one: informer.Informer[client.Decoded] = informer.Informer(
+        def start(handlers: informer.Handlers[model.Decoded]) -> informer.Informer[model.Decoded]:
+            one: informer.Informer[model.Decoded] = informer.Informer(
                 api,
                 client.RESOURCE_CLAIM_TEMPLATES,
                 decode=client.decode,
@@ -194,7 +194,7 @@ def test_a_410_relists_and_diffs_against_the_store(
 
 def test_stop_ends_the_thread_while_a_watch_is_open(kube_client: client.Client, namespace: str) -> None:
     """Guards: stop() closes an open watch and joins the informer's thread promptly."""
-    one: informer.Informer[client.Decoded] = informer.Informer(
+    one: informer.Informer[model.Decoded] = informer.Informer(
         kube_client, client.RESOURCE_CLAIM_TEMPLATES, decode=client.decode, namespace=namespace, watch_timeout=300
     )
     one.start()
@@ -211,7 +211,7 @@ def test_the_informer_feeds_a_work_queue_that_converges(
     queue = workqueue.WorkQueue()
     seen: dict[str, str] = {}
 
-    def enqueue(value: client.Decoded, *_: client.Decoded) -> None:
+    def enqueue(value: model.Decoded, *_: model.Decoded) -> None:
         queue.add(f"{value.meta.namespace}/{value.meta.name}")
 
     one = start_informer(informer.Handlers(on_add=enqueue, on_update=lambda old, new: enqueue(new), on_delete=enqueue))

@@ -38,10 +38,6 @@ _INT_DIGITS = 20
 STDIN = "-"
 STDIN_NAME = "<stdin>"
 
-Decoded = (
-    types.DeviceClass | types.ResourceSlice | types.ResourceClaim | types.ResourceClaimTemplate | types.Pod | types.Node
-)
-
 
 def load_paths(paths: Sequence[str | os.PathLike[str]]) -> types.Objects:
     """Decode files and directories (recursively, `*.yaml`/`*.yml`/`*.json`, sorted), and standard
@@ -184,7 +180,7 @@ def load_documents(documents: Sequence[object], *, file: str = "<input>") -> typ
     return out.finish()
 
 
-def load_object(raw: Mapping[str, Any], *, source: str) -> Decoded:
+def load_object(raw: Mapping[str, Any], *, source: str) -> types.Decoded:
     """Decode ONE already-parsed API object (as a list or watch event delivers it) into its model value.
 
     Raises `problems.DecodeError` naming `source`, the object and the field when the object is
@@ -197,7 +193,7 @@ def load_object(raw: Mapping[str, Any], *, source: str) -> Decoded:
     _decode(out, raw if isinstance(raw, dict) else dict(raw), source, 0)
     if out.problems:
         raise problems.DecodeError(out.problems)
-    values: list[Decoded] = [*out.classes, *out.slices, *out.claims, *out.templates, *out.pods, *out.nodes]
+    values: list[types.Decoded] = [*out.classes, *out.slices, *out.claims, *out.templates, *out.pods, *out.nodes]
     if len(values) != 1:
         kind = raw.get("kind")
         what = f"a {kind}" if isinstance(kind, str) and kind else "this object"

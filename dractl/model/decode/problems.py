@@ -10,10 +10,6 @@ from collections.abc import Sequence
 
 from dractl.model import types
 
-_Decoded = (
-    types.DeviceClass | types.ResourceSlice | types.ResourceClaim | types.ResourceClaimTemplate | types.Pod | types.Node
-)
-
 
 class DecodeError(ValueError):
     """Manifests that the API server would reject. `problems` holds one message per problem."""
@@ -56,7 +52,7 @@ class Results:
         """One problem per object whose kind, namespace and name an earlier object has: the API
         holds one object per name, where the simulation would count a slice twice or use one of
         two claims silently."""
-        kinds: tuple[tuple[str, Sequence[_Decoded]], ...] = (
+        kinds: tuple[tuple[str, Sequence[types.Decoded]], ...] = (
             ("DeviceClass", self.classes),
             ("ResourceSlice", self.slices),
             ("ResourceClaim", self.claims),

@@ -11,6 +11,8 @@ import os
 import pathlib
 import subprocess
 import sys
+from collections.abc import Mapping
+from typing import IO
 
 import pytest
 
@@ -69,14 +71,18 @@ spec:
 """
 
 
-def _simulate(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _simulate(
+    *args: str, timeout: float = 60, stdout: int | IO[str] = subprocess.PIPE, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`dractl simulate ARGS` in a process of its own; stdout to `stdout` (captured by default), stderr captured,
+    `env` added to this process's environment."""
     return subprocess.run(
         [sys.executable, "-m", "dractl", "simulate", *args],
-        capture_output=True,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
         text=True,
         timeout=timeout,
-        env=env,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         cwd=ROOT,
     )
 
@@ -203,14 +209,7 @@ def test_oversized_file_is_refused_before_reading(tmp_path: pathlib.Path) -> Non
 def test_search_limit_is_bounded_with_a_usage_error(args: list[str], env: dict[str, str], expected: str) -> None:
     """Guards: search limits beyond int64, in hex or negative are usage errors (exit 2) naming the flag,
     no traceback."""
-    result = subprocess.run(
-        [sys.executable, "-m", "dractl", "simulate", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        cwd=ROOT,
-    )
+    result = _simulate(*args, env=env)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "--search-limit" in result.stderr and expected in result.stderr
@@ -246,7 +245,7 @@ def test_closed_stdout_exits_quietly(tmp_path: pathlib.Path) -> None:
 def test_closed_stdout_exits_quietly_with_tables(mode: str, tmp_path: pathlib.Path) -> None:
     """Guards: a table (rich) written to a pipe whose reader has gone ends quietly with 141, as every other format
     does, not with rich's own exit 1 (the exit code of invalid input)."""
-    args = ["simulate"]
+    args: list[str] = []
     if mode == "trace":
         generated = _simulate("--generate", "mix=reference,seed=1,claims=5")
         assert generated.returncode == 0, generated.stderr
@@ -255,15 +254,7 @@ def test_closed_stdout_exits_quietly_with_tables(mode: str, tmp_path: pathlib.Pa
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the first byte: every write fails with EPIPE
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "dractl", *args],
-            stdout=write_end,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=120,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            cwd=ROOT,
-        )
+        result = _simulate(*args, stdout=write_end, timeout=120)
     finally:
         os.close(write_end)
     assert (result.returncode, result.stderr) == (141, "")
@@ -273,14 +264,6 @@ def test_closed_stdout_exits_quietly_with_tables(mode: str, tmp_path: pathlib.Pa
 def test_full_stdout_prints_one_line_and_exits_1() -> None:
     """Guards: `dractl simulate > /dev/full` prints one line naming the problem and exits 1, without a traceback."""
     with open("/dev/full", "w") as full:
-        result = subprocess.run(
-            [sys.executable, "-m", "dractl", "simulate"],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            cwd=ROOT,
-        )
+        result = _simulate(stdout=full)
     assert result.returncode == 1
     assert result.stderr == "dractl: cannot write the output: No space left on device\n"
