@@ -522,7 +522,8 @@ def check_shared_claims(api: client.Client, namespace: str) -> None:
 
 def check_mig_pairs(api: client.Client, namespace: str, nodes: Nodes) -> None:
     """Seed 000 pattern 3: each replica's claim holds a 3g.40gb and a 1g.10gb of one parent GPU, whose two MIG
-    instances (GPU instance profiles 9 and 19) the agent created; each container sees its own MIG device."""
+    instances (GPU instance profiles 9 and 19) the agent created; each model container sees its own MIG device, and
+    the monitor, which names no request of the claim, sees both."""
     replicas = pods(api, namespace, selector="app=mig-inference")
     assert len(replicas) == 2
     for pod in replicas:
@@ -537,6 +538,7 @@ def check_mig_pairs(api: client.Client, namespace: str, nodes: Nodes) -> None:
         primary = _one_gpu(wait_environment(api, namespace, name, "primary-model"), where=f"{name}/primary-model")
         helper = _one_gpu(wait_environment(api, namespace, name, "embedding-model"), where=f"{name}/embedding-model")
         assert primary.startswith("MIG-") and helper.startswith("MIG-") and primary != helper
+        assert visible_devices(wait_environment(api, namespace, name, "monitor")) == [primary, helper]
 
 
 def check_kube_scheduler_wave(api: client.Client, nodes: Nodes) -> None:

@@ -36,6 +36,8 @@ __all__ = [
     "device_name",
     "qualified_name",
     "spec_path",
+    "device_entries",
+    "spec_of",
     "build_spec",
     "minimum_version",
     "write_spec",
@@ -135,23 +137,28 @@ def minimum_version(spec: Mapping[str, Any]) -> str:
     return "0.5.0"
 
 
-def build_spec(
-    *, claim_uid: str, devices: Sequence[tuple[str, ContainerEdits]], common: ContainerEdits
-) -> dict[str, Any]:
-    """The claim's spec: `devices` are `(device name in the slice, its edits)` in result
-    order; `common` edits apply whenever any device of the claim is used. Pure."""
-    spec: dict[str, Any] = {
-        "cdiVersion": "",
-        "kind": KIND,
-        "devices": [
-            {"name": device_name(claim_uid, name), "containerEdits": edits.as_json()} for name, edits in devices
-        ],
-    }
+def device_entries(*, claim_uid: str, devices: Sequence[tuple[str, ContainerEdits]]) -> tuple[dict[str, Any], ...]:
+    """The spec's `devices` entries: `devices` are `(device name in the slice, its edits)` in
+    result order. Pure; the checkpoint records them, so a removed spec can be written again."""
+    return tuple({"name": device_name(claim_uid, name), "containerEdits": edits.as_json()} for name, edits in devices)
+
+
+def spec_of(entries: Sequence[Mapping[str, Any]], *, common: ContainerEdits) -> dict[str, Any]:
+    """The claim's spec from its device entries; `common` edits apply whenever any device of
+    the claim is used. Pure."""
+    spec: dict[str, Any] = {"cdiVersion": "", "kind": KIND, "devices": [dict(entry) for entry in entries]}
     common_json = common.as_json()
     if common_json:
         spec["containerEdits"] = common_json
     spec["cdiVersion"] = minimum_version(spec)
     return spec
+
+
+def build_spec(
+    *, claim_uid: str, devices: Sequence[tuple[str, ContainerEdits]], common: ContainerEdits
+) -> dict[str, Any]:
+    """`spec_of(device_entries(...))`: the claim's spec from `(device name, edits)` pairs. Pure."""
+    return spec_of(device_entries(claim_uid=claim_uid, devices=devices), common=common)
 
 
 def write_spec(cdi_root: pathlib.Path, claim_uid: str, spec: Mapping[str, Any]) -> pathlib.Path:

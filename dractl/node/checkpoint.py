@@ -10,7 +10,8 @@ whether another process (a second agent during a rolling update) replaced the fi
 one last read or wrote it, and `FileLock` is the lock those processes share around their changes.
 
 Versions: 1 had the checksum cover `data` only; 2 covers `data` and `version`, so a damaged
-version number reads as corruption, never as a newer file. From version 2 on the envelope
+version number reads as corruption, never as a newer file; 3 records each prepared claim's CDI
+devices (`cdi_devices`), so a spec removed from the CDI directory can be written again. From version 2 on the envelope
 (`checksum`, `data`, `version`, the checksum over the canonical JSON of `data` and `version`)
 is fixed: a later version changes only `data`, so any agent can tell an intact newer file from
 a corrupt one. An older file is read and migrated (version 1's `data` is version 2's); an
@@ -55,7 +56,7 @@ __all__ = [
     "read_boot_id",
 ]
 
-VERSION = 2
+VERSION = 3
 OLDEST_VERSION = 1
 
 
@@ -114,6 +115,9 @@ class ClaimRecord:
     compute_minors: tuple[int, ...] = ()  # GPUs put in EXCLUSIVE_PROCESS compute mode for MPS
     exclusive: tuple[str, ...] = ()  # devices held exclusively (not admin access, not shares)
     shared: tuple[str, ...] = ()  # devices held as shares of a multi-allocatable device
+    # The `devices` entries of the claim's CDI spec (name and containerEdits, as the spec holds them), so a spec
+    # removed from the CDI directory is written again from here. Empty in a record of a version-2 agent.
+    cdi_devices: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -194,7 +198,19 @@ def _decode_claim(raw: Mapping[str, Any]) -> ClaimRecord:
         compute_minors=tuple(int(m) for m in raw.get("compute_minors", ())),
         exclusive=tuple(raw.get("exclusive", ())),
         shared=tuple(raw.get("shared", ())),
+        cdi_devices=tuple(_cdi_device(d) for d in raw.get("cdi_devices", ())),
     )
+
+
+def _cdi_device(raw: object) -> Mapping[str, Any]:
+    """One recorded CDI device entry; raises ValueError unless it has the shape a spec's device has."""
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("name"), str)
+        or not isinstance(raw.get("containerEdits", {}), dict)
+    ):
+        raise ValueError(f"a cdi_devices entry must be an object with a name and containerEdits, got {raw!r:.80}")
+    return raw
 
 
 def _canonical(value: object) -> str:
@@ -251,7 +267,8 @@ def _decode(blob: bytes, path: pathlib.Path) -> tuple[int, str, dict[str, ClaimR
         raise ValueError(f"checksum mismatch (version {version})")
     if version > VERSION:
         raise NewerVersion(path, version)
-    # Version 1's `data` is version 2's: reading it is the whole migration.
+    # Version 1's `data` is version 2's, and version 2's records are version 3's without `cdi_devices`: reading them
+    # is the whole migration.
     try:
         claims = {str(uid): _decode_claim(raw) for uid, raw in data["claims"].items()}
         return version, str(data["bootId"]), claims

@@ -11,7 +11,8 @@ agents serve side by side and the kubelet sends its calls to the newest registra
 socket is up before the registration socket appears. A socket left at our path by an earlier
 run (it refuses connections) is removed before binding; one that answers belongs to a running
 agent, and starting is refused with one line instead of taking it over. Both sockets are removed
-on stop. `probe()` is the liveness check: one gRPC call over each socket.
+on stop, each only if it is still the socket this plugin bound (a second agent may have bound
+its own at the path after ours was removed). `probe()` is the liveness check: one gRPC call over each socket.
 
 Calls for one claim are serialized here, per claim rather than per plugin as the upstream
 kubeletplugin helper's `Serialize` option does: before handling the first claim of a prepare
@@ -46,6 +47,7 @@ import hashlib
 import os
 import pathlib
 import re
+import secrets
 import socket
 import stat
 import struct
@@ -252,13 +254,21 @@ def socket_paths(
     return sockets
 
 
-def _unlink_socket(path: pathlib.Path) -> None:
-    """Remove our socket if grpc left it; never a file of another kind."""
+def _identity(path: pathlib.Path) -> tuple[int, int]:
+    """The (device, inode) of the file at `path`: which socket it is, whatever its name."""
+    found = path.lstat()
+    return found.st_dev, found.st_ino
+
+
+def _unlink_own_socket(path: pathlib.Path, identity: tuple[int, int]) -> None:
+    """Remove the socket at `path` only if it is the one we bound (`identity`): after ours was removed, a second
+    agent may have bound its own there, and that one is not ours to remove."""
     try:
-        if stat.S_ISSOCK(path.lstat().st_mode):
-            path.unlink(missing_ok=True)
+        found = path.lstat()
     except FileNotFoundError:
-        pass
+        return
+    if stat.S_ISSOCK(found.st_mode) and (found.st_dev, found.st_ino) == identity:
+        path.unlink(missing_ok=True)
 
 
 def _answers(path: pathlib.Path) -> bool:
@@ -346,6 +356,7 @@ class Plugin:
         self._status = RegistrationStatus()
         self._dra_server: Any = None
         self._registration_server: Any = None
+        self._bound: dict[pathlib.Path, tuple[int, int]] = {}  # (device, inode) of each socket we serve, by path
 
     @property
     def supported_versions(self) -> tuple[str, ...]:
@@ -387,19 +398,30 @@ class Plugin:
                 continue  # never bound: whatever is at the path is not ours to remove
             server.stop(grace_s).wait()
             setattr(self, attr, None)
-            _unlink_socket(path)
+            _unlink_own_socket(path, self._bound.pop(path))
         _log.info("plugin: stopped; sockets removed", driver=self.driver_name)
 
     def _serve(self, path: pathlib.Path, handlers: list[Any]) -> Any:
+        """A started server whose socket is at `path`, remembered as ours by its inode.
+
+        gRPC removes whatever sits at the path it bound when it stops, which must never be `path`: a second
+        agent may have bound its own socket there since. So gRPC binds a private name in the same directory
+        (a dot name, which the kubelet's plugin watcher ignores, no longer than `path`'s, so within the
+        AF_UNIX limit) and the socket is renamed to `path`; the kubelet sees it appear at once, whole."""
+        private = path.with_name(f".{secrets.token_hex(3)}s")
         server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="dractl-grpc")
         )
         server.add_generic_rpc_handlers(tuple(handlers))
         try:
-            server.add_insecure_port(f"unix:{path}")
-        except RuntimeError as err:
+            server.add_insecure_port(f"unix:{private}")
+            server.start()
+            os.rename(private, path)
+            self._bound[path] = _identity(path)
+        except (RuntimeError, OSError) as err:
+            server.stop(0).wait()
+            private.unlink(missing_ok=True)
             raise PluginError(f"cannot listen on {path}: {err}") from err
-        server.start()
         return server
 
     # --- handlers ------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ checkpoint, creates dynamic MIG instances, applies sharing (time-slice, MPS, a s
 memory limit), writes the claim's CDI spec, and records PrepareCompleted with every side
 effect; unprepare undoes exactly those; `sweep` removes what no prepared claim owns. All
 state changes happen under one lock, and the checkpoint is written before and after the
-side effects, so a crash at any point is rolled back on the next attempt. The claim is read
+side effects, so a crash at any point is rolled back on the next attempt. The checkpoint also
+holds each claim's CDI devices, so a spec gone from the CDI directory is written again by the
+next prepare of that claim and by the sweep (the agent's first one included). The claim is read
 outside the state lock, so prepares of different claims do not wait for each other's API read.
 Callers must not overlap calls for one claim (the plugin holds a lock per claim UID around
 them): an unprepare during the prepare's read would find nothing to undo, and what the prepare
@@ -32,13 +34,13 @@ import dataclasses
 import pathlib
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
 from dractl import model
 from dractl.model import opaque
-from dractl.node import backend, cdi, checkpoint, mig, sharing
+from dractl.node import backend, cdi, checkpoint, mig, sharing, visibility
 
 __all__ = [
     "ClaimRef",
@@ -97,14 +99,16 @@ class Notice:
 @dataclasses.dataclass(frozen=True, slots=True)
 class SweepResult:
     """What one sweep removed: claims unprepared (UIDs), CDI files, MIG instances (as
-    `gpu-<minor>/gi<id>`), MPS daemons no claim uses. `errors` lists what could not be
-    cleaned (retried next sweep)."""
+    `gpu-<minor>/gi<id>`), MPS daemons no claim uses; and the CDI files of prepared claims it
+    wrote again because they were gone. `errors` lists what could not be cleaned or written
+    (retried next sweep)."""
 
     unprepared: tuple[str, ...] = ()
     removed_cdi_files: tuple[pathlib.Path, ...] = ()
     destroyed_mig: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     stopped_mps: tuple[str, ...] = ()
+    restored_cdi_files: tuple[pathlib.Path, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,6 +143,12 @@ class _Item:
 
 def _describe(record: checkpoint.ClaimRecord) -> str:
     return f"{record.namespace}/{record.name}"
+
+
+def _pods(resource: model.ResourceClaim) -> str:
+    """` (pod ns/a, ns/b)`: the pods a claim is reserved for, as a message names them; empty when none."""
+    pods = [f"{resource.meta.namespace}/{ref.name}" for ref in resource.reserved_for if ref.resource == "pods"]
+    return f" ({'pod' if len(pods) == 1 else 'pods'} {', '.join(pods)})" if pods else ""
 
 
 def _listed(names: Sequence[str]) -> str:
@@ -237,13 +247,23 @@ class State:
             # result and every MIG instance created; nothing else changes it while the lock is held.
             gpus = {gpu.minor: gpu for gpu in self._gpus.gpus()}
             items = self._plan(claim, resource, gpus)
-            self._check_conflicts(claim, items)
-            previous = self._cp.claims.get(claim.uid)
-            if previous is not None:
-                _log.info("rolling back an interrupted prepare", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid)
-                self._undo_or_raise(previous, what="roll back the interrupted prepare of")
-                self._store(None, uid=claim.uid)
-            return self._apply(claim, items)
+            conflict = self._conflict(claim, items)
+            if conflict is None:
+                previous = self._cp.claims.get(claim.uid)
+                if previous is not None:
+                    _log.info(
+                        "rolling back an interrupted prepare", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid
+                    )
+                    self._undo_or_raise(previous, what="roll back the interrupted prepare of")
+                    self._store(None, uid=claim.uid)
+                return self._apply(claim, items)
+        # Refused; the holder's pods are read outside the lock, so other claims need not wait for that read.
+        device, holder = conflict
+        raise PrepareError(
+            f"claim {claim.namespace}/{claim.name}{_pods(resource)}: device {device} is already prepared for claim "
+            f"{_describe(holder)} (uid {holder.uid}){self._holder_pods(holder)}; it cannot be used by two claims at "
+            "once (were they allocated by two schedulers?)"
+        )
 
     def unprepare(self, claim: ClaimRef) -> None:
         """Undo everything prepare did for the claim. Unknown claims succeed (idempotent).
@@ -260,8 +280,9 @@ class State:
     def sweep(self) -> SweepResult:
         """Remove stale state: prepared claims whose ResourceClaim is gone or has another UID
         (unprepared), our CDI files with no prepared claim, (dynamic MIG) GPU instances and
-        MPS daemons no prepared claim owns. Rebuilds the state first when it must be; while
-        that fails it removes nothing. Idempotent; errors are collected, not raised."""
+        MPS daemons no prepared claim owns; write again the CDI spec of a prepared claim that is
+        gone. Rebuilds the state first when it must be; while that fails it removes nothing.
+        Idempotent; errors are collected, not raised."""
         try:
             with self._locked():
                 records = list(self._cp.claims.values())
@@ -281,6 +302,7 @@ class State:
         removed: list[pathlib.Path] = []
         destroyed: list[str] = []
         stopped: list[str] = []
+        restored: list[pathlib.Path] = []
         try:
             with self._locked():
                 for record in stale:
@@ -303,14 +325,28 @@ class State:
                 stopped = [daemon for daemon in self._mps.daemons() if daemon not in used]
                 for daemon in stopped:
                     self._mps.stop(daemon)
+                for record in self._cp.claims.values():
+                    try:
+                        if self._restore_spec(record):
+                            restored.append(cdi.spec_path(self._cdi_root, record.uid))
+                    except OSError as err:
+                        errors.append(f"claim {_describe(record)}: its CDI spec is gone and cannot be written ({err})")
         except PrepareError as err:
             errors.append(str(err))
-        result = SweepResult(tuple(unprepared), tuple(removed), tuple(destroyed), tuple(errors), tuple(stopped))
-        if unprepared or removed or destroyed or errors or stopped:
+        result = SweepResult(
+            unprepared=tuple(unprepared),
+            removed_cdi_files=tuple(removed),
+            destroyed_mig=tuple(destroyed),
+            errors=tuple(errors),
+            stopped_mps=tuple(stopped),
+            restored_cdi_files=tuple(restored),
+        )
+        if unprepared or removed or destroyed or errors or stopped or restored:
             _log.info(
                 "sweep",
                 unprepared=result.unprepared,
                 removed_cdi_files=[str(p) for p in removed],
+                restored_cdi_files=[str(p) for p in restored],
                 destroyed_mig=destroyed,
                 stopped_mps=stopped,
                 errors=errors,
@@ -450,9 +486,13 @@ class State:
             # A GPU instance without its compute instance is something it made too.
             return record if has_spec or any(self._instance_left(m) for m in record.mig) else None
         by_item, daemons = self._mps_groups(claim, resolved)
-        _, prepared = self._cdi_devices(claim, resolved, by_item)
+        plan = self._visibility(claim, resolved, by_item)
         return dataclasses.replace(
-            record, phase=checkpoint.Phase.COMPLETED, devices=prepared, mps_daemons=tuple(sorted(daemons))
+            record,
+            phase=checkpoint.Phase.COMPLETED,
+            devices=plan.prepared,
+            mps_daemons=tuple(sorted(daemons)),
+            cdi_devices=cdi.device_entries(claim_uid=claim.uid, devices=plan.entries),
         )
 
     def _instance_left(self, m: checkpoint.MigRecord) -> bool:
@@ -478,9 +518,17 @@ class State:
     # --- reading and planning ----------------------------------------------------------------
 
     def _completed(self, claim: ClaimRef) -> tuple[PreparedDevice, ...] | None:
+        """The answer of a completed prepare of the claim, with its CDI spec written again if it is gone; None when
+        the claim is not prepared. Under the locks."""
         record = self._cp.claims.get(claim.uid)
         if record is None or record.phase is not checkpoint.Phase.COMPLETED:
             return None
+        try:
+            self._restore_spec(record)
+        except OSError as err:
+            raise PrepareError(
+                f"claim {claim.namespace}/{claim.name}: its CDI spec is gone and cannot be written again: {err}"
+            ) from None
         return record.devices
 
     def _read_claim(self, claim: ClaimRef) -> model.ResourceClaim:
@@ -638,9 +686,9 @@ class State:
                 )
                 raise PrepareError(self._config_message(name, resource, err))
 
-    def _check_conflicts(self, claim: ClaimRef, items: Sequence[_Item]) -> None:
-        """Refuse a non-admin device another prepared claim holds, unless both hold it as
-        shares of a multi-allocatable device (a share has a shareID)."""
+    def _conflict(self, claim: ClaimRef, items: Sequence[_Item]) -> tuple[str, checkpoint.ClaimRecord] | None:
+        """The first non-admin device of `items` another prepared claim holds, with that claim's record, unless both
+        hold it as shares of a multi-allocatable device (a share has a shareID); None when there is none."""
         for item in items:
             if item.admin:
                 continue
@@ -649,10 +697,16 @@ class State:
                     continue
                 held_whole = item.device in record.exclusive
                 if held_whole or (item.share_id is None and item.device in record.shared):
-                    raise PrepareError(
-                        f"claim {claim.namespace}/{claim.name}: device {item.device} is already prepared for claim "
-                        f"{_describe(record)} (uid {record.uid}); it cannot be used by two claims at once"
-                    )
+                    return item.device, record
+        return None
+
+    def _holder_pods(self, holder: checkpoint.ClaimRecord) -> str:
+        """` (pods ns/a, ns/b)`: the pods a prepared claim is reserved for, read now; empty when it cannot be read."""
+        try:
+            current = self._claims.get_claim(holder.namespace, holder.name)
+        except Exception:  # noqa: BLE001 (only a message's detail: the refusal stands without it)
+            return ""
+        return _pods(current) if current is not None and current.meta.uid == holder.uid else ""
 
     # --- applying and undoing ----------------------------------------------------------------
 
@@ -809,9 +863,13 @@ class State:
             self._store(record, uid=claim.uid)
         for settings in daemons.values():
             self._mps.start(settings)
-        prepared = self._write_cdi(claim, resolved, by_item)
-        self._store(dataclasses.replace(record, phase=checkpoint.Phase.COMPLETED, devices=prepared), uid=claim.uid)
-        return prepared
+        plan = self._visibility(claim, resolved, by_item)
+        entries = self._write_cdi(claim, plan)
+        completed = dataclasses.replace(
+            record, phase=checkpoint.Phase.COMPLETED, devices=plan.prepared, cdi_devices=entries
+        )
+        self._store(completed, uid=claim.uid)
+        return plan.prepared
 
     @staticmethod
     def _merge_mig(
@@ -848,61 +906,71 @@ class State:
                 nodes.append(cdi.device_node(f"/dev/nvidia-caps/nvidia-cap{cap}"))
         return cdi.ContainerEdits(device_nodes=tuple(nodes))
 
-    def _write_cdi(
-        self, claim: ClaimRef, items: Sequence[_Item], by_item: Mapping[int, str]
-    ) -> tuple[PreparedDevice, ...]:
-        specs, prepared = self._cdi_devices(claim, items, by_item)
-        common = (
+    def _common_edits(self) -> cdi.ContainerEdits:
+        """What every claim's spec holds beside its devices: the driver's files and the control nodes."""
+        control = (
             cdi.ContainerEdits(device_nodes=tuple(cdi.device_node(p) for p in _CONTROL_NODES))
             if self._device_nodes
             else cdi.ContainerEdits()
         )
-        common = self._common.common_edits().merged(common)
-        if specs:
-            cdi.write_spec(self._cdi_root, claim.uid, cdi.build_spec(claim_uid=claim.uid, devices=specs, common=common))
-        return prepared
+        return self._common.common_edits().merged(control)
 
-    def _cdi_devices(
-        self, claim: ClaimRef, items: Sequence[_Item], by_item: Mapping[int, str]
-    ) -> tuple[list[tuple[str, cdi.ContainerEdits]], tuple[PreparedDevice, ...]]:
-        """The claim's CDI devices (name and edits) and what the kubelet gets for each device. Pure
-        (the rebuild recomputes the answer a prepare gave from the same items)."""
-        # A container gets the devices of the requests it names (or all of them), and CDI
-        # env edits are last-wins, so each device carries the UUIDs of its whole request.
-        groups: dict[str, list[int]] = {}
+    def _write_cdi(self, claim: ClaimRef, plan: visibility.Plan) -> tuple[dict[str, Any], ...]:
+        """Write the claim's spec; returns its device entries, which the checkpoint records."""
+        entries = cdi.device_entries(claim_uid=claim.uid, devices=plan.entries)
+        if entries:
+            cdi.write_spec(self._cdi_root, claim.uid, cdi.spec_of(entries, common=self._common_edits()))
+        return entries
+
+    def _restore_spec(self, record: checkpoint.ClaimRecord) -> bool:
+        """Write a prepared claim's CDI spec again, from the checkpoint, when it is gone from the CDI directory (a
+        tmpfs /var/run/cdi cleaned, a file removed by hand): containers of the claim that start or restart later
+        need it. Returns whether it wrote. Idempotent; under the locks. Raises OSError when the write fails."""
+        if record.phase is not checkpoint.Phase.COMPLETED:
+            return False
+        path = cdi.spec_path(self._cdi_root, record.uid)
+        if path.exists():
+            return False
+        if not record.cdi_devices:
+            raise OSError(
+                f"{path} is gone, and the checkpoint record, written by an older agent, does not hold its devices: "
+                "delete the claim's pods so that it is prepared again"
+            )
+        cdi.write_spec(self._cdi_root, record.uid, cdi.spec_of(record.cdi_devices, common=self._common_edits()))
+        self._notify(
+            Notice(
+                reason="CDISpecRestored",
+                message=f"the CDI spec of prepared claim {_describe(record)} was gone from {self._cdi_root}; "
+                f"written again from the checkpoint as {path.name}",
+            )
+        )
+        return True
+
+    def _visibility(self, claim: ClaimRef, items: Sequence[_Item], by_item: Mapping[int, str]) -> visibility.Plan:
+        """The claim's CDI devices (name and edits) and what the kubelet gets for each device. Reads MIG
+        capability minors from /proc; otherwise pure (the rebuild recomputes the answer a prepare gave)."""
+        devices = []
         for position, item in enumerate(items):
-            groups.setdefault(item.base, []).append(position)
-        specs: list[tuple[str, cdi.ContainerEdits]] = []
-        prepared: dict[tuple[str, str | None], PreparedDevice] = {}
-        for position, item in enumerate(items):
-            group = groups[item.base]
-            uuids = [items[p].uuid or "" for p in group]
-            env = [f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}", f"CUDA_VISIBLE_DEVICES={','.join(uuids)}"]
-            limits = [f"{n}={items[p].memory_mib}M" for n, p in enumerate(group) if items[p].memory_mib is not None]
-            if limits:
-                env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(limits)}")
+            edits = self._device_edits(item)
             config = item.selected.config.sharing
             if item.share_id is not None and config is not None and config.mps is not None:
                 if config.mps.default_active_thread_percentage is not None:
-                    env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={config.mps.default_active_thread_percentage}")
-            edits = self._device_edits(item).merged(cdi.ContainerEdits(env=tuple(env)))
+                    percentage = config.mps.default_active_thread_percentage
+                    edits = edits.merged(cdi.ContainerEdits(env=(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percentage}",)))
             if position in by_item:
                 edits = edits.merged(self._mps.workload_edits(by_item[position]))
-            key = (item.device, item.share_id)
-            if key in prepared:
-                known = prepared[key]
-                if item.base not in known.requests:
-                    prepared[key] = dataclasses.replace(known, requests=(*known.requests, item.base))
-                continue
-            specs.append((item.cdi_device, edits))
-            prepared[key] = PreparedDevice(
-                requests=(item.base,),
-                pool=self._node,
-                device=item.device,
-                cdi_device_ids=(cdi.qualified_name(claim.uid, item.cdi_device),),
-                share_id=item.share_id,
+            devices.append(
+                visibility.Device(
+                    request=item.base,
+                    device=item.device,
+                    cdi_name=item.cdi_device,
+                    share_id=item.share_id,
+                    uuid=item.uuid or "",
+                    memory_mib=item.memory_mib,
+                    edits=edits,
+                )
             )
-        return specs, tuple(prepared.values())
+        return visibility.plan(claim_uid=claim.uid, pool=self._node, devices=devices)
 
     def _undo_or_raise(self, record: checkpoint.ClaimRecord, *, what: str) -> None:
         try:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dractl import model
-from dractl.node import cdi, fakegpu, sharing, state
+from dractl.node import cdi, checkpoint, fakegpu, sharing, state
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -166,3 +166,28 @@ def env_of(spec: Mapping[str, Any], device_name: str) -> dict[str, str]:
     """The env a CDI device sets, as a dict."""
     device = next(d for d in spec["devices"] if d["name"] == device_name)
     return dict(item.split("=", 1) for item in device["containerEdits"].get("env", ()))
+
+
+def container_sees(
+    spec: Mapping[str, Any], prepared: Sequence[checkpoint.DeviceRecord], *, requests: Sequence[str] = ()
+) -> tuple[dict[str, str], list[str]]:
+    """The env and device node paths a container gets that names `requests` of the claim (none: the whole claim), as
+    the kubelet and a CDI runtime give them: the kubelet takes the CDI ids of every prepared device whose request
+    names hold a named request (of every device when none is named), in the order the prepare returned them; the
+    runtime applies the spec's common edits once, then each device's edits in that order, a later value of a variable
+    replacing an earlier one, device nodes adding up."""
+    ids = [
+        cdi_id
+        for request in requests or ("",)
+        for device in prepared
+        if not request or not device.requests or request in device.requests
+        for cdi_id in device.cdi_device_ids
+    ]
+    by_id = {f"{cdi.KIND}={device['name']}": device for device in spec["devices"]}
+    edits = [spec.get("containerEdits") or {}, *(by_id[cdi_id].get("containerEdits") or {} for cdi_id in ids)]
+    env: dict[str, str] = {}
+    nodes: list[str] = []
+    for edit in edits:
+        env.update(item.split("=", 1) for item in edit.get("env", ()))
+        nodes.extend(node["path"] for node in edit.get("deviceNodes", ()) if node["path"] not in nodes)
+    return env, nodes

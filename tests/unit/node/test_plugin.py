@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections.abc
 import pathlib
 import socket
+import stat
 import threading
 import time
 
@@ -809,3 +810,24 @@ def test_stop_ends_an_open_health_stream(sockets: plugin.Sockets, preparer: Fake
         for _ in range(100):
             next(stream)
     channel.close()
+
+
+@pytest.mark.parametrize("which", ["dra", "registration"])
+def test_stop_leaves_a_socket_a_second_agent_bound_after_ours_was_removed(
+    sockets: plugin.Sockets, preparer: FakePreparer, which: str
+) -> None:
+    """Guards: an agent whose socket was removed, and a second agent then bound its own at the same path: stopping
+    the first removes nothing of the second's (gRPC removes the path it bound when it stops, so it must never have
+    bound this one), and the second still answers."""
+    first = plugin.Plugin(driver_name=DRIVER, sockets=sockets, preparer=preparer)
+    first.start()
+    path = getattr(sockets, which)
+    path.unlink()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as second:
+        second.bind(str(path))
+        second.listen(1)
+        first.stop(grace_s=0)
+        assert stat.S_ISSOCK(path.lstat().st_mode)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(path))
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # nothing of the first is left either

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pathlib
 
 import pytest
@@ -9,6 +11,7 @@ from support import cdi_rules
 from support.state_inputs import (
     claim,
     config,
+    container_sees,
     env_of,
     gpu_config,
     make_node,
@@ -69,6 +72,71 @@ def test_prepare_twice_returns_the_same_answer_without_reading_the_claim_again(t
     assert node.claims.reads == reads
 
 
+def test_a_repeated_prepare_writes_again_a_spec_that_is_gone(tmp_path: pathlib.Path) -> None:
+    """Guards: the CDI directory emptied while a claim is prepared (a cleaned tmpfs, by hand): the kubelet's repeated
+    prepare returns the same CDI ids and the spec they name exists again, as the prepare wrote it, without a read of
+    the claim; a Warning notice says so."""
+    node = make_node(tmp_path, dynamic_mig=True)
+    s = node.state()
+    ref = node.claims.put(claim("m", UID, [result("gpu-1-mig-3g40gb-9-4", "large"), result("gpu-2", "whole")]))
+    first = s.prepare(ref)
+    path = cdi.spec_path(node.cdi_root, UID)
+    written = _spec(node)
+    path.unlink()
+    reads = node.claims.reads
+    assert s.prepare(ref) == first
+    assert _spec(node) == written and node.claims.reads == reads
+    assert [w.reason for w in node.warnings] == ["CDISpecRestored"]
+    assert node.warnings[0].message == (
+        f"the CDI spec of prepared claim default/m was gone from {node.cdi_root}; written again from the checkpoint "
+        f"as {path.name}"
+    )
+
+
+def test_an_agent_start_writes_again_every_prepared_claims_spec_that_is_gone(tmp_path: pathlib.Path) -> None:
+    """Guards: a restarted agent's first sweep writes again the spec of every prepared claim whose spec is gone (the
+    CDI directory was emptied while it was down), so a container restart of a running pod finds its devices; specs
+    that exist are left as they are."""
+    node = make_node(tmp_path)
+    s = node.state()
+    s.prepare(node.claims.put(claim("a", UID, [result("gpu-0")])))
+    s.prepare(node.claims.put(claim("b", UID2, [result("gpu-1", "x"), result("gpu-2", "y")])))
+    gone = cdi.spec_path(node.cdi_root, UID2)
+    written = _spec(node, UID2)
+    gone.unlink()
+    kept = cdi.spec_path(node.cdi_root, UID)
+    before = kept.stat().st_mtime_ns
+    result_ = node.state().sweep()
+    assert result_ == state.SweepResult(restored_cdi_files=(gone,))
+    assert _spec(node, UID2) == written and kept.stat().st_mtime_ns == before
+    assert node.state().sweep() == state.SweepResult()
+
+
+def test_a_spec_gone_with_a_record_of_an_older_agent_is_a_clear_error(tmp_path: pathlib.Path) -> None:
+    """Guards: a prepared claim recorded by a version-2 agent (no CDI devices in its record) whose spec is gone: the
+    repeated prepare fails naming the claim, the file and what to do, and the sweep lists the same, never a crash."""
+    node = make_node(tmp_path)
+    s = node.state()
+    ref = node.claims.put(claim("a", UID, [result("gpu-0")]))
+    s.prepare(ref)
+    path = cdi.spec_path(node.cdi_root, UID)
+    path.unlink()
+    document = json.loads((node.state_dir / state.CHECKPOINT_FILE).read_text())
+    del document["data"]["claims"][UID]["cdi_devices"]
+    covered = json.dumps({"data": document["data"], "version": 2}, sort_keys=True, separators=(",", ":"))
+    document.update(version=2, checksum=hashlib.sha256(covered.encode()).hexdigest())
+    (node.state_dir / state.CHECKPOINT_FILE).write_text(json.dumps(document))
+    older = node.state()
+    message = (
+        f"{path} is gone, and the checkpoint record, written by an older agent, does not hold its devices: delete the "
+        "claim's pods so that it is prepared again"
+    )
+    with pytest.raises(state.PrepareError) as caught:
+        older.prepare(ref)
+    assert str(caught.value) == f"claim default/a: its CDI spec is gone and cannot be written again: {message}"
+    assert older.sweep().errors == (f"claim default/a: its CDI spec is gone and cannot be written ({message})",)
+
+
 def test_unprepare_removes_the_spec_and_unknown_claims_succeed(tmp_path: pathlib.Path) -> None:
     """Guards: unprepare deletes the CDI file and the record; unpreparing an unknown claim or twice succeeds."""
     node = make_node(tmp_path)
@@ -123,15 +191,48 @@ def test_a_result_in_another_nodes_pool_is_the_claims_error(
     assert s.prepared() == {} and node.cdi_files() == []
 
 
-def test_env_lists_the_uuids_of_each_request(tmp_path: pathlib.Path) -> None:
-    """Guards: with two requests, each device's env names the UUIDs of its own request."""
+def test_a_container_sees_the_devices_of_the_requests_it_names_and_all_when_it_names_none(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Guards: a claim with two requests: a container that names one sees exactly that request's GPUs, in its env and
+    its device nodes; one that names none sees every GPU of the claim in both (CDI env edits are last-wins, so without
+    the claim's every-request entry its env would name only the last request's GPUs)."""
     node = make_node(tmp_path)
     ref = node.claims.put(claim("c", UID, [result("gpu-0", "a"), result("gpu-1", "b"), result("gpu-2", "a")]))
-    node.state().prepare(ref)
+    prepared = node.state().prepare(ref)
     spec = _spec(node)
     uuids = {g.minor: g.uuid for g in node.gpus.gpus()}
-    assert env_of(spec, f"{UID}-gpu-0")["CUDA_VISIBLE_DEVICES"] == f"{uuids[0]},{uuids[2]}"
-    assert env_of(spec, f"{UID}-gpu-1")["CUDA_VISIBLE_DEVICES"] == uuids[1]
+    for requests, minors in (((), [0, 1, 2]), (("a",), [0, 2]), (("b",), [1])):
+        env, nodes = container_sees(spec, prepared, requests=requests)
+        visible = ",".join(uuids[m] for m in minors)
+        assert (env["NVIDIA_VISIBLE_DEVICES"], env["CUDA_VISIBLE_DEVICES"]) == (visible, visible), requests
+        assert [n for n in nodes if n[len("/dev/nvidia") :].isdigit()] == [f"/dev/nvidia{m}" for m in minors]
+
+
+def test_a_claim_of_one_request_has_no_every_request_entry(tmp_path: pathlib.Path) -> None:
+    """Guards: the every-request entry is only for claims of two requests or more: a one-request claim of two GPUs
+    returns its two devices, and a container sees both."""
+    node = make_node(tmp_path)
+    prepared = node.state().prepare(node.claims.put(claim("c", UID, [result("gpu-0"), result("gpu-1")])))
+    assert [(d.device, d.requests) for d in prepared] == [("gpu-0", ("gpu",)), ("gpu-1", ("gpu",))]
+    env, _ = container_sees(_spec(node), prepared)
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(g.uuid for g in node.gpus.gpus()[:2])
+
+
+def test_a_mig_pair_of_one_parent_is_seen_whole_by_a_container_that_names_no_request(tmp_path: pathlib.Path) -> None:
+    """Guards: the seed's MIG pair (large-slice + small-slice on one parent): a container naming neither request sees
+    both MIG devices in its env; each container naming one sees only its own."""
+    node = make_node(tmp_path, dynamic_mig=True)
+    large, small = "gpu-1-mig-3g40gb-9-4", "gpu-1-mig-1g10gb-19-2"
+    ref = node.claims.put(claim("m", UID, [result(large, "large-slice"), result(small, "small-slice")]))
+    prepared = node.state().prepare(ref)
+    made = {d.profile_id: d.uuid for d in node.gpus.mig_devices(1)}
+    spec = _spec(node)
+    seen = {
+        requests: container_sees(spec, prepared, requests=requests)[0]["CUDA_VISIBLE_DEVICES"]
+        for requests in ((), ("large-slice",), ("small-slice",))
+    }
+    assert seen == {(): f"{made[9]},{made[19]}", ("large-slice",): made[9], ("small-slice",): made[19]}
 
 
 @pytest.mark.parametrize(
@@ -176,14 +277,18 @@ def test_an_api_failure_is_the_claims_error(tmp_path: pathlib.Path) -> None:
 
 
 def test_a_device_held_by_another_claim_is_refused(tmp_path: pathlib.Path) -> None:
-    """Guards: no double use: a non-admin device prepared for one claim is refused to another, naming both claims."""
+    """Guards: no double use: a non-admin device prepared for one claim is refused to another, naming both claims and
+    the pods each is reserved for (the kubelet puts the message in an Event on the refused pod)."""
     node = make_node(tmp_path)
     s = node.state()
-    s.prepare(node.claims.put(claim("first", UID, [result("gpu-0")])))
-    with pytest.raises(
-        state.PrepareError, match=r"claim default/second: device gpu-0 is already prepared for claim default/first"
-    ):
-        s.prepare(node.claims.put(claim("second", UID2, [result("gpu-0")])))
+    s.prepare(node.claims.put(claim("first", UID, [result("gpu-0")], reserved=True)))
+    with pytest.raises(state.PrepareError) as caught:
+        s.prepare(node.claims.put(claim("second", UID2, [result("gpu-0")], reserved=True)))
+    assert str(caught.value) == (
+        "claim default/second (pod default/pod-second): device gpu-0 is already prepared for claim default/first "
+        f"(uid {UID}) (pod default/pod-first); it cannot be used by two claims at once (were they allocated by two "
+        "schedulers?)"
+    )
     assert list(s.prepared()) == [UID]
 
 

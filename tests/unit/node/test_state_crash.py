@@ -10,7 +10,7 @@ import pytest
 from support import cdi_rules
 from support.state_inputs import claim, config, gpu_config, make_node, result
 
-from dractl.node import backend, cdi, checkpoint, sharing, state
+from dractl.node import backend, cdi, checkpoint, sharing, state, visibility
 
 UID = "1a2b3c4d-0000-4000-8000-000000000001"
 UID2 = "1a2b3c4d-0000-4000-8000-000000000002"
@@ -55,7 +55,11 @@ def test_crash_after_mig_creation_is_rolled_back_on_retry(tmp_path: pathlib.Path
     node.common = cdi.NoCommonEdits()
     retried = node.state()
     devices = retried.prepare(ref)
-    assert [d.device for d in devices] == ["gpu-0", MIG_A]
+    assert [(d.device, d.requests) for d in devices] == [
+        ("gpu-0", ("gpu",)),
+        (MIG_A, ("mig",)),
+        (MIG_A, (visibility.ALL_REQUESTS,)),
+    ]
     assert len(node.gpus.gpu_instances(1)) == 1  # the first attempt's instance was destroyed, one made again
     assert node.mps.calls[1][0] == "stop" and len(node.mps.running) == 1
     assert node.cdi_files() == [f"k8s.gpu.nvidia.com-claim_{UID}.yaml"]
@@ -233,7 +237,12 @@ def test_spec_written_for_every_kind_of_device_is_valid_cdi(tmp_path: pathlib.Pa
     )
     node.state().prepare(ref)
     spec = cdi_rules.check_file(cdi.spec_path(node.cdi_root, UID))
-    assert [d["name"] for d in spec["devices"]] == [f"{UID}-gpu-0", f"{UID}-{MIG_A}", f"{UID}-gpu-2-s1s2s"]
+    assert [d["name"] for d in spec["devices"]] == [
+        f"{UID}-gpu-0",
+        f"{UID}-{MIG_A}",
+        f"{UID}-gpu-2-s1s2s",
+        f"{UID}-{visibility.ALL_REQUESTS}",
+    ]
 
 
 def test_sweep_stops_mps_daemons_no_claim_uses(tmp_path: pathlib.Path) -> None:
