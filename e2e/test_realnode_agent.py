@@ -15,6 +15,7 @@ import pathlib
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import controlplane
 import node_images
@@ -121,6 +122,72 @@ def test_a_pod_gets_its_claims_gpu_from_containerd_and_deleting_it_unprepares_it
     assert "deviceNodes" not in json.dumps(spec), spec
     api.delete(client.PODS, "trainer", namespace=namespace)
     controlplane.wait_until(lambda: not cluster.cdi_files(NODE), what="the claim's CDI spec is removed", timeout=90)
+
+
+def test_each_container_of_a_two_request_claim_sees_its_requests_gpus_also_after_the_cdi_dir_was_emptied(
+    cluster: realcluster.RealCluster, agent: controlplane.Process
+) -> None:
+    """Guards: what containers see on a real node (containerd's CDI injection): for a claim of two requests, the
+    container that names neither sees both GPUs and each container that names one sees only that one's; and with
+    the CDI directory emptied while the pod runs, a container of it that exits is restarted by the kubelet with the
+    same GPUs (the agent writes the spec again from its checkpoint; the kubelet does not prepare again)."""
+    api = cluster.api
+    namespace = "two-requests"
+    node = cluster.node(NODE)
+    kube_objects.make_namespace(api, namespace)
+    requests = [{"name": name, "exactly": {"deviceClassName": "gpu.nvidia.com"}} for name in ("first", "second")]
+    template = kube_objects.template("two", namespace=namespace, spec={"devices": {"requests": requests}})
+    api.create(client.RESOURCE_CLAIM_TEMPLATES, template)
+    pod = scenarios.workload_pod("trainer", namespace=namespace, claims={"gpu": kube_objects.from_template("two")})
+    (main,) = pod["spec"]["containers"]
+    named = [
+        {**main, "name": name, "resources": {"claims": [{"name": "gpu", "request": name}]}}
+        for name in ("first", "second")
+    ]
+    # Exits once the test creates /trigger/go on the node, which it removes first, so it runs on after its restart.
+    wait_then_exit = "while [ ! -e /trigger/go ]; do sleep 0.2; done; rm -f /trigger/go; exit 1"
+    restarting = {
+        **main,
+        "name": "restarting",
+        "command": ["sh", "-c", scenarios.WORKLOAD_SCRIPT.replace("trap", f"{wait_then_exit}; trap", 1)],
+        "volumeMounts": [{"name": "trigger", "mountPath": "/trigger"}],
+    }
+    pod["spec"]["containers"] = [main, *named, restarting]
+    pod["spec"]["volumes"] = [
+        {"name": "trigger", "hostPath": {"path": "/var/lib/dractl-e2e-trigger", "type": "DirectoryOrCreate"}}
+    ]
+    api.create(client.PODS, pod)
+    scenarios.wait_running(api, namespace, count=1)
+    claim = scenarios.claim_of(api, api.get(client.PODS, "trainer", namespace=namespace), "gpu")
+    first, second = (scenarios.uuids(scenarios.allocated(api, claim, request)) for request in ("first", "second"))
+    assert len(first) == len(second) == 1 and first != second
+    seen = {
+        container: scenarios.visible_devices(scenarios.wait_environment(api, namespace, "trainer", container))
+        for container in ("main", "first", "second", "restarting")
+    }
+    assert seen == {"main": first + second, "first": first, "second": second, "restarting": first + second}
+
+    (spec_file,) = cluster.cdi_files(NODE)
+    assert node.run(["rm", f"{scenarios.CDI_DIR}/{spec_file}"]).returncode == 0
+    node.host_path("/var/lib/dractl-e2e-trigger/go").write_text("")
+
+    def restarted() -> dict[str, Any] | None:
+        statuses = api.get(client.PODS, "trainer", namespace=namespace)["status"].get("containerStatuses") or ()
+        status = next(s for s in statuses if s["name"] == "restarting")
+        return status if status.get("restartCount", 0) >= 1 and "running" in (status.get("state") or {}) else None
+
+    scenarios.wait(
+        restarted,
+        what=lambda: (
+            "the container restarted with its devices: "
+            f"{api.get(client.PODS, 'trainer', namespace=namespace)['status'].get('containerStatuses')}"
+        ),
+        timeout=120,
+    )
+    assert cluster.cdi_files(NODE) == [spec_file]
+    env = scenarios.wait_environment(api, namespace, "trainer", "restarting")
+    assert scenarios.visible_devices(env) == first + second
+    scenarios.remove_namespace(api, namespace)
 
 
 def test_a_stopped_node_leaves_no_process_mount_cgroup_or_sysctl_change(

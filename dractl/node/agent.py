@@ -303,6 +303,7 @@ class Agent:
         self._publishing: threading.Thread | None = None
         self._stop_publishing = threading.Event()
         self._last_sweep = 0.0
+        self._restore_failures: set[str] = set()
         self._recorder: kube_events.Recorder | None = None
         self.state: state.State | None = None
         self.monitor: health.Monitor | None = None
@@ -686,11 +687,17 @@ class Agent:
 
     def tick(self) -> None:
         """Periodic work from the main loop: have a failed publish retried (by the current
-        publisher thread), sweep every SWEEP_INTERVAL_S."""
+        publisher thread), write again a prepared claim's CDI spec that is gone (a container of
+        it restarting needs it), sweep every SWEEP_INTERVAL_S."""
         if self._publish_pending:
             self._publish_wanted.set()
         if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
             self.sweep()
+        elif self.state is not None:
+            # Each failure is logged once, not every tick; the sweep logs what still fails every SWEEP_INTERVAL_S.
+            for error in set(self.state.restore_specs().errors) - self._restore_failures:
+                _log.warning("cannot write a prepared claim's CDI spec again", error=error)
+                self._restore_failures.add(error)
 
     def sweep(self) -> None:
         if self.state is None:

@@ -302,7 +302,7 @@ class State:
         removed: list[pathlib.Path] = []
         destroyed: list[str] = []
         stopped: list[str] = []
-        restored: list[pathlib.Path] = []
+        restored: tuple[pathlib.Path, ...] = ()
         try:
             with self._locked():
                 for record in stale:
@@ -325,12 +325,7 @@ class State:
                 stopped = [daemon for daemon in self._mps.daemons() if daemon not in used]
                 for daemon in stopped:
                     self._mps.stop(daemon)
-                for record in self._cp.claims.values():
-                    try:
-                        if self._restore_spec(record):
-                            restored.append(cdi.spec_path(self._cdi_root, record.uid))
-                    except OSError as err:
-                        errors.append(f"claim {_describe(record)}: its CDI spec is gone and cannot be written ({err})")
+                restored = self._restore_specs(errors)
         except PrepareError as err:
             errors.append(str(err))
         result = SweepResult(
@@ -339,7 +334,7 @@ class State:
             destroyed_mig=tuple(destroyed),
             errors=tuple(errors),
             stopped_mps=tuple(stopped),
-            restored_cdi_files=tuple(restored),
+            restored_cdi_files=restored,
         )
         if unprepared or removed or destroyed or errors or stopped or restored:
             _log.info(
@@ -352,6 +347,18 @@ class State:
                 errors=errors,
             )
         return result
+
+    def restore_specs(self) -> SweepResult:
+        """Write again, from the checkpoint, the CDI spec of every prepared claim whose spec is gone from the CDI
+        directory (cleaned by hand, a tmpfs emptied), so a container of it that starts or restarts finds its
+        devices. Cheap when none is gone: one stat per prepared claim. Idempotent; errors are collected."""
+        errors: list[str] = []
+        try:
+            with self._locked():
+                restored = self._restore_specs(errors)
+        except PrepareError as err:
+            return SweepResult(errors=(str(err),))
+        return SweepResult(restored_cdi_files=restored, errors=tuple(errors))
 
     # --- the checkpoint, shared with other processes, and its rebuild ---------------------------
 
@@ -945,6 +952,18 @@ class State:
             )
         )
         return True
+
+    def _restore_specs(self, errors: list[str]) -> tuple[pathlib.Path, ...]:
+        """`_restore_spec` for every prepared claim; what it wrote, and each failure appended to `errors`. Under
+        the locks."""
+        restored = []
+        for record in self._cp.claims.values():
+            try:
+                if self._restore_spec(record):
+                    restored.append(cdi.spec_path(self._cdi_root, record.uid))
+            except OSError as err:
+                errors.append(f"claim {_describe(record)}: its CDI spec is gone and cannot be written ({err})")
+        return tuple(restored)
 
     def _visibility(self, claim: ClaimRef, items: Sequence[_Item], by_item: Mapping[int, str]) -> visibility.Plan:
         """The claim's CDI devices (name and edits) and what the kubelet gets for each device. Reads MIG

@@ -147,6 +147,20 @@ def test_prepare_through_the_agent_is_counted_in_metrics(
     assert 'dractl_node_request_duration_seconds_count{operation="prepare"} 1.0' in text
 
 
+def test_a_tick_writes_again_a_prepared_claims_spec_that_was_removed(
+    node_agent: agent.Agent, claims: Claims, settings: config.NodeAgent
+) -> None:
+    """Guards: the CDI directory emptied while the agent runs (a container of a prepared claim restarting needs its
+    spec, and the kubelet does not prepare again): the next tick, not only the 10-minute sweep, writes it again."""
+    ref = claims.put(claim("train", UID, [result("gpu-2")]))
+    assert kubelet.prepare(node_agent.sockets.dra, ref)[UID].error == ""
+    spec = settings.cdi_root / f"k8s.gpu.nvidia.com-claim_{UID}.yaml"
+    written = spec.read_text()
+    spec.unlink()
+    node_agent.tick()
+    assert spec.read_text() == written
+
+
 def test_an_xid_taints_the_slice_and_shows_on_the_health_stream(
     node_agent: agent.Agent, gpus: fakegpu.FakeGpus, publisher: FakePublisher
 ) -> None:
