@@ -88,7 +88,7 @@ COMPONENTS: tuple[Component, ...] = (
         "claim-reader",
         modules=("dractl.kube.claims",),
         provides=("ApiClaimSource",),
-        rules=(Rule(kube_client.PODS, ("list",)), Rule(kube_client.RESOURCE_CLAIMS, ("get",))),
+        rules=(Rule(kube_client.RESOURCE_CLAIMS, ("get", "list")),),
     ),
     Component("controller", modules=("dractl.controller.run",), builds=("Elector", "Recorder")),
     Component(

@@ -222,14 +222,25 @@ def test_the_controllers_are_the_ones_the_controller_runs() -> None:
     assert sorted(access.CONTROLLERS) == sorted(run.CONTROLLERS)
 
 
+def test_the_node_agent_may_read_no_pod() -> None:
+    """Guards least privilege: the node agent (with its helpers) has no rule on pods in any scope, since pod specs hold
+    secrets in their environment and it rebuilds a lost checkpoint from claims alone."""
+    granted = [
+        rule["resources"][0]
+        for scope in access.Scope
+        for rule in access.rules(["node-agent"], scope=scope)
+        if rule["apiGroups"] == [""]
+    ]
+    assert not [resource for resource in granted if resource.split("/")[0] == "pods"], granted
+
+
 def test_a_mode_gets_its_helpers_rules_merged_per_resource() -> None:
     """Guards: the node agent's rules include what its claim reader and Event recorder call, one rule per resource."""
     rules = access.rules(["node-agent"], scope=access.Scope.CLUSTER)
     assert rules == [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list"]},
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
