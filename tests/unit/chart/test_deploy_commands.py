@@ -1,10 +1,11 @@
-"""The deploying section's commands (README.md, "Deploying with Helm"), run as printed: Helm's flags through its engine.
+"""The deploying page's commands (docs/helm.md), run as printed: Helm's flags through its engine.
 
-Every shell command of the section's `sh` blocks is read with shlex (comments dropped, continuation lines joined)
+Every shell command of the page's `sh` blocks is read with shlex (comments dropped, continuation lines joined)
 and checked: the image built and imported is the one the installs and the upgrade run, each `helm install` /
 `helm upgrade` renders with exactly its flags (parsed by Helm's own `--set` parsers, `--reuse-values` over the
 install before it) and gives what its comment promises, and each `kubectl` command names what the chart made.
-A command this test does not know fails it, so the section cannot print one no test ran.
+A command this test does not know fails it, so the page cannot print one no test ran. (tests/test_docs.py holds
+README.md's quick start to commands of the docs pages.)
 """
 
 from __future__ import annotations
@@ -24,22 +25,18 @@ import dractl
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
-DOC = ROOT / "README.md"
-SECTION = "## Deploying with Helm"
+DOC = ROOT / "docs" / "helm.md"
 GPU_NODES = {"nvidia.com/gpu.present": "true"}
 
 
-def _section() -> str:
-    text = DOC.read_text(encoding="utf-8")
-    start = text.index(f"\n{SECTION}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end >= 0 else len(text)]
+def _page() -> str:
+    return DOC.read_text(encoding="utf-8")
 
 
 def _commands() -> list[list[str]]:
-    """Every command of the section's sh blocks, as its words (comments dropped, `\\` continuations joined)."""
+    """Every command of the page's sh blocks, as its words (comments dropped, `\\` continuations joined)."""
     commands = []
-    for block in re.findall(r"```sh\n(.*?)```", _section(), flags=re.DOTALL):
+    for block in re.findall(r"```sh\n(.*?)```", _page(), flags=re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if words:
@@ -69,7 +66,7 @@ _PARSERS = {
 @pytest.fixture(scope="module")
 def commands() -> list[list[str]]:
     found = _commands()
-    assert found, f"{DOC}: no sh block in {SECTION!r}"
+    assert found, f"{DOC}: no sh block"
     return found
 
 
@@ -98,10 +95,10 @@ def _pod_specs(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, A
             yield workload["metadata"]["name"], workload["spec"]["template"]["spec"]
 
 
-def test_every_command_of_the_deploying_section_does_what_it_says(commands: list[list[str]]) -> None:
-    """Guards the section as a new user runs it: the installs and the upgrade render with Helm's engine exactly as
+def test_every_command_of_the_deploying_page_does_what_it_says(commands: list[list[str]]) -> None:
+    """Guards the page as a new user runs it: the installs and the upgrade render with Helm's engine exactly as
     printed, the fake-GPU install's node agent selects every node (no GPU label left by a merge: issue 25's 0-pod
-    DaemonSet), the NVML one GPU nodes, every workload runs the image the section built and imported, and the verify,
+    DaemonSet), the NVML one GPU nodes, every workload runs the image the page built and imported, and the verify,
     uninstall and namespace commands name the release's own objects."""
     built = imported = ""
     namespace = ""
@@ -117,7 +114,7 @@ def test_every_command_of_the_deploying_section_does_what_it_says(commands: list
             archive = f"{name.rpartition('/')[2].replace(':', '-')}.oci.tar"
             seen.add("build")
         elif words[:4] == ["ctr", "-n", "k8s.io", "images"] and words[4] == "import":
-            assert built, f"`{line}` imports an image the section has not built yet"
+            assert built, f"`{line}` imports an image the page has not built yet"
             assert words[5:] == [archive], f"`{line}`: the archive built is {archive}"
             imported = built
             seen.add("import")
@@ -128,7 +125,7 @@ def test_every_command_of_the_deploying_section_does_what_it_says(commands: list
             assert positional == [chart.RELEASE, "charts/dractl"] and where == namespace == chart.NAMESPACE, line
             assert (ROOT / positional[1]).resolve() == chart.CHART
             bases = [v for _, v in installs] if reuse else [{}]
-            assert bases, f"`{line}` reuses the values of an install the section has not made"
+            assert bases, f"`{line}` reuses the values of an install the page has not made"
             for base in bases:
                 objects = chart.render(_set_into(base, values))
                 rendered.append(objects)
@@ -153,7 +150,7 @@ def test_every_command_of_the_deploying_section_does_what_it_says(commands: list
 
 
 def _check_kubectl(words: list[str], objects: list[dict[str, Any]]) -> None:
-    """A kubectl command of the section names objects the last install made (or reads only)."""
+    """A kubectl command of the page names objects the last install made (or reads only)."""
     line = shlex.join(words)
     assert objects, f"`{line}` comes before any install"
     if "-n" in words:
@@ -182,11 +179,11 @@ def _check_kubectl(words: list[str], objects: list[dict[str, Any]]) -> None:
         pytest.fail(f"{DOC}: `{line}` is a kubectl command this test does not know")
 
 
-def test_the_sections_inline_flags_render_as_it_says() -> None:
-    """Guards the section's inline `--set`/`--set-json` examples: each renders with Helm's engine, and a nodeSelector
+def test_the_pages_inline_flags_render_as_it_says() -> None:
+    """Guards the page's inline `--set`/`--set-json` examples: each renders with Helm's engine, and a nodeSelector
     given replaces the default instead of merging with it (`{}`: every node)."""
-    flags = re.findall(r"`(--set(?:-json|-string)? [^`]+)`", _section().replace("\n", " "))
-    assert flags, f"{DOC}: no inline --set example in {SECTION!r}"
+    flags = re.findall(r"`(--set(?:-json|-string)? [^`]+)`", _page().replace("\n", " "))
+    assert flags, f"{DOC}: no inline --set example"
     for flag in flags:
         words = shlex.split(flag)
         _, _, _, values, _ = _helm(["helm", "install", *words])

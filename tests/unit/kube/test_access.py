@@ -19,7 +19,7 @@ from dractl.kube import client as kube_client
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "dractl"
 CHART_RBAC = ROOT / "charts" / "dractl" / "files" / "rbac.yaml"
-RBAC_DOC = ROOT / "README.md"
+RBAC_DOC = ROOT / "docs" / "helm.md"
 
 # Client methods and the RBAC verb (and subresource) each one sends.
 _METHODS = {
