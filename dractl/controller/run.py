@@ -630,6 +630,9 @@ def _run(
                 namespace=namespace,
                 name=settings.lease_name,
                 identity=me,
+                # In a pod the hostname is the pod's name: the Lease then names the pod, so a successor takes over
+                # at once once it is gone (the Elector checks that such a pod exists in the Lease's namespace).
+                pod=socket.gethostname() if SERVICE_ACCOUNT_NAMESPACE.exists() else "",
                 lease_duration=settings.lease_duration,
                 renew_deadline=settings.renew_deadline,
                 retry_period=settings.retry_period,

@@ -76,7 +76,11 @@ COMPONENTS: tuple[Component, ...] = (
         "leader-election",
         modules=("dractl.kube.leader",),
         provides=("Elector",),
-        rules=(Rule(kube_client.LEASES, ("get", "create", "update"), scope=Scope.OWN_NAMESPACE),),
+        rules=(
+            Rule(kube_client.LEASES, ("get", "create", "update"), scope=Scope.OWN_NAMESPACE),
+            # The holder's own pod (its UID, named in the Lease) and a holder's pod (gone: take over at once).
+            Rule(kube_client.PODS, ("get",), scope=Scope.OWN_NAMESPACE),
+        ),
     ),
     Component(
         "events",
@@ -88,7 +92,7 @@ COMPONENTS: tuple[Component, ...] = (
         "claim-reader",
         modules=("dractl.kube.claims",),
         provides=("ApiClaimSource",),
-        rules=(Rule(kube_client.PODS, ("list",)), Rule(kube_client.RESOURCE_CLAIMS, ("get",))),
+        rules=(Rule(kube_client.RESOURCE_CLAIMS, ("get", "list")),),
     ),
     Component("controller", modules=("dractl.controller.run",), builds=("Elector", "Recorder")),
     Component(

@@ -8,7 +8,12 @@ leading. Every write is an update with the Lease's resourceVersion as preconditi
 electors never both win. `run()` loops over that step until stopped, calls `on_started` on
 becoming leader and `on_stopped` on losing the lease (renewal failing for `renew_deadline`, or
 another holder seen on it) or stopping, and releases the Lease on a clean stop so a successor
-need not wait. Each elector has a `Fence`, which the process's writes check just before they
+need not wait. A holder that runs in a pod in the Lease's namespace (`Config.pod`) names that pod
+(name and UID) in the Lease's `dractl.io/holder-pod` annotation; a candidate that finds the Lease
+held by such a holder whose pod no longer exists (or has ended) takes it over at once instead of
+waiting out the lease: after `helm uninstall` deleted the Role before the last leader's pod
+ended, that leader could not release the Lease, and the next install would otherwise wait.
+Each elector has a `Fence`, which the process's writes check just before they
 are sent: it lets them through only while the last successful renewal began less than
 `renew_deadline` ago. A leader that was paused (SIGSTOP, a stalled VM) past its deadline thus
 sends no write when it goes on, even before its loop notices that it lost.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 import threading
 import time
@@ -50,17 +56,29 @@ class SystemClock:
         return datetime.datetime.now(datetime.UTC)
 
 
+HOLDER_POD = "dractl.io/holder-pod"
+"""The Lease annotation naming the holder's pod: JSON `{"identity", "pod", "uid"}`, written with the holder's identity
+in the same update, so a holder that wrote none (another elector) is never mistaken for the pod named."""
+
+_ENDED = ("Succeeded", "Failed")
+
+
 def _micro_time(moment: datetime.datetime) -> str:
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Config:
-    """client-go's defaults: 15 s lease, renew within 10 s, retry every 2 s."""
+    """client-go's defaults: 15 s lease, renew within 10 s, retry every 2 s.
+
+    `pod` is the name of the pod this candidate runs in, in `namespace` ("" when it runs in none
+    there): its holder annotation lets a successor take over at once once the pod is gone.
+    """
 
     namespace: str
     name: str
     identity: str
+    pod: str = ""
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
@@ -137,6 +155,8 @@ class Elector:
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen on the Lease
         self._observed_at = 0.0
         self._holder = ""  # the holder the last step saw, when another candidate holds the Lease
+        self._own_pod: dict[str, str] | None = None  # this candidate's HOLDER_POD record, once its pod was read
+        self._alive: str = ""  # the last HOLDER_POD annotation whose pod was found running (read once per holder)
         self.leading = False
         self.fence = Fence(
             lease=f"{config.namespace}/{config.name}", renew_deadline=config.renew_deadline, clock=self._clock
@@ -189,7 +209,7 @@ class Elector:
                     {
                         "apiVersion": "coordination.k8s.io/v1",
                         "kind": "Lease",
-                        "metadata": {"name": self.config.name, "namespace": self.config.namespace},
+                        "metadata": self._metadata({"name": self.config.name, "namespace": self.config.namespace}),
                         "spec": self._spec(acquire_time=now_text, transitions=0),
                     },
                 )
@@ -204,7 +224,7 @@ class Elector:
             self._observed, self._observed_at = record, now
         if holder and holder != self.config.identity:
             duration = float(spec.get("leaseDurationSeconds") or self.config.lease_duration)
-            if now < self._observed_at + duration:
+            if now < self._observed_at + duration and not self._holder_pod_gone(lease, holder):
                 self._holder = holder
                 return False  # Held, and renewed within its duration as far as we can tell.
         transitions = int(spec.get("leaseTransitions") or 0)
@@ -213,6 +233,7 @@ class Elector:
             transitions += 1
             acquire_time = _micro_time(self._clock.wall())
         updated = dict(lease)
+        updated["metadata"] = self._metadata(lease.get("metadata") or {})
         updated["spec"] = {**spec, **self._spec(acquire_time=acquire_time, transitions=transitions)}
         if self.leading and self.fence.expired():
             return False  # Paused past the deadline since the read: give up rather than renew late.
@@ -223,6 +244,84 @@ class Elector:
         stored_spec = stored.get("spec") or {}
         self._observed = (self.config.identity, str(stored_spec.get("renewTime") or ""))
         self._observed_at = now
+        return True
+
+    def _metadata(self, metadata: dict[str, Any]) -> dict[str, Any]:
+        """The Lease's metadata as this candidate writes it: its HOLDER_POD record, or none when it has no pod."""
+        annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != HOLDER_POD}
+        record = self._pod_record()
+        if record is not None:
+            annotations[HOLDER_POD] = json.dumps(record, sort_keys=True)
+        return {**metadata, "annotations": annotations}
+
+    def _pod_record(self) -> dict[str, str] | None:
+        """This candidate's HOLDER_POD record, its pod read once for the UID; None when it runs in no pod there (none
+        configured, or none of that name: a hostname the kubelet shortened) or the read failed (tried again at the
+        next write)."""
+        if not self.config.pod:
+            return None
+        if self._own_pod is None:
+            try:
+                pod = self._client.get(kube_client.PODS, self.config.pod, namespace=self.config.namespace)
+            except kube_client.ApiError as error:
+                log.warning(
+                    "lease %s/%s: cannot read this replica's pod %s, so a successor would wait out a lease this "
+                    "replica could not release: %s",
+                    self.config.namespace,
+                    self.config.name,
+                    self.config.pod,
+                    error,
+                )
+                if isinstance(error, kube_client.NotFound) or error.status == 403:
+                    self._own_pod = {}
+                return None
+            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            self._own_pod = {"identity": self.config.identity, "pod": self.config.pod, "uid": uid}
+        return self._own_pod or None
+
+    def _holder_pod_gone(self, lease: dict[str, Any], holder: str) -> bool:
+        """Whether the Lease's HOLDER_POD record for `holder` names a pod that no longer exists, was replaced (another
+        UID) or has ended. False when there is no record for this holder or the pod cannot be read. The pod is
+        read once per record: a pod found running is left to the lease's expiry after that.
+
+        A pod leaves the API only once its kubelet saw its containers end, so its holder writes no more;
+        a pod force-deleted on a node that still runs it is the exception (as for every controller)."""
+        text = str(((lease.get("metadata") or {}).get("annotations") or {}).get(HOLDER_POD) or "")
+        if not text or text == self._alive:
+            return False
+        try:
+            record = json.loads(text)
+        except ValueError:
+            return False
+        if not (isinstance(record, dict) and record.get("identity") == holder and record.get("pod")):
+            return False
+        try:
+            pod = self._client.get(kube_client.PODS, str(record["pod"]), namespace=self.config.namespace)
+        except kube_client.NotFound:
+            pod = None
+        except kube_client.ApiError as error:
+            log.warning(
+                "lease %s/%s: cannot read the holder's pod %s, so the lease is waited out: %s",
+                self.config.namespace,
+                self.config.name,
+                record["pod"],
+                error,
+            )
+            self._alive = text
+            return False
+        if pod is not None and (
+            str((pod.get("metadata") or {}).get("uid") or "") == str(record.get("uid") or "")
+            and (pod.get("status") or {}).get("phase") not in _ENDED
+        ):
+            self._alive = text
+            return False
+        log.warning(
+            "lease %s/%s: the holder %s's pod %s is gone; taking the lease over at once",
+            self.config.namespace,
+            self.config.name,
+            holder,
+            record["pod"],
+        )
         return True
 
     def release(self) -> None:

@@ -1,6 +1,6 @@
 """The image tools/build_image.py builds: its config, dractl running in it, what it leaves out, its cache.
 
-Marked `image`: a cold build takes minutes (README.md, "Container image"); `-m 'not image'` leaves
+Marked `image`: a cold build takes minutes (docs/image.md); `-m 'not image'` leaves
 these tests out. dractl runs from the image's root filesystem chrooted in private namespaces, as
 the image's user, with the image's environment, the way a container runtime would start it.
 """

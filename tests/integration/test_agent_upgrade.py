@@ -4,8 +4,8 @@ Issue 15: a checkpoint of another version or a corrupt one must never wipe the n
 agent started on the same directories) must never take the first one's sockets. Each test runs agents with
 `support.agent_process` on fake A100s with dynamic MIG. The claims are held the way the kubelet's node sees them:
 allocated in the node's pool and reserved for pods bound to the node (Pod objects with `spec.nodeName`; no kubelet
-runs), which is what the agent reads from the API to rebuild a lost checkpoint. What the agents left is read from
-their files: the checkpoint, the CDI root and the fake's `fake-gpus.json` (the node's MIG instances).
+runs); the agent reads those claims (never the pods) from the API to rebuild a lost checkpoint. What the agents left
+is read from their files: the checkpoint, the CDI root and the fake's `fake-gpus.json` (the node's MIG instances).
 """
 
 from __future__ import annotations

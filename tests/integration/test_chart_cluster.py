@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import pathlib
@@ -29,7 +30,7 @@ import pytest
 from support import chart, kube_objects, kubelet, observe
 
 from dractl._proto import dra_v1_pb2
-from dractl.kube import access
+from dractl.kube import access, leader
 from dractl.kube import client as kube_client
 from dractl.model import opaque
 from dractl.node import plugin, state
@@ -600,3 +601,56 @@ def test_the_controller_runs_with_its_accounts_rbac_and_needs_all_of_it(
     granted = _granted(["controller", "claims", "scheduler"])
     assert used - granted == set()
     assert granted - used == set(CONTROLLER_UNREACHED)
+
+
+def test_the_controller_leads_at_once_where_an_uninstalled_releases_pod_holds_the_lease(
+    cluster: Cluster, tmp_path: pathlib.Path
+) -> None:
+    """Guards the install after `helm uninstall`: the last leader's pod could not release the Lease (its Role was
+    deleted before the pod ended) and named itself in it; `dractl controller` under the chart's account sees that pod
+    is gone and leads at once, with no 403, where it would otherwise wait out the lease (an hour here)."""
+    admin = cluster.admin
+    with contextlib.suppress(kube_client.NotFound):
+        admin.delete(kube_client.LEASES, "dractl-controller", namespace=SYSTEM)
+    gone = "dractl-controller-5d8f9-old"
+    renewed = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    admin.create(
+        kube_client.LEASES,
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "dractl-controller",
+                "namespace": SYSTEM,
+                "annotations": {
+                    leader.HOLDER_POD: json.dumps({"identity": f"{gone}_1", "pod": gone, "uid": str(uuid.uuid4())})
+                },
+            },
+            "spec": {"holderIdentity": f"{gone}_1", "leaseDurationSeconds": 3600, "renewTime": renewed},
+        },
+    )
+    token = cluster.token(CONTROLLER)
+    args = [
+        "controller",
+        "--controllers=scheduler",
+        f"--kubeconfig={cluster.kubeconfig('controller-after-uninstall', token)}",
+        f"--lease-namespace={SYSTEM}",
+        "--metrics-port=-1",
+        "--health-port=-1",
+        "--log-format=json",
+    ]
+    with _dractl(args, log=tmp_path / "controller.log") as controller:
+
+        def holder() -> str:
+            controller.alive()
+            lease = admin.get(kube_client.LEASES, "dractl-controller", namespace=SYSTEM)
+            return str(lease["spec"].get("holderIdentity") or "")
+
+        controlplane.wait_until(
+            lambda: holder() not in ("", f"{gone}_1"),
+            what=f"dractl took over the Lease of the gone pod {gone} ({controller.log})",
+            timeout=START_TIMEOUT_S,
+        )
+    used, forbidden = _used(cluster.audited(token))
+    assert forbidden == []
+    assert ("", "pods", "get") in used

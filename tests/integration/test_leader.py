@@ -4,12 +4,14 @@ fence that stops a leader's writes once its renew deadline has passed or another
 from __future__ import annotations
 
 import datetime
+import json
 import threading
 from typing import Any
 
 import controlplane
 import faultproxy
 import pytest
+from support import kube_objects
 
 from dractl.kube import client, leader
 
@@ -281,3 +283,73 @@ def test_a_renewal_read_before_a_pause_is_not_written_after_it(
     assert not a.try_acquire_or_renew()
     assert [r.method for r in fault_proxy.writes()] == ["POST", "PUT"]
     assert "past the renew deadline" in _fenced(a)
+
+
+def _pod_holder(api: client.Client, namespace: str, pod: str) -> leader.Elector:
+    """An elector that runs in pod `pod` (created here), holding the Lease with its pod named in it."""
+    api.create(client.PODS, kube_objects.pod(pod, namespace=namespace, claims=[]))
+    holder = leader.Elector(
+        api,
+        leader.Config(namespace=namespace, name="dractl-controller", identity=f"{pod}_1234", pod=pod),
+        clock=FakeClock(),
+    )
+    assert holder.try_acquire_or_renew()
+    return holder
+
+
+def _gone_by_deletion(api: client.Client, namespace: str, pod: str) -> None:
+    api.delete(client.PODS, pod, namespace=namespace)  # on no node: gone at once
+
+
+def _gone_by_replacement(api: client.Client, namespace: str, pod: str) -> None:
+    _gone_by_deletion(api, namespace, pod)
+    api.create(client.PODS, kube_objects.pod(pod, namespace=namespace, claims=[]))
+
+
+def _gone_by_ending(api: client.Client, namespace: str, pod: str) -> None:
+    api.patch(client.PODS, pod, namespace=namespace, subresource="status", patch={"status": {"phase": "Failed"}})
+
+
+@pytest.mark.parametrize(
+    "gone",
+    [_gone_by_deletion, _gone_by_replacement, _gone_by_ending],
+    ids=["pod-deleted", "pod-replaced-by-another-uid", "pod-ended"],
+)
+def test_a_lease_whose_holders_pod_is_gone_is_taken_over_at_once(
+    kube_client: client.Client, namespace: str, gone: Any
+) -> None:
+    """Guards the next install after `helm uninstall` (the Role deleted before the leader's pod ended, so it could not
+    release): a Lease whose holder named its pod, renewed just now, is taken over at the first step once that pod is
+    deleted, replaced by another of its name or ended."""
+    _pod_holder(kube_client, namespace, "old-leader")
+    annotation = kube_client.get(client.LEASES, "dractl-controller", namespace=namespace)["metadata"]["annotations"]
+    record = json.loads(annotation[leader.HOLDER_POD])
+    assert record["identity"] == "old-leader_1234" and record["pod"] == "old-leader" and record["uid"]
+    gone(kube_client, namespace, "old-leader")
+    successor = _elector(kube_client, namespace, "new", FakeClock())
+    assert successor.try_acquire_or_renew()
+    assert _holder(kube_client, namespace) == "new"
+
+
+def test_a_lease_whose_holders_pod_runs_is_waited_out_reading_the_pod_once(
+    proxied_client: client.Client, fault_proxy: faultproxy.FaultProxy, namespace: str
+) -> None:
+    """Guards the takeover's safety and cost: while the holder's pod exists a candidate waits out the lease as before,
+    reading that pod once, not at every step; a Lease naming a pod for another identity (written by an elector that
+    names none) is waited out too."""
+    _pod_holder(proxied_client, namespace, "leader")
+    clock = FakeClock()
+    standby = _elector(proxied_client, namespace, "standby", clock)
+    fault_proxy.clear()
+    for _ in range(3):
+        assert not standby.try_acquire_or_renew()
+        clock.advance(2)
+    pod_reads = [r for r in fault_proxy.requests if "/pods/" in r.target]
+    assert [r.method for r in pod_reads] == ["GET"]
+    lease = proxied_client.get(client.LEASES, "dractl-controller", namespace=namespace)
+    lease["spec"]["holderIdentity"] = "client-go-elector"
+    proxied_client.update(client.LEASES, lease)
+    proxied_client.delete(client.PODS, "leader", namespace=namespace)
+    other = _elector(proxied_client, namespace, "other", FakeClock())
+    assert not other.try_acquire_or_renew()
+    assert _holder(proxied_client, namespace) == "client-go-elector"

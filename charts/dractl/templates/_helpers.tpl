@@ -106,3 +106,14 @@ Arguments: value (CEL of the value), text (CEL of its "dractl.cel.text").
 {{- define "dractl.cel.limit" -}}
 (!(type({{ .value }}) == string || type({{ .value }}) == int || type({{ .value }}) == double) ? "must be a quantity string such as \"40Gi\", got " + {{ include "dractl.cel.typename" .value }} : !isQuantity({{ .text }}) ? (size({{ .text }}) <= 64 ? {{ include "dractl.cel.strrepr" .text }} : {{ include "dractl.cel.strrepr" (printf "%s.substring(0, 40)" .text) }} + "... (" + string(size({{ .text }})) + " characters)") + " is not a quantity (expected a number with an optional suffix such as Ki, Mi, Gi, m, k, M, G)" : quantity({{ .text }}).isLessThan(quantity("1Mi")) ? "must be at least 1Mi, got " + {{ .text }} : "")
 {{- end }}
+
+{{/* The node agent's nodeSelector as YAML ("" for none): nodeAgent.nodeSelector when set, else GPU nodes for nvml
+and every node for fake. A default in values.yaml would be merged with the user's map, never replaced by it. */}}
+{{- define "dractl.nodeAgentSelector" -}}
+{{- $n := .Values.nodeAgent }}
+{{- if kindIs "map" $n.nodeSelector }}
+{{- with $n.nodeSelector }}{{ toYaml . }}{{ end }}
+{{- else if eq $n.deviceSource "nvml" }}
+{{- toYaml (dict "nvidia.com/gpu.present" "true") }}
+{{- end }}
+{{- end }}

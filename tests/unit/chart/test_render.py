@@ -290,3 +290,12 @@ def test_notes_say_how_to_verify() -> None:
     assert "kubectl -n dractl-system rollout status deployment/dractl-controller" in text
     assert "kubectl get resourceslices --field-selector spec.driver=gpu.nvidia.com" in text
     assert 'add "claims" to controller.controllers' in text
+
+
+def test_notes_say_to_delete_the_gpu_pods_before_uninstalling() -> None:
+    """Guards issue 25: uninstalling while GPU pods run leaves them Terminating for ever (no agent to unprepare), so
+    the notes say to delete or drain them first and how to find the claims still allocated; no agent, no warning."""
+    text = chart.notes()
+    assert "Before `helm uninstall dractl -n dractl-system`, delete the pods that use gpu.nvidia.com devices" in text
+    assert "kubectl get resourceclaims -A" in text
+    assert "helm uninstall" not in chart.notes({"nodeAgent": {"enabled": False}})

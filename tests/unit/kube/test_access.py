@@ -19,6 +19,7 @@ from dractl.kube import client as kube_client
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "dractl"
 CHART_RBAC = ROOT / "charts" / "dractl" / "files" / "rbac.yaml"
+RBAC_DOC = ROOT / "docs" / "helm.md"
 
 # Client methods and the RBAC verb (and subresource) each one sends.
 _METHODS = {
@@ -222,14 +223,25 @@ def test_the_controllers_are_the_ones_the_controller_runs() -> None:
     assert sorted(access.CONTROLLERS) == sorted(run.CONTROLLERS)
 
 
+def test_the_node_agent_may_read_no_pod() -> None:
+    """Guards least privilege: the node agent (with its helpers) has no rule on pods in any scope, since pod specs hold
+    secrets in their environment and it rebuilds a lost checkpoint from claims alone."""
+    granted = [
+        rule["resources"][0]
+        for scope in access.Scope
+        for rule in access.rules(["node-agent"], scope=scope)
+        if rule["apiGroups"] == [""]
+    ]
+    assert not [resource for resource in granted if resource.split("/")[0] == "pods"], granted
+
+
 def test_a_mode_gets_its_helpers_rules_merged_per_resource() -> None:
     """Guards: the node agent's rules include what its claim reader and Event recorder call, one rule per resource."""
     rules = access.rules(["node-agent"], scope=access.Scope.CLUSTER)
     assert rules == [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list"]},
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
@@ -248,11 +260,12 @@ def test_a_mode_gets_its_helpers_rules_merged_per_resource() -> None:
     ]
 
 
-def test_regenerating_the_charts_rbac_changes_nothing(tmp_path: pathlib.Path) -> None:
-    """Guards: charts/dractl/files/rbac.yaml is exactly what tools/gen_rbac.py writes from the table."""
-    out = tmp_path / "rbac.yaml"
+def test_regenerating_the_charts_rbac_and_the_docs_table_changes_nothing(tmp_path: pathlib.Path) -> None:
+    """Guards: charts/dractl/files/rbac.yaml and the RBAC table of the docs page (between its markers) are exactly what
+    tools/gen_rbac.py writes from the table, so neither can omit what the chart grants."""
+    out, doc = tmp_path / "rbac.yaml", tmp_path / "doc.md"
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "gen_rbac.py"), "--out", str(out)],
+        [sys.executable, str(ROOT / "tools" / "gen_rbac.py"), "--out", str(out), "--doc-out", str(doc)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -261,3 +274,5 @@ def test_regenerating_the_charts_rbac_changes_nothing(tmp_path: pathlib.Path) ->
     assert completed.returncode == 0, completed.stderr
     assert out.read_text() == CHART_RBAC.read_text(), "stale: run `python tools/gen_rbac.py`"
     assert yaml.safe_load(out.read_text()) == access.chart_rbac()
+    assert doc.read_text() == RBAC_DOC.read_text(), f"stale table in {RBAC_DOC}: run `python tools/gen_rbac.py`"
+    assert "| node agent | " in doc.read_text()

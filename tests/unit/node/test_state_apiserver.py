@@ -6,6 +6,7 @@ import pathlib
 import uuid
 from typing import Any
 
+import faultproxy
 import pytest
 from support import cdi_rules, kube_objects
 from support.state_inputs import API, DRIVER, NODE, make_node
@@ -87,53 +88,42 @@ def test_a_recreated_claim_is_refused_for_the_old_uid_and_bad_config_is_named(
     assert s.prepared() == {} and node.cdi_files() == []
 
 
-def test_the_claims_on_a_node_are_those_its_pods_name_in_its_pool_and_reserved_for_them(
-    kube_client: client.Client, namespace: str
+def test_the_claims_on_a_node_are_those_allocated_in_its_pool_and_reserved_without_reading_a_pod(
+    kube_client: client.Client,
+    proxied_client: client.Client,
+    fault_proxy: faultproxy.FaultProxy,
+    namespace: str,
 ) -> None:
-    """Guards the rebuild's source: `claims_on_node` returns exactly the claims a pod bound to the node names (in its
-    spec, or in its status for a claim made from a template) that have a result of the driver in the node's pool and
-    are reserved for a pod on the node; not one only pods elsewhere hold, an unreserved one, one in another pool or
-    of another driver, and a named claim that does not exist is no error."""
+    """Guards the rebuild's source: `claims_on_node` returns exactly the claims, in every namespace, with a result of
+    the driver in the node's pool and a non-empty reservedFor; not an unreserved one, one in another pool or of
+    another driver; and it reads no pod (pod specs hold secrets), only resourceclaims."""
     node, elsewhere = f"node-{uuid.uuid4().hex[:8]}", f"node-{uuid.uuid4().hex[:8]}"
+    other_namespace = f"{namespace}-b"
+    kube_objects.make_namespace(kube_client, other_namespace)
+    here = kube_client.create(client.PODS, kube_objects.pod("here", namespace=namespace, claims=[], nodeName=node))
 
-    def pod(name: str, claims: list[str], **spec: Any) -> dict[str, Any]:
-        entries = [kube_objects.of_claim(claim, pod_claim=claim) for claim in claims]
-        return kube_client.create(client.PODS, kube_objects.pod(name, namespace=namespace, claims=entries, **spec))
-
-    named_here = ["held-here", "held-here-and-away", "unreserved", "other-pool", "other-driver", "missing"]
-    here = pod("here", named_here, nodeName=node)
-    away = pod("away", ["held-away", "held-here-and-away"], nodeName=elsewhere)
-    unbound = pod("unbound", ["held-by-unbound"])
-    templated = kube_client.create(
-        client.PODS,
-        kube_objects.pod(
-            "templated", namespace=namespace, claims=[kube_objects.from_template("t", pod_claim="tmpl")], nodeName=node
-        ),
-    )
-    kube_client.update_status(
-        client.PODS,
-        {**templated, "status": {"resourceClaimStatuses": [{"name": "tmpl", "resourceClaimName": "from-template"}]}},
-    )
-
-    def make(name: str, pool: str, pods: list[dict[str, Any]], *, driver: str = DRIVER) -> None:
+    def make(name: str, pool: str, *, reserved: bool = True, driver: str = DRIVER, where: str = namespace) -> None:
         allocated = kube_objects.allocation(pool, ["gpu-0"])
         allocated["devices"]["results"][0]["driver"] = driver
         created = kube_client.create(
-            client.RESOURCE_CLAIMS, kube_objects.claim(name, namespace=namespace, spec=kube_objects.ONE_GPU)
+            client.RESOURCE_CLAIMS, kube_objects.claim(name, namespace=where, spec=kube_objects.ONE_GPU)
         )
         status: dict[str, Any] = {"allocation": allocated}
-        if pods:
-            status["reservedFor"] = kube_objects.reserved_for(pods)
+        if reserved:
+            status["reservedFor"] = kube_objects.reserved_for([here])
         kube_client.update_status(client.RESOURCE_CLAIMS, {**created, "status": status})
 
-    make("held-here", node, [here])
-    make("held-here-and-away", node, [away, here])
-    make("held-away", node, [away])
-    make("held-by-unbound", node, [unbound])
-    make("unreserved", node, [])
-    make("other-pool", elsewhere, [here])
-    make("other-driver", node, [here], driver="net.example.com")
-    make("from-template", node, [templated])
-    found = claims.ApiClaimSource(kube_client).claims_on_node(driver=DRIVER, node=node)
-    assert [c.meta.name for c in found] == ["from-template", "held-here", "held-here-and-away"]
+    make("held-here", node)
+    make("held-in-another-namespace", node, where=other_namespace)
+    make("unreserved", node, reserved=False)
+    make("other-pool", elsewhere)
+    make("other-driver", node, driver="net.example.com")
+    fault_proxy.clear()
+    found = claims.ApiClaimSource(proxied_client).claims_on_node(driver=DRIVER, node=node)
+    assert [(c.meta.namespace, c.meta.name) for c in found] == [
+        (namespace, "held-here"),
+        (other_namespace, "held-in-another-namespace"),
+    ]
     assert all(c.allocation is not None and c.meta.uid for c in found)
+    paths = [r.target.split("?")[0] for r in fault_proxy.requests]
+    assert paths and all(p == "/apis/resource.k8s.io/v1/resourceclaims" for p in paths), paths
