@@ -3,7 +3,8 @@ claims exactly as the API would hold them.
 
 Pure apart from writing to the streams it is given. Every format gives each claim's status:
 allocated, not allocated, or (for an allocation given in the input that holds nothing)
-conflict or invalid, with the reasons. JSON carries what YAML carries (`allocation` and
+conflict or invalid, with the reasons, and its warnings (what the node agent will refuse
+when it prepares the claim: `engine.PrepareCheck`). JSON carries what YAML carries (`allocation` and
 `reservedFor` exactly as the API holds them). The per-node summary counts GPUs (full,
 partitioned, free), their memory and the largest MIG profile still placeable
 (`metrics.measure`: a GPU with its MIG placements is one GPU, not one device per placement),
@@ -209,8 +210,8 @@ def _consumer(ref: model.ResourceClaimConsumerReference) -> dict[str, str]:
 
 def claim_entry(outcome: engine.ClaimOutcome) -> dict[str, Any]:
     """One claim of `-o json`: what `-o yaml` says of it (`allocation` and `reservedFor` as
-    the API holds them, `allocation` null when there is none), plus its status, node and
-    reasons. Pure."""
+    the API holds them, `allocation` null when there is none), plus its status, node,
+    reasons and warnings. Pure."""
     claim = outcome.claim
     allocation = claim.allocation if claim is not None else None
     return {
@@ -222,6 +223,7 @@ def claim_entry(outcome: engine.ClaimOutcome) -> dict[str, Any]:
         "allocation": encode.allocation_result(allocation) if allocation is not None else None,
         "reservedFor": [_consumer(ref) for ref in claim.reserved_for] if claim is not None else [],
         "reasons": list(outcome.reasons),
+        "warnings": list(outcome.warnings),
     }
 
 
@@ -248,17 +250,19 @@ def write_json(
 
 
 def _note(outcome: engine.ClaimOutcome) -> str | None:
+    lines = [f"dractl: warning: {warning}" for warning in outcome.warnings]
     if outcome.status in (engine.Status.CONFLICT, engine.Status.INVALID):
-        return f"dractl: {outcome.status.value}: " + "; ".join(outcome.reasons)
-    return None
+        lines.insert(0, f"dractl: {outcome.status.value}: " + "; ".join(outcome.reasons))
+    return "\n".join(lines) or None
 
 
 def write_yaml(result: engine.Result, *, out: TextIO, err: TextIO) -> None:
     """Every claim that exists as a full ResourceClaim, `status.allocation` and `reservedFor`
     included, one YAML document each. A claim whose input allocation holds nothing (status
     conflict or invalid) keeps that allocation, as the API holds it, under a `# dractl:
-    conflict: ...` comment; the reasons of unallocated claims go to `err` so that `out` holds
-    only API objects."""
+    conflict: ...` comment, and each warning of a claim is a `# dractl: warning: ...` comment
+    above it; the reasons of unallocated claims go to `err` so that `out` holds only API
+    objects."""
     from dractl.simulate import yamlout  # imported here: it imports PyYAML, which other formats do not need
 
     shown = [o for o in result.claims if o.claim is not None]
@@ -299,13 +303,16 @@ every cell, about a millisecond per claim."""
 
 
 def _rows(result: engine.Result) -> list[tuple[str, str, engine.Status, str]]:
-    """(claim, node, status, devices or reasons) per claim."""
+    """(claim, node, status, devices or reasons, then the warnings) per claim."""
     rows = []
     for o in result.claims:
         if o.allocated:
-            rows.append((f"{o.namespace}/{o.name}", o.node or "(any)", o.status, _devices(o)))
+            node, text = o.node or "(any)", _devices(o)
         else:
-            rows.append((f"{o.namespace}/{o.name}", "-", o.status, "\n".join(f"- {reason}" for reason in o.reasons)))
+            node, text = "-", "\n".join(f"- {reason}" for reason in o.reasons)
+        if o.warnings:
+            text = "\n".join([*([text] if text else []), *(f"warning: {warning}" for warning in o.warnings)])
+        rows.append((f"{o.namespace}/{o.name}", node, o.status, text))
     return rows
 
 
@@ -313,6 +320,9 @@ def _footer(result: engine.Result) -> str:
     counts = collections.Counter(o.status for o in result.claims)
     text = f"{counts[engine.Status.ALLOCATED]} of {len(result.claims)} claims allocated."
     trouble = [f"{counts[s]} {s.value}" for s in (engine.Status.CONFLICT, engine.Status.INVALID) if counts[s]]
+    warned = sum(1 for o in result.claims if o.warnings)
+    if warned:
+        trouble.append(f"{warned} the node agent will refuse to prepare")
     return f"{text} {', '.join(trouble)}." if trouble else text
 
 
@@ -397,7 +407,7 @@ def write_table(
     for column in header:
         claims.add_column(column, overflow="fold")
     for claim, node, status, text in rows:
-        style = "yellow" if status is not engine.Status.ALLOCATED else ""
+        style = "yellow" if status is not engine.Status.ALLOCATED or "\nwarning: " in f"\n{text}" else ""
         claims.add_row(
             rich.text.Text(claim),
             rich.text.Text(node),

@@ -148,20 +148,6 @@ def test_a_trace_whose_selector_does_not_compile_is_refused(tmp_path: pathlib.Pa
     assert "spec.devices.requests[0].exactly.selectors[0].cel.expression" in result.stderr
 
 
-def test_a_trace_with_an_opaque_config_the_agent_would_refuse_is_refused(tmp_path: pathlib.Path) -> None:
-    """An arriving claim whose GpuConfig the node agent would refuse is refused before replaying, naming the field."""
-    generated = trace.generate("mix=reference,seed=1,claims=2,a100=1")
-    document = json.loads(json.dumps(generated.document))
-    document["spec"]["events"][0]["arrive"]["spec"]["devices"]["config"] = [
-        {"opaque": {"driver": "gpu.nvidia.com", "parameters": {"apiVersion": "resource.nvidia.com/v1beta1"}}}
-    ]
-    path = tmp_path / "opaque.json"
-    path.write_text(json.dumps(document), encoding="utf-8")
-    result = _invoke("--trace", str(path))
-    assert result.exit_code == 1
-    assert "spec.devices.config[0].opaque.parameters.kind: must be GpuConfig or MigDeviceConfig" in result.stderr
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
