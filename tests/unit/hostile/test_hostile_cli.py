@@ -267,3 +267,43 @@ def test_full_stdout_prints_one_line_and_exits_1() -> None:
         result = _simulate(stdout=full)
     assert result.returncode == 1
     assert result.stderr == "dractl: cannot write the output: No space left on device\n"
+
+
+HUGE_COUNTS = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: huge, namespace: default}
+spec:
+  devices:
+    requests:
+    - {name: gpus, exactly: {deviceClassName: gpu.nvidia.com, count: 2147483648}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: huge-first, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      firstAvailable:
+      - {name: many, deviceClassName: gpu.nvidia.com, count: 9223372036854775807}
+      - {name: one, deviceClassName: gpu.nvidia.com}
+"""
+
+
+@pytest.mark.parametrize("policy", ["binpack", "first-fit"])
+def test_a_count_beyond_32_bits_is_the_claim_limit_not_a_traceback(policy: str, tmp_path: pathlib.Path) -> None:
+    """Guards: a request count of 2^31 or more (the API takes any int64) is not allocated, with the claim limit of
+    32 devices as its reason, and a firstAvailable subrequest that large is passed over for the next one, as
+    upstream's allocator does; exit 0, no traceback, under either policy."""
+    path = tmp_path / "huge.yaml"
+    path.write_text(HUGE_COUNTS)
+    result = _simulate("-f", str(ROOT / "dractl" / "examples"), "-f", str(path), "--policy", policy, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    claims = {c["name"]: c for c in json.loads(result.stdout)["claims"]}
+    assert claims["huge"]["status"] == "not allocated"
+    assert claims["huge"]["reasons"] == [
+        "the claim asks for at least 2147483648 devices, which exceeds the claim limit of 32 results; split it into "
+        "several claims"
+    ]
+    assert [r["request"] for r in claims["huge-first"]["allocation"]["devices"]["results"]] == ["gpus/one"]
