@@ -6,7 +6,8 @@ values (`load`, `parse`), writes one (`write`), and generates traces for a named
 do: allocate or replay (the replay consumes `Trace.events`), evaluate CEL, or talk to a
 cluster. Pure apart from `load` and `write`, which read and write the one file they are given.
 
-The format: one YAML (or JSON, when the text starts with `{`) object.
+The format: one YAML or JSON object (JSON where the text is JSON, else YAML, flow style
+included, read as `simulate -f` reads manifests: `decode.documents`), at most 64 MiB.
 
     apiVersion: dractl.io/v1alpha1
     kind: Trace
@@ -69,7 +70,6 @@ import yaml
 
 from dractl import model
 from dractl.model import decode
-from dractl.model.decode import yaml11
 from dractl.simulate import metrics
 
 API_VERSION = "dractl.io/v1alpha1"
@@ -160,27 +160,24 @@ class Trace:
 
 def load(path: str | pathlib.Path) -> Trace:
     """Read and validate one trace file, or standard input for `-` (named `<stdin>`), as `simulate -f`
-    reads its inputs; raises `TraceError` naming the input. Reads the file (or standard input) only."""
-    file = decode.input_name(path)
+    reads its inputs (`decode.read_text`: at most 64 MiB); raises `TraceError` naming the input. Reads
+    the file (or standard input) only."""
     try:
-        with decode.open_text(path) as stream:
-            text = stream.read()
-    except (OSError, UnicodeDecodeError) as error:
-        raise TraceError([f"{file}: cannot read: {error}"]) from None
-    return parse_text(text, file=file)
+        text = decode.read_text(
+            path, binary="a trace is YAML or JSON", too_large="a trace is read whole: replay a shorter one"
+        )
+    except decode.ReadError as error:
+        raise TraceError([str(error)]) from None
+    return parse_text(text, file=decode.input_name(path))
 
 
 def parse_text(text: str, *, file: str = "<trace>") -> Trace:
-    """Parse and validate a trace's text (YAML, or JSON when it starts with `{`). Pure."""
+    """Parse and validate a trace's text: JSON where it is JSON, else YAML (flow style included), as
+    `simulate -f` parses manifests (`decode.documents`). Pure."""
     try:
-        if text.lstrip().startswith("{"):
-            documents: list[object] = [json.loads(text)]
-        else:
-            documents = [d for d in yaml11.load_all(text) if d is not None]
-    except (ValueError, yaml.YAMLError) as error:
-        raise TraceError([f"{file}: not valid YAML or JSON: {error}"]) from None
-    except RecursionError:
-        raise TraceError([f"{file}: nested too deeply to read"]) from None
+        documents = [d for d in decode.documents(text, file=file) if d is not None]
+    except decode.DecodeError as error:
+        raise TraceError(error.problems) from None
     if len(documents) != 1:
         raise TraceError([f"{file}: a trace is one YAML document (kind: {KIND}), found {len(documents)}"])
     return parse(documents[0], file=file)

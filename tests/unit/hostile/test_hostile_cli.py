@@ -196,6 +196,24 @@ def test_oversized_file_is_refused_before_reading(tmp_path: pathlib.Path) -> Non
     ]
 
 
+def test_a_trace_past_the_size_bound_is_refused_like_a_file(tmp_path: pathlib.Path) -> None:
+    """Guards: --trace reads at most what -f reads (64 MiB): a larger file is refused by its size before reading,
+    and an endless input (/dev/zero) after 64 MiB, in bounded time and memory; one line each, exit 1."""
+    file = tmp_path / "huge-trace.yaml"
+    with file.open("wb") as handle:
+        handle.truncate(65 * 1024 * 1024)  # sparse: costs no disk and no time
+    result = _simulate("--trace", str(file))
+    assert (result.returncode, result.stderr) == (
+        1,
+        f"{file}: {65 * 1024 * 1024} bytes is larger than 64 MiB: a trace is read whole: replay a shorter one\n",
+    )
+    endless = _simulate("--trace", "/dev/zero", timeout=30)
+    assert (endless.returncode, endless.stderr) == (
+        1,
+        "/dev/zero: more than 64 MiB: a trace is read whole: replay a shorter one\n",
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "env", "expected"),
     [

@@ -84,7 +84,7 @@ def test_trace_from_stdin_and_yaml_output(trace_file: pathlib.Path) -> None:
     ("stdin", "problem"),
     [
         ("", "a trace is one YAML document (kind: Trace), found 0"),
-        (b"\xff\xfe", "cannot read: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+        (b"\xff\xfe", "cannot read: not UTF-8 text (a binary file?); a trace is YAML or JSON"),
     ],
     ids=["empty", "binary"],
 )
