@@ -434,11 +434,11 @@ def run(settings: config.Simulate, *, out: TextIO, err: TextIO) -> int:
         return 1
     if settings.generate is not None:
         try:
-            generated = trace.generate(settings.generate)
+            spec = trace.parse_spec(settings.generate)
         except ValueError as error:
             print(f"dractl simulate: {error}", file=err)
             return 1
-        out.write(trace.dumps(generated, as_json=settings.output is config.OutputFormat.JSON))
+        trace.write_generated(spec, out, as_json=settings.output is config.OutputFormat.JSON)
         return 0
     assert settings.trace is not None  # `_flag_problem` guarantees it
     timer = timing.Timer() if settings.timing else None

@@ -214,6 +214,29 @@ def test_a_trace_past_the_size_bound_is_refused_like_a_file(tmp_path: pathlib.Pa
     )
 
 
+def test_generate_memory_does_not_grow_with_the_claims() -> None:
+    """Guards: `--generate claims=30000` writes its trace in bounded memory (it took about 25 KB per claim, 2.4 GB for
+    100,000, holding the whole trace and its YAML at once): the peak stays under 200 MB."""
+    code = (
+        "import resource, subprocess, sys; "
+        "done = subprocess.run([sys.executable, '-m', 'dractl', 'simulate', '--generate', "
+        "'mix=reference,seed=1,claims=30000'], stdout=subprocess.DEVNULL); "
+        "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    measured = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        check=True,
+    )
+    returncode, peak_kib = map(int, measured.stdout.split())
+    assert returncode == 0
+    assert peak_kib < 200 * 1024, f"peak {peak_kib} KiB"
+
+
 @pytest.mark.parametrize(
     ("args", "env", "expected"),
     [
