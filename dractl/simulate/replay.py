@@ -37,8 +37,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-import msgspec
-
 from dractl import alloc, config, model
 from dractl.model import placement
 from dractl.simulate import claims, engine, htmlmap, metrics, report, timing, trace
@@ -557,8 +555,7 @@ def _write_json(tr: trace.Trace, results: Sequence[Result], *, out: TextIO) -> N
     """`{"trace": ..., "runs": [...]}`: per policy its metrics (`metrics.as_dict`), the cluster
     at the first rejection, and every claim present at the end as `simulate -o json` shows it."""
     document = {"trace": {"name": tr.name, "file": tr.file}, "runs": [_summary(r) for r in results]}
-    out.write(msgspec.json.format(msgspec.json.encode(document), indent=2).decode())
-    out.write("\n")
+    report.write_json_document(document, out=out)
 
 
 _SHOWN = 20  # claims listed per kind of trouble under the trace's table

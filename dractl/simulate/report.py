@@ -241,12 +241,41 @@ def write_json(
         "claims": [claim_entry(o) for o in result.claims],
         "summary": _summary(result, nodes, pool_problems=pool_problems, policy=policy),
     }
+    write_json_document(document, out=out)
+
+
+def write_json_document(document: Any, *, out: TextIO) -> None:
+    """`document` as JSON indented by two spaces, and a newline. Where `out`'s encoding cannot hold a character
+    (`PYTHONIOENCODING=ascii`, the C locale), every non-ASCII character is written as a JSON escape (`\\u00e8`),
+    so the output stays JSON rather than failing or holding a Python escape."""
     # msgspec's encoder and formatter are C: the stdlib's indenting encoder is pure Python.
     # Imported here, like yamlout and rich: each output format imports only what it needs.
     import msgspec
 
-    out.write(msgspec.json.format(msgspec.json.encode(document), indent=2).decode())
-    out.write("\n")
+    text = msgspec.json.format(msgspec.json.encode(document), indent=2).decode()
+    if not text.isascii() and not _encodes(text, getattr(out, "encoding", None)):
+        # Non-ASCII characters appear only inside JSON strings, where an escape means the same.
+        text = _NON_ASCII.sub(_json_escape, text)
+    out.write(text + "\n")
+
+
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _encodes(text: str, encoding: str | None) -> bool:
+    try:
+        text.encode(encoding or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # beyond the BMP: a surrogate pair, as JSON spells it
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def _note(outcome: engine.ClaimOutcome) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -348,3 +349,50 @@ def test_a_count_beyond_32_bits_is_the_claim_limit_not_a_traceback(policy: str, 
         "several claims"
     ]
     assert [r["request"] for r in claims["huge-first"]["allocation"]["devices"]["results"]] == ["gpus/one"]
+
+
+NON_ASCII = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: accent, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel: {expression: 'device.attributes["gpu.nvidia.com"]["modèle"] == "x"'}
+"""
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "ascii:strict"])
+@pytest.mark.parametrize("output", ["table", "json", "yaml"])
+def test_an_ascii_only_terminal_gets_escapes_not_a_traceback(
+    encoding: str, output: str, tmp_path: pathlib.Path
+) -> None:
+    """Guards: with PYTHONIOENCODING=ascii (strict on stderr too), a non-ASCII reason (a CEL error naming `modèle`) and
+    the table's `7g.80gb×5` are written as backslash escapes, and JSON stays JSON (`\u00e8`); exit 0, no traceback,
+    in every format."""
+    path = tmp_path / "accent.yaml"
+    path.write_text(NON_ASCII, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "dractl", "simulate", "-f", str(ROOT / "dractl" / "examples"), "-f", str(path)]
+        + ["-o", output],
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": encoding},
+        cwd=ROOT,
+    )
+    stdout, stderr = result.stdout.decode("ascii"), result.stderr.decode("ascii")
+    assert result.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    if output == "json":
+        [accent] = [c for c in json.loads(stdout)["claims"] if c["name"] == "accent"]
+        assert "no such key: modèle" in accent["reasons"][0]
+    elif output == "table":
+        # The ASCII table wraps cells across lines: compare without borders and white space.
+        assert "nosuchkey:mod\\xe8le" in re.sub(r"[\s|]", "", stdout)
+        assert "7g.80gb\\xd75" in stdout
+    else:  # -o yaml keeps stdout for API objects: the reasons go to stderr
+        assert "no such key: mod\\xe8le" in stderr
