@@ -645,7 +645,9 @@ class Allocator:
         of the first matchAttribute constraint over it (binpack keeps room for such requests)."""
         for r, alts in enumerate(requests):
             for a, alt in enumerate(alts):
-                if alt.all_mode or alt.shape.shape_id < 0:
+                # An alternative asking for more devices than a claim may hold is never allocated: keeping room
+                # for it would only skew the scores (and its count may not fit the core's 32-bit integers).
+                if alt.all_mode or alt.shape.shape_id < 0 or alt.count > MAX_RESULTS:
                     continue
                 attribute = next(
                     (attr for kind, attr, _, members in constraints if kind == _alloc.MATCH and (r, a) in members), -1
@@ -1153,7 +1155,8 @@ def _encode(plans: Sequence[_Plan]) -> array.array[int]:
             for a, alt in enumerate(options):
                 alt_shape.append(alt.shape.shape_id)
                 alt_mode.append(_alloc.MODE_ALL if alt.all_mode else _alloc.MODE_EXACT)
-                alt_count.append(alt.count)
+                # Beyond the claim limit every count fails alike; capped, it fits the core's 32-bit integers.
+                alt_count.append(min(alt.count, MAX_RESULTS + 1))
                 alt_admin.append(1 if alt.admin else 0)
                 mem_cons.extend(membership.get((r, a), ()))
                 alt_mem_off.append(len(mem_cons))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import io
 import os
 import pathlib
 import sys
@@ -290,7 +291,13 @@ def _exit_writing(run: Callable[[], int], *, quick: bool = False) -> NoReturn:
     tearing down the interpreter: freeing every decoded object one by one took about a tenth
     of a 7,000-claim `simulate`. Only for modes that leave nothing open (files, threads,
     atexit handlers) once `run` returns.
+
+    A character the streams' encoding cannot hold (a non-ASCII reason under
+    `PYTHONIOENCODING=ascii` or the C locale) is written as a backslash escape, not a traceback.
     """
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     try:
         code = run()
         sys.stdout.flush()

@@ -5,9 +5,10 @@ strictly into `GpuConfig` / `MigDeviceConfig` values (unknown fields and bad val
 `ConfigError` naming the field), picks for every allocation result the config that
 applies to it, in the API's precedence order (built-in default < class configs < claim
 configs; later entries win within a source; a config naming the request beats an unscoped
-one), and lists the configs of a set of manifests that the node agent would refuse
-(`problems`, as the chart's admission policy refuses them). What it must not do: any I/O,
-or apply a config (the node agent's sharing and state do that).
+one), words a refused allocation config as the node agent reports it (`message`), and lists
+the configs of a set of manifests that the node agent would refuse (`config_problems` for one
+object, `problems` for a set, as the chart's admission policy refuses them). What it must not
+do: any I/O, or apply a config (the node agent's sharing and state do that).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ __all__ = [
     "Selected",
     "decode",
     "select",
+    "message",
+    "config_problems",
     "problems",
 ]
 
@@ -284,9 +287,21 @@ def select(
     return tuple(chosen)
 
 
-def _config_problems(
-    prefix: str, path: str, configs: Sequence[model.OpaqueDeviceConfiguration], driver: str
-) -> Iterator[str]:
+def message(err: ConfigError, configs: Sequence[model.DeviceAllocationConfiguration]) -> str:
+    """Where `err` (raised by `select` over `configs`, a claim's `status.allocation.devices.config`) lies and what it
+    is, as the node agent reports it: `status.allocation.devices.config[i] (FromClaim) opaque.parameters.<field>:
+    <message>`. Pure."""
+    if err.index is None:
+        return f"opaque config: {err}"
+    field = f".{err.field}" if err.field else ""
+    where = f"status.allocation.devices.config[{err.index}] ({configs[err.index].source}) opaque.parameters{field}"
+    return f"{where}: {err.message}"
+
+
+def config_problems(configs: Sequence[model.OpaqueDeviceConfiguration], *, path: str, driver: str) -> Iterator[str]:
+    """Each config for `driver` in `configs` (an object's config list at `path`, e.g. `spec.devices.config`) that
+    `decode` refuses, as the chart's admission policy words it: `<path>[i].opaque.parameters.<field>: <message>`.
+    Pure."""
     for index, entry in enumerate(configs):
         if entry.driver != driver:
             continue
@@ -294,7 +309,7 @@ def _config_problems(
             decode(entry.parameters)
         except ConfigError as err:
             field = f".{err.field}" if err.field else ""
-            yield f"{prefix}: {path}[{index}].opaque.parameters{field}: {err.message}"
+            yield f"{path}[{index}].opaque.parameters{field}: {err.message}"
 
 
 def problems(objects: model.Objects, *, driver: str) -> tuple[str, ...]:
@@ -304,7 +319,7 @@ def problems(objects: model.Objects, *, driver: str) -> tuple[str, ...]:
     found: list[str] = []
     for device_class in objects.device_classes:
         prefix = f"{device_class.source}: DeviceClass {device_class.meta.name}"
-        found.extend(_config_problems(prefix, "spec.config", device_class.config, driver))
+        found.extend(f"{prefix}: {p}" for p in config_problems(device_class.config, path="spec.config", driver=driver))
     specs: list[tuple[str, str, model.ObjectMeta, model.Source, model.ResourceClaimSpec]] = [
         ("ResourceClaim", "spec.devices.config", c.meta, c.source, c.spec) for c in objects.resource_claims
     ]
@@ -315,5 +330,6 @@ def problems(objects: model.Objects, *, driver: str) -> tuple[str, ...]:
     for kind, path, meta, source, spec in specs:
         if spec.config:
             prefix = f"{source}: {kind} {meta.namespace}/{meta.name}"
-            found.extend(_config_problems(prefix, path, [c.opaque for c in spec.config], driver))
+            opaques = [c.opaque for c in spec.config]
+            found.extend(f"{prefix}: {p}" for p in config_problems(opaques, path=path, driver=driver))
     return tuple(found)

@@ -668,12 +668,7 @@ class State:
 
     def _config_message(self, name: str, resource: model.ResourceClaim, err: opaque.ConfigError) -> str:
         assert resource.allocation is not None
-        if err.index is None:
-            return f"claim {name}: opaque config: {err}"
-        source = resource.allocation.config[err.index].source
-        field = f".{err.field}" if err.field else ""
-        where = f"status.allocation.devices.config[{err.index}] ({source}) opaque.parameters{field}"
-        return f"claim {name}: {where}: {err.message}"
+        return f"claim {name}: {opaque.message(err, resource.allocation.config)}"
 
     def _check_sharing(self, name: str, resource: model.ResourceClaim, items: Sequence[_Item]) -> None:
         for item in items:

@@ -30,8 +30,9 @@ def run(settings: config.Simulate, *, out: TextIO, err: TextIO) -> int:
 
     0 when the simulation ran, even if some claims could not be allocated (their reasons are
     the output); 1 when the input is invalid (every problem is printed to `err`). Allocations
-    given in the input that hold nothing (conflicting or invalid) are a `warning:` line each
-    on `err`. With `settings.timing`, `err` ends with the phase lines of `timing`.
+    given in the input that hold nothing (conflicting or invalid), and opaque configs the node
+    agent would refuse (`engine.unpreparable`; the claims are marked in the output too), are a
+    `warning:` line each on `err`. With `settings.timing`, `err` ends with the phase lines of `timing`.
     """
     timer = timing.Timer() if settings.timing else None
     # Decoding makes hundreds of thousands of long-lived objects, and the collector's default
@@ -61,14 +62,13 @@ def _run(settings: config.Simulate, *, out: TextIO, err: TextIO, timer: timing.T
         count = sum(map(len, (objects.device_classes, objects.resource_slices, objects.resource_claims)))
         count += len(objects.resource_claim_templates) + len(objects.pods) + len(objects.nodes)
         timer.phase("decode", objects=count)
-    # The API server refuses objects whose selectors do not compile, and (with dractl's chart) opaque configs the
-    # node agent would refuse; so does the simulation.
+    # The API server refuses objects whose selectors do not compile; so does the simulation.
     invalid = engine.refused(objects)
     if invalid:
         for problem in invalid:
             print(problem, file=err)
         return 1
-    for warning in objects.warnings:
+    for warning in (*objects.warnings, *engine.unpreparable(objects)):
         print(f"warning: {warning}", file=err)
     if timer is not None:
         timer.phase("validate")

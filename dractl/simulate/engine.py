@@ -7,6 +7,11 @@ devices when their allocation checks out (see `alloc.Allocator.rejected`): the f
 input order keeps a device, and a later claim that conflicts with it, or whose allocation
 cannot be valid, holds nothing, is reported with status `conflict` or `invalid` and a warning,
 and cannot be used by pods. Deterministic for a given input and policy; no I/O.
+
+Opaque configs for dractl's driver that the node agent would refuse (`PrepareCheck`) do not
+stop the simulation, as no allocator reads opaque parameters: such a claim is allocated as a
+scheduler would allocate it, and carries a warning saying why the node agent will refuse to
+prepare it.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ class ClaimOutcome:
     """One claim as the simulation leaves it. `claim` carries `allocation` and `reservedFor`
     (for `CONFLICT` and `INVALID`, the allocation as the input gave it, holding nothing); it is
     None when the claim cannot exist (its template or the named claim is missing). `reasons`
-    say why a claim is not allocated, in conflict or invalid."""
+    say why a claim is not allocated, in conflict or invalid; `warnings` what the node agent
+    will refuse when it prepares the claim (`PrepareCheck`), whatever the status."""
 
     namespace: str
     name: str
@@ -45,6 +51,7 @@ class ClaimOutcome:
     node: str | None
     reasons: tuple[str, ...]
     status: Status
+    warnings: tuple[str, ...] = ()
 
     @property
     def allocated(self) -> bool:
@@ -85,6 +92,66 @@ class Result:
 
 def _reason_text(reason: alloc.Reason) -> str:
     return f"{reason.request}: {reason.message}" if reason.request else reason.message
+
+
+class PrepareCheck:
+    """What the node agent of dractl's driver will refuse when it prepares a claim: its opaque
+    configs (`opaque`), one warning line each, naming the claim and the field.
+
+    An allocated claim is checked as the agent checks it (`opaque.select` over the allocation's
+    configs, the class's and the claim's, and the kind of each device of the driver: a config
+    that names a request of a MIG device must be a MigDeviceConfig), in the agent's own words;
+    any other claim by its own configs, as the chart's admission policy words it. A device's
+    kind is its `type` attribute (`gpu` or `mig`, as the NVIDIA driver and dractl's agent
+    publish it); devices without one are not judged by kind. Pure; the devices' kinds are read
+    from the slices once, on the first claim that needs them.
+    """
+
+    def __init__(self, slices: Sequence[model.ResourceSlice], *, driver: str = config.DEFAULT_DRIVER_NAME) -> None:
+        self._slices = slices
+        self._driver = driver
+        self._kinds: dict[tuple[str, str], opaque.DeviceKind] | None = None
+
+    def warnings(self, claim: model.ResourceClaim | None, *, allocated: bool) -> tuple[str, ...]:
+        """The warnings for `claim`; `allocated` says its allocation holds its devices (else only
+        its own configs are checked)."""
+        if claim is None:
+            return ()
+        where = f"the node agent will refuse to prepare it: claim {claim.meta.namespace}/{claim.meta.name}"
+        allocation = claim.allocation
+        if not allocated or allocation is None:
+            found = opaque.config_problems(
+                [c.opaque for c in claim.spec.config], path="spec.devices.config", driver=self._driver
+            )
+            return tuple(f"{where}: {problem}" for problem in found)
+        ours = [r for r in allocation.results if r.driver == self._driver]
+        if not ours or not any(c.opaque.driver == self._driver for c in allocation.config):
+            return ()  # the agent prepares only claims with its devices, and has nothing to refuse without a config
+        kinds = self._device_kinds()
+        results = [(r.request, kind) for r in ours if (kind := kinds.get((r.pool, r.device))) is not None]
+        try:
+            opaque.select(allocation.config, driver=self._driver, results=results)
+        except opaque.ConfigError as err:
+            return (f"{where}: {opaque.message(err, allocation.config)}",)
+        return ()
+
+    def _device_kinds(self) -> dict[tuple[str, str], opaque.DeviceKind]:
+        if self._kinds is None:
+            self._kinds = {}
+            qualified = f"{self._driver}/type"
+            for s in self._slices:
+                if s.driver != self._driver:
+                    continue
+                for device in s.devices:
+                    value = device.attributes.get("type") or device.attributes.get(qualified)
+                    kind = _KINDS.get(str(value.scalar)) if value is not None and not value.is_list else None
+                    if kind is not None:
+                        self._kinds[(s.pool.name, device.name)] = kind
+        return self._kinds
+
+
+# A device's `type` attribute -> the config kind the node agent wants for it.
+_KINDS = {"gpu": opaque.DeviceKind.GPU, "mig": opaque.DeviceKind.MIG}
 
 
 class _Ledger:
@@ -178,7 +245,7 @@ class _Ledger:
         if claim is not None and all(ref.uid != consumer.uid for ref in claim.reserved_for):
             self._claims[key] = dataclasses.replace(claim, reserved_for=(*claim.reserved_for, consumer))
 
-    def outcomes(self) -> tuple[ClaimOutcome, ...]:
+    def outcomes(self, check: PrepareCheck) -> tuple[ClaimOutcome, ...]:
         return tuple(
             ClaimOutcome(
                 namespace=ns,
@@ -187,6 +254,7 @@ class _Ledger:
                 node=self._nodes[key],
                 reasons=tuple(self._reasons[key]),
                 status=self.status(key),
+                warnings=check.warnings(self._claims[key], allocated=self.holds(key)),
             )
             for key, (ns, name) in self._names.items()
         )
@@ -239,10 +307,20 @@ def _place_pod(work: claims.PodWork, *, allocator: alloc.Allocator, ledger: _Led
 
 
 def refused(objects: model.Objects) -> tuple[str, ...]:
-    """What the API server refuses in `objects` where dractl's chart is installed, one line each naming the file,
-    object and field: selectors that do not compile (`cel.problems`), and opaque configs for dractl's driver that the
-    node agent would refuse, as the chart's admission policy refuses them (`opaque.problems`)."""
-    return cel.problems(objects) + opaque.problems(objects, driver=config.DEFAULT_DRIVER_NAME)
+    """What the API server refuses in `objects`, one line each naming the file, object and field: selectors that
+    do not compile (`cel.problems`). Pure."""
+    return cel.problems(objects)
+
+
+def unpreparable(objects: model.Objects) -> tuple[str, ...]:
+    """The opaque configs for dractl's driver in `objects` that the node agent would refuse at prepare time, one
+    warning line each naming the file, object and field, as the chart's admission policy refuses them at apply time
+    (`opaque.problems`). A warning, not a refusal: a dump of a live cluster holds them where the policy was off (its
+    failure policy is Ignore), and a claim that has one is allocated all the same (`PrepareCheck` marks it). Pure."""
+    return tuple(
+        f"{problem} (the node agent will refuse to prepare a claim with this config)"
+        for problem in opaque.problems(objects, driver=config.DEFAULT_DRIVER_NAME)
+    )
 
 
 def simulate(objects: model.Objects, *, policy: alloc.Policy, search_limit: int) -> Result:
@@ -273,7 +351,7 @@ def simulate(objects: model.Objects, *, policy: alloc.Policy, search_limit: int)
             ledger.allocate(allocator, [claim], nodes=None, context=f"claim {key}")
     for work in plan.pods:
         _place_pod(work, allocator=allocator, ledger=ledger)
-    outcomes = ledger.outcomes()
+    outcomes = ledger.outcomes(PrepareCheck(objects.resource_slices))
     done = time.perf_counter()
     warnings = tuple(r.message for rejections in allocator.rejected.values() for r in rejections)
     return Result(

@@ -35,13 +35,14 @@ import enum
 import pathlib
 import time
 from collections.abc import Sequence
-from typing import Any, TextIO
-
-import msgspec
+from typing import TYPE_CHECKING, Any, TextIO
 
 from dractl import alloc, config, model
 from dractl.model import placement
 from dractl.simulate import claims, engine, htmlmap, metrics, report, timing, trace
+
+if TYPE_CHECKING:
+    import rich.console
 
 Retry = config.Retry
 MAP_FRAMES = 24  # moments of the trace the map's overview shows (plus the first rejection)
@@ -341,6 +342,7 @@ class _State:
         )
 
     def outcomes(self) -> tuple[engine.ClaimOutcome, ...]:
+        check = engine.PrepareCheck(self.slices)
         out = []
         for key, claim in self.present.items():
             allocated = key in self.held
@@ -352,6 +354,7 @@ class _State:
                     node=self.held.get(key),
                     reasons=() if allocated else self.reasons.get(key, ("not allocated: waiting",)),
                     status=engine.Status.ALLOCATED if allocated else engine.Status.NOT_ALLOCATED,
+                    warnings=check.warnings(claim, allocated=allocated),
                 )
             )
         return tuple(out)
@@ -419,7 +422,9 @@ def run(settings: config.Simulate, *, out: TextIO, err: TextIO) -> int:
 
     0 when the trace was replayed (or generated), whatever was rejected; 1 when a flag, the
     trace file or the generator spec is invalid (one line per problem on `err`, naming the
-    file, the event and the field) or the map cannot be written.
+    file, the event and the field) or the map cannot be written. Opaque configs the node agent
+    would refuse are a `warning:` line each on `err` (`engine.unpreparable`), and the claims
+    present at the end that have one carry its warning in every format.
     """
     problem = _flag_problem(settings)
     if problem is not None:
@@ -427,11 +432,11 @@ def run(settings: config.Simulate, *, out: TextIO, err: TextIO) -> int:
         return 1
     if settings.generate is not None:
         try:
-            generated = trace.generate(settings.generate)
+            spec = trace.parse_spec(settings.generate)
         except ValueError as error:
             print(f"dractl simulate: {error}", file=err)
             return 1
-        out.write(trace.dumps(generated, as_json=settings.output is config.OutputFormat.JSON))
+        trace.write_generated(spec, out, as_json=settings.output is config.OutputFormat.JSON)
         return 0
     assert settings.trace is not None  # `_flag_problem` guarantees it
     timer = timing.Timer() if settings.timing else None
@@ -460,7 +465,7 @@ def _flag_problem(settings: config.Simulate) -> str | None:
 
 
 def _cluster_objects(tr: trace.Trace) -> model.Objects:
-    """The cluster plus every arriving claim, for the selector check `simulate -f` makes."""
+    """The cluster plus every arriving claim, for the checks `simulate -f` makes (selectors, opaque configs)."""
     arriving = tuple(e.object for e in tr.events if isinstance(e, trace.Arrival))
     return dataclasses.replace(
         tr.cluster,
@@ -480,11 +485,14 @@ def _replay_and_report(
         for line in error.problems:
             print(line, file=err)
         return 1
-    invalid = engine.refused(_cluster_objects(tr))
+    objects = _cluster_objects(tr)
+    invalid = engine.refused(objects)
     if invalid:
         for line in invalid:
             print(line, file=err)
         return 1
+    for warning in engine.unpreparable(objects):
+        print(f"warning: {warning}", file=err)
     if timer is not None:
         timer.phase("load", events=len(tr.events))
     policies = settings.compare or (settings.policy,)
@@ -547,16 +555,16 @@ def _write_json(tr: trace.Trace, results: Sequence[Result], *, out: TextIO) -> N
     """`{"trace": ..., "runs": [...]}`: per policy its metrics (`metrics.as_dict`), the cluster
     at the first rejection, and every claim present at the end as `simulate -o json` shows it."""
     document = {"trace": {"name": tr.name, "file": tr.file}, "runs": [_summary(r) for r in results]}
-    out.write(msgspec.json.format(msgspec.json.encode(document), indent=2).decode())
-    out.write("\n")
+    report.write_json_document(document, out=out)
 
 
-_PENDING_SHOWN = 20
+_SHOWN = 20  # claims listed per kind of trouble under the trace's table
 
 
 def _write_table(tr: trace.Trace, results: Sequence[Result], *, out: TextIO) -> None:
     """Per node GPUs and memory at the end (the first policy's), then every policy's cluster
-    metrics side by side, then the claims still waiting (the first few, with reasons)."""
+    metrics side by side, then the claims still waiting and those present at the end that the
+    node agent will refuse to prepare (the first few of each, with the reason or warning)."""
     import rich.text  # imported here: rich takes about 50 ms to import
 
     console = report.new_console(out)
@@ -575,18 +583,24 @@ def _write_table(tr: trace.Trace, results: Sequence[Result], *, out: TextIO) -> 
         stranded = ", ".join(f"{r.policy.value} {_stranded_text(m)}" for r, m in zip(results, at_first, strict=True))
         console.print(rich.text.Text(f"memory stranded at the first rejection: {stranded}"))
     for result in results:
-        pending = result.pending
-        if not pending:
-            continue
         state = "waiting" if result.retry is Retry.ON_DEPARTURE else "dropped"
-        console.print(
-            rich.text.Text(f"{len(pending)} claims not allocated at the end ({state}) under {result.policy.value}:")
-        )
-        for outcome in pending[:_PENDING_SHOWN]:
-            reason = outcome.reasons[0] if outcome.reasons else "not allocated"
-            console.print(rich.text.Text(f"  {outcome.namespace}/{outcome.name}: {reason}"))
-        if len(pending) > _PENDING_SHOWN:
-            console.print(rich.text.Text(f"  ... and {len(pending) - _PENDING_SHOWN} more (-o json lists them all)"))
+        pending = [(o, o.reasons[0] if o.reasons else "not allocated") for o in result.pending]
+        _write_claims(console, f"not allocated at the end ({state}) under {result.policy.value}", pending)
+        warned = [(o, f"warning: {o.warnings[0]}") for o in result.claims if o.warnings]
+        _write_claims(console, f"the node agent will refuse to prepare, under {result.policy.value}", warned)
+
+
+def _write_claims(console: rich.console.Console, what: str, claims: Sequence[tuple[engine.ClaimOutcome, str]]) -> None:
+    """`N claims <what>:` and the first few claims, each with its line; nothing when there are none."""
+    import rich.text  # imported here: rich takes about 50 ms to import
+
+    if not claims:
+        return
+    console.print(rich.text.Text(f"{len(claims)} claims {what}:"))
+    for outcome, line in claims[:_SHOWN]:
+        console.print(rich.text.Text(f"  {outcome.namespace}/{outcome.name}: {line}"))
+    if len(claims) > _SHOWN:
+        console.print(rich.text.Text(f"  ... and {len(claims) - _SHOWN} more (-o json lists them all)"))
 
 
 def _stranded_text(found: metrics.Metrics | None) -> str:

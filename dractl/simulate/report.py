@@ -3,7 +3,8 @@ claims exactly as the API would hold them.
 
 Pure apart from writing to the streams it is given. Every format gives each claim's status:
 allocated, not allocated, or (for an allocation given in the input that holds nothing)
-conflict or invalid, with the reasons. JSON carries what YAML carries (`allocation` and
+conflict or invalid, with the reasons, and its warnings (what the node agent will refuse
+when it prepares the claim: `engine.PrepareCheck`). JSON carries what YAML carries (`allocation` and
 `reservedFor` exactly as the API holds them). The per-node summary counts GPUs (full,
 partitioned, free), their memory and the largest MIG profile still placeable
 (`metrics.measure`: a GPU with its MIG placements is one GPU, not one device per placement),
@@ -209,8 +210,8 @@ def _consumer(ref: model.ResourceClaimConsumerReference) -> dict[str, str]:
 
 def claim_entry(outcome: engine.ClaimOutcome) -> dict[str, Any]:
     """One claim of `-o json`: what `-o yaml` says of it (`allocation` and `reservedFor` as
-    the API holds them, `allocation` null when there is none), plus its status, node and
-    reasons. Pure."""
+    the API holds them, `allocation` null when there is none), plus its status, node,
+    reasons and warnings. Pure."""
     claim = outcome.claim
     allocation = claim.allocation if claim is not None else None
     return {
@@ -222,6 +223,7 @@ def claim_entry(outcome: engine.ClaimOutcome) -> dict[str, Any]:
         "allocation": encode.allocation_result(allocation) if allocation is not None else None,
         "reservedFor": [_consumer(ref) for ref in claim.reserved_for] if claim is not None else [],
         "reasons": list(outcome.reasons),
+        "warnings": list(outcome.warnings),
     }
 
 
@@ -239,26 +241,57 @@ def write_json(
         "claims": [claim_entry(o) for o in result.claims],
         "summary": _summary(result, nodes, pool_problems=pool_problems, policy=policy),
     }
+    write_json_document(document, out=out)
+
+
+def write_json_document(document: Any, *, out: TextIO) -> None:
+    """`document` as JSON indented by two spaces, and a newline. Where `out`'s encoding cannot hold a character
+    (`PYTHONIOENCODING=ascii`, the C locale), every non-ASCII character is written as a JSON escape (`\\u00e8`),
+    so the output stays JSON rather than failing or holding a Python escape."""
     # msgspec's encoder and formatter are C: the stdlib's indenting encoder is pure Python.
     # Imported here, like yamlout and rich: each output format imports only what it needs.
     import msgspec
 
-    out.write(msgspec.json.format(msgspec.json.encode(document), indent=2).decode())
-    out.write("\n")
+    text = msgspec.json.format(msgspec.json.encode(document), indent=2).decode()
+    if not text.isascii() and not _encodes(text, getattr(out, "encoding", None)):
+        # Non-ASCII characters appear only inside JSON strings, where an escape means the same.
+        text = _NON_ASCII.sub(_json_escape, text)
+    out.write(text + "\n")
+
+
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _encodes(text: str, encoding: str | None) -> bool:
+    try:
+        text.encode(encoding or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # beyond the BMP: a surrogate pair, as JSON spells it
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def _note(outcome: engine.ClaimOutcome) -> str | None:
+    lines = [f"dractl: warning: {warning}" for warning in outcome.warnings]
     if outcome.status in (engine.Status.CONFLICT, engine.Status.INVALID):
-        return f"dractl: {outcome.status.value}: " + "; ".join(outcome.reasons)
-    return None
+        lines.insert(0, f"dractl: {outcome.status.value}: " + "; ".join(outcome.reasons))
+    return "\n".join(lines) or None
 
 
 def write_yaml(result: engine.Result, *, out: TextIO, err: TextIO) -> None:
     """Every claim that exists as a full ResourceClaim, `status.allocation` and `reservedFor`
     included, one YAML document each. A claim whose input allocation holds nothing (status
     conflict or invalid) keeps that allocation, as the API holds it, under a `# dractl:
-    conflict: ...` comment; the reasons of unallocated claims go to `err` so that `out` holds
-    only API objects."""
+    conflict: ...` comment, and each warning of a claim is a `# dractl: warning: ...` comment
+    above it; the reasons of unallocated claims go to `err` so that `out` holds only API
+    objects."""
     from dractl.simulate import yamlout  # imported here: it imports PyYAML, which other formats do not need
 
     shown = [o for o in result.claims if o.claim is not None]
@@ -299,13 +332,16 @@ every cell, about a millisecond per claim."""
 
 
 def _rows(result: engine.Result) -> list[tuple[str, str, engine.Status, str]]:
-    """(claim, node, status, devices or reasons) per claim."""
+    """(claim, node, status, devices or reasons, then the warnings) per claim."""
     rows = []
     for o in result.claims:
         if o.allocated:
-            rows.append((f"{o.namespace}/{o.name}", o.node or "(any)", o.status, _devices(o)))
+            node, text = o.node or "(any)", _devices(o)
         else:
-            rows.append((f"{o.namespace}/{o.name}", "-", o.status, "\n".join(f"- {reason}" for reason in o.reasons)))
+            node, text = "-", "\n".join(f"- {reason}" for reason in o.reasons)
+        if o.warnings:
+            text = "\n".join([*([text] if text else []), *(f"warning: {warning}" for warning in o.warnings)])
+        rows.append((f"{o.namespace}/{o.name}", node, o.status, text))
     return rows
 
 
@@ -313,6 +349,9 @@ def _footer(result: engine.Result) -> str:
     counts = collections.Counter(o.status for o in result.claims)
     text = f"{counts[engine.Status.ALLOCATED]} of {len(result.claims)} claims allocated."
     trouble = [f"{counts[s]} {s.value}" for s in (engine.Status.CONFLICT, engine.Status.INVALID) if counts[s]]
+    warned = sum(1 for o in result.claims if o.warnings)
+    if warned:
+        trouble.append(f"{warned} the node agent will refuse to prepare")
     return f"{text} {', '.join(trouble)}." if trouble else text
 
 
@@ -397,7 +436,7 @@ def write_table(
     for column in header:
         claims.add_column(column, overflow="fold")
     for claim, node, status, text in rows:
-        style = "yellow" if status is not engine.Status.ALLOCATED else ""
+        style = "yellow" if status is not engine.Status.ALLOCATED or "\nwarning: " in f"\n{text}" else ""
         claims.add_row(
             rich.text.Text(claim),
             rich.text.Text(node),

@@ -2,11 +2,15 @@
 
 What it does: reads and validates a trace file into ordered events whose objects are model
 values (`load`, `parse`), writes one (`write`), and generates traces for a named claim mix
-(`generate`, `parse_spec` for `--generate mix=reference,seed=1,claims=200`). What it must not
+(`generate`, `parse_spec` for `--generate mix=reference,seed=1,claims=200`; `write_generated`
+writes one as it is generated, in memory that does not grow with the claims; at most
+`MAX_GENERATED_CLAIMS` claims on `MAX_GENERATED_NODES` nodes). What it must not
 do: allocate or replay (the replay consumes `Trace.events`), evaluate CEL, or talk to a
-cluster. Pure apart from `load` and `write`, which read and write the one file they are given.
+cluster. Pure apart from `load`, `write` and `write_generated`, which read and write the one file
+or stream they are given.
 
-The format: one YAML (or JSON, when the text starts with `{`) object.
+The format: one YAML or JSON object (JSON where the text is JSON, else YAML, flow style
+included, read as `simulate -f` reads manifests: `decode.documents`), at most 64 MiB.
 
     apiVersion: dractl.io/v1alpha1
     kind: Trace
@@ -61,15 +65,15 @@ import math
 import pathlib
 import random
 import re
+import textwrap
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
 from dractl import model
 from dractl.model import decode
-from dractl.model.decode import yaml11
 from dractl.simulate import metrics
 
 API_VERSION = "dractl.io/v1alpha1"
@@ -86,6 +90,10 @@ _EVENT_KEYS = frozenset({"at", "arrive", "depart"})
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _UUID_NAMESPACE = uuid.UUID("6b1d3f52-59b3-4a4c-9a7e-2f4a1c0d8e11")
+# What `generate` makes at most. 50,000 claims are about 33 MB of YAML and 48 MB of JSON, within the 64 MiB
+# `--trace` reads (`decode.read_text`) whatever the mix; Kubernetes supports clusters of up to 5,000 nodes.
+MAX_GENERATED_CLAIMS = 50_000
+MAX_GENERATED_NODES = 5_000
 # A trace longer than a century of seconds is a typo, and so is a time Python cannot order.
 _MAX_SECONDS = 100 * 365 * 24 * 3600
 
@@ -160,27 +168,24 @@ class Trace:
 
 def load(path: str | pathlib.Path) -> Trace:
     """Read and validate one trace file, or standard input for `-` (named `<stdin>`), as `simulate -f`
-    reads its inputs; raises `TraceError` naming the input. Reads the file (or standard input) only."""
-    file = decode.input_name(path)
+    reads its inputs (`decode.read_text`: at most 64 MiB); raises `TraceError` naming the input. Reads
+    the file (or standard input) only."""
     try:
-        with decode.open_text(path) as stream:
-            text = stream.read()
-    except (OSError, UnicodeDecodeError) as error:
-        raise TraceError([f"{file}: cannot read: {error}"]) from None
-    return parse_text(text, file=file)
+        text = decode.read_text(
+            path, binary="a trace is YAML or JSON", too_large="a trace is read whole: replay a shorter one"
+        )
+    except decode.ReadError as error:
+        raise TraceError([str(error)]) from None
+    return parse_text(text, file=decode.input_name(path))
 
 
 def parse_text(text: str, *, file: str = "<trace>") -> Trace:
-    """Parse and validate a trace's text (YAML, or JSON when it starts with `{`). Pure."""
+    """Parse and validate a trace's text: JSON where it is JSON, else YAML (flow style included), as
+    `simulate -f` parses manifests (`decode.documents`). Pure."""
     try:
-        if text.lstrip().startswith("{"):
-            documents: list[object] = [json.loads(text)]
-        else:
-            documents = [d for d in yaml11.load_all(text) if d is not None]
-    except (ValueError, yaml.YAMLError) as error:
-        raise TraceError([f"{file}: not valid YAML or JSON: {error}"]) from None
-    except RecursionError:
-        raise TraceError([f"{file}: nested too deeply to read"]) from None
+        documents = [d for d in decode.documents(text, file=file) if d is not None]
+    except decode.DecodeError as error:
+        raise TraceError(error.problems) from None
     if len(documents) != 1:
         raise TraceError([f"{file}: a trace is one YAML document (kind: {KIND}), found {len(documents)}"])
     return parse(documents[0], file=file)
@@ -526,7 +531,7 @@ def dumps(trace: Trace, *, as_json: bool = False) -> str:
     """The trace's document as YAML (or JSON). Pure; `parse_text` of the result gives an equal trace."""
     if as_json:
         return json.dumps(trace.document, indent=1, sort_keys=False) + "\n"
-    return yaml.dump(dict(trace.document), Dumper=_Dumper, sort_keys=False, default_flow_style=None, width=120)
+    return _yaml(trace.document)
 
 
 class _Dumper(yaml.CSafeDumper):
@@ -605,6 +610,9 @@ def parse_spec(text: str) -> Spec:
             raise ValueError(f"--generate {text!r}: unknown key {key!r} (known: {keys})")
     if not any(nodes.values()):
         raise ValueError(f"--generate {text!r}: the cluster has no node (give a100=, h100= or t4= above 0)")
+    bound = _bound(kwargs.get("claims", defaults.claims), sum(nodes.values()))
+    if bound is not None:
+        raise ValueError(f"--generate {text!r}: {bound}")
     return Spec(mix=mix, nodes={k: nodes[k] for k in EXAMPLE_NODES if nodes.get(k)}, **kwargs)
 
 
@@ -680,37 +688,75 @@ def generate(
             round=claims_per_round,
             departures=departures,
         )
+    header, events = _generated(spec)
+    document = {**header, "spec": {**header["spec"], "events": list(events)}}
+    return parse(copy.deepcopy(document), file=f"<generated {spec}>")
+
+
+def write_generated(spec: Spec, out: TextIO, *, as_json: bool = False) -> None:
+    """Write the trace `generate(spec)` makes, byte for byte as `dumps` writes it, one event at a time: memory
+    stays that of one event (and the names of the claims present), whatever the number of claims. Writes to `out`
+    only; raises ValueError for a spec out of bounds."""
+    header, events = _generated(spec)
+    if as_json:
+        # The events are the document's last field: the header is written around them, each event indented to
+        # where `json.dumps(document, indent=1)` puts it.
+        text = json.dumps({**header, "spec": {**header["spec"], "events": None}}, indent=1, sort_keys=False)
+        before, _, after = text.rpartition('"events": null')
+        out.write(before + '"events": ')
+        first = True
+        for event in events:
+            out.write(("[\n" if first else ",\n") + textwrap.indent(json.dumps(event, indent=1), "   "))
+            first = False
+        out.write(("[]" if first else "\n  ]") + after + "\n")
+        return
+    out.write(_yaml(header) + "  events:\n")
+    for event in events:
+        # Dumped inside the same nesting as in the whole document, so that indentation and line width come out
+        # alike; the two lines of the nesting are dropped.
+        out.write(_yaml({"spec": {"events": [event]}}).split("\n", 2)[2])
+
+
+def _yaml(document: Mapping[str, Any]) -> str:
+    return yaml.dump(dict(document), Dumper=_Dumper, sort_keys=False, default_flow_style=None, width=120)
+
+
+def _generated(spec: Spec) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """The document of `spec`'s trace without its events, and the events, made as they are iterated. Raises
+    ValueError for a spec out of bounds."""
     _check(spec)
-    rng = random.Random(spec.seed)
-    shares = MIXES[spec.mix]
     examples = [
         {"file": EXAMPLE_NODES[kind], "node": f"{kind}-{i:02d}"}
         for kind, count in spec.nodes.items()
         for i in range(1, count + 1)
     ]
-    events: list[dict[str, Any]] = []
-    present: list[str] = []
+    header = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": f"{spec.mix}-seed-{spec.seed}"},
+        "spec": {"generator": str(spec), "cluster": {"examples": examples}},
+    }
+    return header, _events_of(spec)
+
+
+def _events_of(spec: Spec) -> Iterator[dict[str, Any]]:
+    rng = random.Random(spec.seed)
+    shares = MIXES[spec.mix]
+    present: dict[str, None] = {}  # in arrival order; a dict, so that a departure is not a scan
     width = max(5, len(str(spec.claims)))
     for number in range(spec.claims):
         in_round, round_index = number % spec.round, number // spec.round
         start = round_index * _ROUND_SECONDS
         if in_round == 0 and round_index > 0 and present:
-            leaving = rng.sample(present, k=round(len(present) * spec.departures))
+            leaving = rng.sample(list(present), k=round(len(present) * spec.departures))
             for name in sorted(leaving):
-                events.append({"at": start, "depart": {"kind": "ResourceClaim", "name": name, "namespace": "default"}})
-                present.remove(name)
+                yield {"at": start, "depart": {"kind": "ResourceClaim", "name": name, "namespace": "default"}}
+                del present[name]
         name = f"c-{number + 1:0{width}d}"
         share = rng.choices(shares, weights=[s.weight for s in shares])[0]
         at = start + round(in_round * _ROUND_SECONDS / spec.round, 3)
-        events.append({"at": at, "arrive": _claim(share.name, name=name, rng=rng)})
-        present.append(name)
-    document = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": f"{spec.mix}-seed-{spec.seed}"},
-        "spec": {"generator": str(spec), "cluster": {"examples": examples}, "events": events},
-    }
-    return parse(copy.deepcopy(document), file=f"<generated {spec}>")
+        yield {"at": at, "arrive": _claim(share.name, name=name, rng=rng)}
+        present[name] = None
 
 
 def _check(spec: Spec) -> None:
@@ -726,6 +772,24 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"generate: node kind {unknown[0]!r} is unknown (one of {', '.join(EXAMPLE_NODES)})")
     if any(count < 0 for count in spec.nodes.values()) or not any(spec.nodes.values()):
         raise ValueError(f"generate {spec}: node counts must be >= 0 and the cluster needs a node")
+    bound = _bound(spec.claims, sum(spec.nodes.values()))
+    if bound is not None:
+        raise ValueError(f"generate {spec}: {bound}")
+
+
+def _bound(claims: int, nodes: int) -> str | None:
+    """Why a trace of `claims` claims on `nodes` nodes is too large to generate, or None."""
+    if claims > MAX_GENERATED_CLAIMS:
+        return (
+            f"claims must be at most {MAX_GENERATED_CLAIMS}, got {claims}: a longer trace would be more than the "
+            "64 MiB --trace reads"
+        )
+    if nodes > MAX_GENERATED_NODES:
+        return (
+            f"a100, h100 and t4 must add up to at most {MAX_GENERATED_NODES} nodes (the most one Kubernetes cluster "
+            f"supports), got {nodes}"
+        )
+    return None
 
 
 def _claim(kind: str, *, name: str, rng: random.Random) -> dict[str, Any]:

@@ -44,28 +44,33 @@ and over-long expressions are refused here), check that referenced DeviceClasses
 allocator reports missing classes), talk to an API server, or allocate. Pure apart from
 reading the given paths (standard input for `-`).
 
-`open_text(path)` and `input_name(path)` are how every reader of a path a user gives (the
-trace of `simulate --trace` too) opens it and names it, so `-` means standard input alike.
+`read_text(path)`, `documents(text)` and `input_name(path)` are how every reader of a path a user
+gives (the trace of `simulate --trace` too) reads it, bounded alike, parses it and names it, so
+`-` means standard input alike.
 """
 
 from dractl.model.decode.loading import (
     STDIN,
+    ReadError,
+    documents,
     input_name,
     load_documents,
     load_object,
     load_paths,
     load_text,
-    open_text,
+    read_text,
 )
 from dractl.model.decode.problems import DecodeError
 
 __all__ = [
     "STDIN",
     "DecodeError",
+    "ReadError",
+    "documents",
     "input_name",
     "load_documents",
     "load_object",
     "load_paths",
     "load_text",
-    "open_text",
+    "read_text",
 ]

@@ -1,9 +1,9 @@
 """Reading manifests: files and directories -> text -> documents -> decoded objects.
 
 What it does: walks the given paths, reads each file (at most `MAX_FILE_BYTES`; the path `-` is
-standard input, named `<stdin>` in messages: `open_text`, `input_name`), parses JSON
+standard input, named `<stdin>` in messages: `read_text`, `input_name`), parses JSON
 with the json module (far faster than a YAML parser) and everything else with `yaml11`
-(YAML as kubectl reads it), and hands each document to `dispatch`. Every problem names the
+(YAML as kubectl reads it: `documents`), and hands each document to `dispatch`. Every problem names the
 file; syntax errors also name the line and column. Hostile input is bounded here: nesting
 depth before a recursive parser runs, integers of thousands of digits, alias bombs (in
 `yaml11`), and a document whose decoding still recurses too deeply becomes one message.
@@ -58,8 +58,36 @@ def input_name(path: str | os.PathLike[str]) -> str:
     return STDIN_NAME if os.fspath(path) == STDIN else os.fspath(path)
 
 
+class ReadError(ValueError):
+    """An input that cannot be read; the message is one line naming the input."""
+
+
+def read_text(path: str | os.PathLike[str], *, binary: str, too_large: str) -> str:
+    """The whole text of one input (`-`: standard input), at most `MAX_FILE_BYTES`: a larger input is refused by
+    its size before it is read where the size is known (a file), else after one character past the limit (a pipe,
+    `/dev/zero`), so memory stays bounded. Raises `ReadError` naming the input (as `input_name` does), with the
+    caller's advice for text that is not UTF-8 (`binary`) and for an input too large (`too_large`). Reads that
+    input only."""
+    name = input_name(path)
+    limit = f"{MAX_FILE_BYTES // (1024 * 1024)} MiB: {too_large}"
+    try:
+        if os.fspath(path) != STDIN:
+            size = os.stat(path).st_size
+            if size > MAX_FILE_BYTES:
+                raise ReadError(f"{name}: {size} bytes is larger than {limit}")
+        with _open_text(path) as stream:
+            text = stream.read(MAX_FILE_BYTES + 1)
+    except UnicodeDecodeError:
+        raise ReadError(f"{name}: cannot read: not UTF-8 text (a binary file?); {binary}") from None
+    except OSError as error:
+        raise ReadError(f"{name}: cannot read: {error}") from None
+    if len(text) > MAX_FILE_BYTES:
+        raise ReadError(f"{name}: more than {limit}")
+    return text
+
+
 @contextlib.contextmanager
-def open_text(path: str | os.PathLike[str]) -> Iterator[TextIO]:
+def _open_text(path: str | os.PathLike[str]) -> Iterator[TextIO]:
     """Open one input as UTF-8 text: a file or a pipe, or standard input for `-`.
 
     Standard input is read the way a file is (UTF-8 whatever the locale, universal newlines)
@@ -103,12 +131,11 @@ def _load_path(out: problems.Results, path: pathlib.Path) -> None:
         return
     held = False  # whether any file held an object, or a problem of its own
     for file in files:
-        name = input_name(file)
-        text = _read(out, file, name)
+        text = _read(out, file)
         if text is None:
             held = True
             continue
-        held = _load_text(out, text, name) or held
+        held = _load_text(out, text, input_name(file)) or held
     if files and not held:
         if str(path) == STDIN:
             what = "standard input is"
@@ -117,28 +144,13 @@ def _load_path(out: problems.Results, path: pathlib.Path) -> None:
         out.problems.append(f"{input_name(path)}: no Kubernetes objects: {what} empty or only comments")
 
 
-def _read(out: problems.Results, file: pathlib.Path, name: str) -> str | None:
-    """The text of one input, or None with its problem (named `name`) added to `out`."""
-    limit = f"{MAX_FILE_BYTES // (1024 * 1024)} MiB: split the manifests into several files"
+def _read(out: problems.Results, file: pathlib.Path) -> str | None:
+    """The text of one input, or None with its problem added to `out`."""
     try:
-        if str(file) != STDIN:
-            size = file.stat().st_size
-            if size > MAX_FILE_BYTES:
-                out.problems.append(f"{name}: {size} bytes is larger than {limit}")
-                return None
-        # A pipe's size is not known ahead: read one character past the limit to see it.
-        with open_text(file) as stream:
-            text = stream.read(MAX_FILE_BYTES + 1)
-    except UnicodeDecodeError:
-        out.problems.append(f"{name}: cannot read: not UTF-8 text (a binary file?); manifests are YAML or JSON")
+        return read_text(file, binary="manifests are YAML or JSON", too_large="split the manifests into several files")
+    except ReadError as error:
+        out.problems.append(str(error))
         return None
-    except OSError as error:
-        out.problems.append(f"{name}: cannot read: {error}")
-        return None
-    if len(text) > MAX_FILE_BYTES:
-        out.problems.append(f"{name}: more than {limit}")
-        return None
-    return text
 
 
 @contextlib.contextmanager
@@ -214,30 +226,35 @@ def _decode(out: problems.Results, document: object, file: str, index: int) -> N
         out.problems.append(f"{file}: document {index + 1}: nested too deeply to decode")
 
 
-def _load_text(out: problems.Results, text: str, file: str) -> bool:
-    """Decode every document of `text` into `out`; returns whether it held any (a document, or
-    a problem where the text could not be read as documents)."""
-    stripped = text.lstrip()
-    if stripped[:1] in ("{", "["):
+def documents(text: str, *, file: str) -> Iterator[object]:
+    """The documents of one text as `simulate -f` reads them: JSON where the text is JSON (a top-level array gives
+    its items), else YAML as kubectl reads it (`yaml11`; YAML flow style starts with a brace too), an empty YAML
+    document as None. Lazy: YAML documents are parsed one at a time. Raises `problems.DecodeError` with one message
+    naming `file` where the text stops being readable (syntax, nesting, alias bombs). Pure."""
+    if text.lstrip()[:1] in ("{", "["):
         data = _json(text)
         if data is not _NOT_JSON:
             if isinstance(data, str):
-                out.problems.append(f"{file}: {data}")
-                return True
-            documents = data if isinstance(data, list) else [data]
-            for index, document in enumerate(documents):
-                _decode(out, document, file, index)
-            return bool(documents)
-    index = 0
+                raise problems.DecodeError([f"{file}: {data}"])
+            yield from data if isinstance(data, list) else [data]
+            return
+    try:
+        yield from yaml11.load_all(text)
+    except yaml11.YamlError as error:
+        raise problems.DecodeError([f"{file}: {error}"]) from None
+
+
+def _load_text(out: problems.Results, text: str, file: str) -> bool:
+    """Decode every document of `text` into `out`; returns whether it held any (a document, or
+    a problem where the text could not be read as documents)."""
     held = False
     try:
-        for document in yaml11.load_all(text):
+        for index, document in enumerate(documents(text, file=file)):
             if document is not None:
                 held = True
                 _decode(out, document, file, index)
-            index += 1
-    except yaml11.YamlError as error:
-        out.problems.append(f"{file}: {error}")
+    except problems.DecodeError as error:
+        out.problems.extend(error.problems)
         return True
     return held
 

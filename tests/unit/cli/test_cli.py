@@ -277,8 +277,8 @@ def test_closed_stdin_is_one_line() -> None:
 
 
 def test_json_output_has_the_documented_keys(manifests: pathlib.Path) -> None:
-    """Guards: -o json is {"claims": [{namespace, name, status, allocated, node, allocation, reservedFor, reasons}],
-    "summary": {...}}."""
+    """Guards: -o json is {"claims": [{namespace, name, status, allocated, node, allocation, reservedFor, reasons,
+    warnings}], "summary": {...}}."""
     result = _invoke("simulate", "-f", str(manifests), "-o", "json")
     assert result.exit_code == 0, result.stderr
     document = json.loads(result.stdout)
@@ -294,6 +294,7 @@ def test_json_output_has_the_documented_keys(manifests: pathlib.Path) -> None:
             "allocation",
             "reservedFor",
             "reasons",
+            "warnings",
         }
     assert claims["fits"]["allocated"] is True and claims["fits"]["node"] == "node-1"
     assert claims["fits"]["allocation"]["devices"]["results"] == [
@@ -437,9 +438,10 @@ spec:
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
-def test_an_opaque_config_the_node_agent_would_refuse_is_rejected(tmp_path: pathlib.Path) -> None:
+def test_an_opaque_config_the_node_agent_would_refuse_is_a_warning(tmp_path: pathlib.Path) -> None:
     """Guards: a claim whose GpuConfig the node agent would refuse at prepare time (and the chart's admission policy
-    at apply time) is not shown as allocated: exit 1 naming file, claim and field, with the agent's message."""
+    at apply time, where it is on) is allocated as a scheduler would allocate it: exit 0, one stderr warning naming
+    file, claim and field with the agent's message, and the claim marked in the output."""
     path = tmp_path / "claim.yaml"
     path.write_text(
         """apiVersion: resource.k8s.io/v1
@@ -459,12 +461,13 @@ spec:
 """
     )
     result = _invoke("simulate", "-f", str(simulate.EXAMPLES), "-f", str(path))
-    assert result.exit_code == 1
+    assert result.exit_code == 0
     assert result.stderr.splitlines() == [
-        f"{path}: ResourceClaim default/tuned: spec.devices.config[0].opaque.parameters"
-        ".sharing.timeSlicingConfig.interval: must be Default, Short, Medium or Long, got 'Fast'"
+        f"warning: {path}: ResourceClaim default/tuned: spec.devices.config[0].opaque.parameters"
+        ".sharing.timeSlicingConfig.interval: must be Default, Short, Medium or Long, got 'Fast' (the node agent will "
+        "refuse to prepare a claim with this config)"
     ]
-    assert result.stdout == ""
+    assert "1 the node agent will refuse to prepare." in result.stdout
 
 
 def test_the_cli_imports_no_cluster_libraries_until_a_mode_needs_them() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -196,6 +197,47 @@ def test_oversized_file_is_refused_before_reading(tmp_path: pathlib.Path) -> Non
     ]
 
 
+def test_a_trace_past_the_size_bound_is_refused_like_a_file(tmp_path: pathlib.Path) -> None:
+    """Guards: --trace reads at most what -f reads (64 MiB): a larger file is refused by its size before reading,
+    and an endless input (/dev/zero) after 64 MiB, in bounded time and memory; one line each, exit 1."""
+    file = tmp_path / "huge-trace.yaml"
+    with file.open("wb") as handle:
+        handle.truncate(65 * 1024 * 1024)  # sparse: costs no disk and no time
+    result = _simulate("--trace", str(file))
+    assert (result.returncode, result.stderr) == (
+        1,
+        f"{file}: {65 * 1024 * 1024} bytes is larger than 64 MiB: a trace is read whole: replay a shorter one\n",
+    )
+    endless = _simulate("--trace", "/dev/zero", timeout=30)
+    assert (endless.returncode, endless.stderr) == (
+        1,
+        "/dev/zero: more than 64 MiB: a trace is read whole: replay a shorter one\n",
+    )
+
+
+def test_generate_memory_does_not_grow_with_the_claims() -> None:
+    """Guards: `--generate claims=30000` writes its trace in bounded memory (it took about 25 KB per claim, 2.4 GB for
+    100,000, holding the whole trace and its YAML at once): the peak stays under 200 MB."""
+    code = (
+        "import resource, subprocess, sys; "
+        "done = subprocess.run([sys.executable, '-m', 'dractl', 'simulate', '--generate', "
+        "'mix=reference,seed=1,claims=30000'], stdout=subprocess.DEVNULL); "
+        "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    measured = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        check=True,
+    )
+    returncode, peak_kib = map(int, measured.stdout.split())
+    assert returncode == 0
+    assert peak_kib < 200 * 1024, f"peak {peak_kib} KiB"
+
+
 @pytest.mark.parametrize(
     ("args", "env", "expected"),
     [
@@ -267,3 +309,90 @@ def test_full_stdout_prints_one_line_and_exits_1() -> None:
         result = _simulate(stdout=full)
     assert result.returncode == 1
     assert result.stderr == "dractl: cannot write the output: No space left on device\n"
+
+
+HUGE_COUNTS = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: huge, namespace: default}
+spec:
+  devices:
+    requests:
+    - {name: gpus, exactly: {deviceClassName: gpu.nvidia.com, count: 2147483648}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: huge-first, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      firstAvailable:
+      - {name: many, deviceClassName: gpu.nvidia.com, count: 9223372036854775807}
+      - {name: one, deviceClassName: gpu.nvidia.com}
+"""
+
+
+@pytest.mark.parametrize("policy", ["binpack", "first-fit"])
+def test_a_count_beyond_32_bits_is_the_claim_limit_not_a_traceback(policy: str, tmp_path: pathlib.Path) -> None:
+    """Guards: a request count of 2^31 or more (the API takes any int64) is not allocated, with the claim limit of
+    32 devices as its reason, and a firstAvailable subrequest that large is passed over for the next one, as
+    upstream's allocator does; exit 0, no traceback, under either policy."""
+    path = tmp_path / "huge.yaml"
+    path.write_text(HUGE_COUNTS)
+    result = _simulate("-f", str(ROOT / "dractl" / "examples"), "-f", str(path), "--policy", policy, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    claims = {c["name"]: c for c in json.loads(result.stdout)["claims"]}
+    assert claims["huge"]["status"] == "not allocated"
+    assert claims["huge"]["reasons"] == [
+        "the claim asks for at least 2147483648 devices, which exceeds the claim limit of 32 results; split it into "
+        "several claims"
+    ]
+    assert [r["request"] for r in claims["huge-first"]["allocation"]["devices"]["results"]] == ["gpus/one"]
+
+
+NON_ASCII = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: accent, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel: {expression: 'device.attributes["gpu.nvidia.com"]["modèle"] == "x"'}
+"""
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "ascii:strict"])
+@pytest.mark.parametrize("output", ["table", "json", "yaml"])
+def test_an_ascii_only_terminal_gets_escapes_not_a_traceback(
+    encoding: str, output: str, tmp_path: pathlib.Path
+) -> None:
+    """Guards: with PYTHONIOENCODING=ascii (strict on stderr too), a non-ASCII reason (a CEL error naming `modèle`) and
+    the table's `7g.80gb×5` are written as backslash escapes, and JSON stays JSON (`\u00e8`); exit 0, no traceback,
+    in every format."""
+    path = tmp_path / "accent.yaml"
+    path.write_text(NON_ASCII, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "dractl", "simulate", "-f", str(ROOT / "dractl" / "examples"), "-f", str(path)]
+        + ["-o", output],
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": encoding},
+        cwd=ROOT,
+    )
+    stdout, stderr = result.stdout.decode("ascii"), result.stderr.decode("ascii")
+    assert result.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    if output == "json":
+        [accent] = [c for c in json.loads(stdout)["claims"] if c["name"] == "accent"]
+        assert "no such key: modèle" in accent["reasons"][0]
+    elif output == "table":
+        # The ASCII table wraps cells across lines: compare without borders and white space.
+        assert "nosuchkey:mod\\xe8le" in re.sub(r"[\s|]", "", stdout)
+        assert "7g.80gb\\xd75" in stdout
+    else:  # -o yaml keeps stdout for API objects: the reasons go to stderr
+        assert "no such key: mod\\xe8le" in stderr

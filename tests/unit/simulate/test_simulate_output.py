@@ -80,7 +80,7 @@ def test_json_claim_entry_keys() -> None:
     )
     entries = [report.claim_entry(o) for o in result.claims]
     assert [set(e) for e in entries] == [
-        {"namespace", "name", "status", "allocated", "node", "allocation", "reservedFor", "reasons"}
+        {"namespace", "name", "status", "allocated", "node", "allocation", "reservedFor", "reasons", "warnings"}
     ] * 2
     assert (entries[1]["status"], entries[1]["allocation"], entries[1]["reservedFor"]) == ("not allocated", None, [])
 
