@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from dractl import model
 from dractl.model import decode
-from tests.unit.model import conftest
 
 V1ALPHA2 = "scheduling.k8s.io/v1alpha2"
 V1ALPHA1 = "scheduling.x-k8s.io/v1alpha1"
@@ -264,7 +264,7 @@ CASES: list[tuple[str, list[dict[str, Any]], list[str]]] = [
 
 @pytest.mark.parametrize(("manifests", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_malformed_pod_groups_get_one_line_each(
-    problems: conftest.Problems, manifests: list[dict[str, Any]], expected: list[str]
+    problems: Callable[..., list[str]], manifests: list[dict[str, Any]], expected: list[str]
 ) -> None:
     """Guards: each malformed PodGroup field, and each pod joining a group wrongly, is one line naming the file,
     the object and the field."""
