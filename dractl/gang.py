@@ -129,7 +129,8 @@ def plan(
             _release(allocator, attempt)
     best: _Attempt | None = None
     for domain in sorted(required, key=lambda d: (len(d.nodes), d.value)):
-        attempt = _attempt(allocator, members, domain=domain, cluster=cluster, whole=False)
+        beat = -1 if best is None else len(best.placed)
+        attempt = _attempt(allocator, members, domain=domain, cluster=cluster, whole=False, beat=beat)
         if not attempt.left:
             return _success(attempt)
         _release(allocator, attempt)
@@ -164,6 +165,10 @@ def _domains(cluster: placement.Cluster, nodes: Iterable[str], label: str) -> li
     return [_Domain(label, value, tuple(names)) for value, names in sorted(by_value.items())]
 
 
+_Failure = tuple[tuple[int, str | None, str], ...]
+"""Why a member did not fit, each reason as (index of its claim among those tried, request, message)."""
+
+
 def _attempt(
     allocator: alloc.Allocator,
     members: Sequence[Member],
@@ -171,19 +176,30 @@ def _attempt(
     domain: _Domain,
     cluster: placement.Cluster,
     whole: bool,
+    beat: int = -1,
 ) -> _Attempt:
     """Place the members in `domain` in order; the allocator holds what was placed until `_release`.
-    With `whole`, stop at the first member that does not fit (only a placement of every member is wanted)."""
+    With `whole`, stop at the first member that does not fit (only a placement of every member is wanted);
+    otherwise stop once the attempt can no longer place more than `beat` members (it would not be the best).
+
+    Members of one shape (the same claim specs and allowed nodes, as a Job's pods are) that follow one that did
+    not fit are not tried again: within an attempt the allocator only gives out more, so they would not fit
+    either. That bounds an attempt by the shapes, not the pods, of a large gang."""
     placed: list[Placed] = []
     left: list[tuple[Member, tuple[str, ...]]] = []
     tentative: dict[str, model.AllocationResult] = {}
+    failed: dict[tuple[int, ...], _Failure] = {}
     for index, member in enumerate(members):
-        reasons = _place(allocator, member, domain=domain, cluster=cluster, tentative=tentative, placed=placed)
-        if reasons:
-            left.append((member, reasons))
-            if whole:
-                left.extend((later, ("not tried",)) for later in members[index + 1 :])
-                break
+        reasons = _place(
+            allocator, member, domain=domain, cluster=cluster, tentative=tentative, placed=placed, failed=failed
+        )
+        if not reasons:
+            continue
+        left.append((member, reasons))
+        rest = members[index + 1 :]
+        if whole or len(placed) + len(rest) <= beat:
+            left.extend((later, ("not tried",)) for later in rest)
+            break
     return _Attempt(domain=domain, placed=tuple(placed), left=tuple(left))
 
 
@@ -195,9 +211,10 @@ def _place(
     cluster: placement.Cluster,
     tentative: dict[str, model.AllocationResult],
     placed: list[Placed],
+    failed: dict[tuple[int, ...], _Failure],
 ) -> tuple[str, ...]:
     """Place one member (appended to `placed`, its allocations to `tentative`); the reasons it does not fit,
-    empty when placed."""
+    empty when placed. `failed` holds the failures of this attempt by shape (`_attempt`)."""
     if member.problem is not None:
         return (member.problem,)
     nodes: tuple[str, ...] | None = domain.nodes if domain.label else None
@@ -205,6 +222,7 @@ def _place(
         allowed = set(member.nodes)
         nodes = tuple(n for n in (nodes if nodes is not None else member.nodes) if n in allowed)
     pending = []
+    pinned = False
     for claim in member.claims:
         allocation = tentative.get(claim.key)
         if allocation is None:
@@ -213,27 +231,36 @@ def _place(
         # A claim an earlier member got in this attempt pins this one to where it is usable.
         usable = placement.nodes_of(allocation, cluster)
         if usable is not None:
-            nodes = tuple(n for n in (nodes if nodes is not None else usable) if n in set(usable))
+            pinned = True
+            within = set(usable)
+            nodes = tuple(n for n in (nodes if nodes is not None else usable) if n in within)
     if nodes is not None and not nodes:
         where = f"{domain.label} {domain.value}" if domain.label else "the cluster"
         return (f"no node of {where} is one pod {member.key} may use",)
     if not pending:
         placed.append(Placed(key=member.key, node=nodes[0] if nodes and len(nodes) == 1 else None, allocations=()))
         return ()
-    outcome = allocator.allocate(pending, nodes=nodes)
-    if outcome.allocations is None:
-        return tuple(
-            f"{reason.claim}: {reason.request}: {reason.message}"
-            if reason.request
-            else f"{reason.claim}: {reason.message}"
-            for reason in outcome.reasons
-        ) or ("not allocated",)
-    for claim, allocation in zip(pending, outcome.allocations, strict=True):
-        tentative[claim.key] = allocation
-    placed.append(
-        Placed(key=member.key, node=outcome.node, allocations=tuple(zip(pending, outcome.allocations, strict=True)))
+    # The objects identify the shape: a Job's claims share their template's spec, and every
+    # member's nodes are computed once by the caller. Alive for the whole attempt, so ids are not reused.
+    shape = None if pinned else (id(member.nodes), *(id(claim.spec) for claim in pending))
+    failure = failed.get(shape) if shape is not None else None
+    if failure is None:
+        outcome = allocator.allocate(pending, nodes=nodes)
+        if outcome.allocations is not None:
+            for claim, allocation in zip(pending, outcome.allocations, strict=True):
+                tentative[claim.key] = allocation
+            allocations = tuple(zip(pending, outcome.allocations, strict=True))
+            placed.append(Placed(key=member.key, node=outcome.node, allocations=allocations))
+            return ()
+        index = {claim.key: i for i, claim in enumerate(pending)}
+        failure = tuple((index.get(r.claim, 0), r.request, r.message) for r in outcome.reasons)
+        if shape is not None:
+            failed[shape] = failure
+    reasons = tuple(
+        f"{pending[i].key}: {request}: {message}" if request else f"{pending[i].key}: {message}"
+        for i, request, message in failure
     )
-    return ()
+    return reasons or ("not allocated",)
 
 
 def _release(allocator: alloc.Allocator, attempt: _Attempt) -> None:

@@ -226,3 +226,29 @@ def test_topology_levels_flag_and_variable_reach_the_settings(monkeypatch: pytes
     runner.invoke(cli.main, ["simulate"], env={"DRACTL_TOPOLOGY_LEVELS": "rack"})
     runner.invoke(cli.main, ["simulate"])
     assert [s.topology_levels for s in seen] == [("block", "rack", "kubernetes.io/hostname"), ("rack",), ()]
+
+
+def test_a_large_gang_that_does_not_fit_tries_each_shape_once_per_domain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guards: bounded work for a large gang: 200 one-GPU pods of one Job over 20 one-node racks ask the allocator
+    9 times per rack (8 fit, then the first that does not), not once per pod and rack."""
+    calls: list[int] = []
+    allocate = alloc.Allocator.allocate
+
+    def counting(self: alloc.Allocator, claims: Any, *, nodes: Any = None) -> alloc.Outcome:
+        calls.append(len(claims))
+        return allocate(self, claims, nodes=nodes)
+
+    monkeypatch.setattr(alloc.Allocator, "allocate", counting)
+    cluster = gang_manifests.racks({f"r{i:02}": [(f"n{i:02}", 8)] for i in range(20)})
+    result = _simulate(
+        cluster,
+        gang_manifests.template(1),
+        gang_manifests.gang("train", 200, topology="rack"),
+        gang_manifests.job("train", 200, group="train"),
+    )
+    assert not any(o.allocated for o in result.claims)
+    assert result.claims[0].reasons[0] == (
+        "gang ml/train (minCount 200, topology rack): no rack fits 200 pods; best r00 fits 8: 192 pods short, "
+        "192 GPUs of class gpu.example.com"
+    )
+    assert len(calls) == 20 * 9
