@@ -105,7 +105,8 @@ def plan(
     need = group.min_count or 1
     head = _head(group, need)
     if len(members) < need:
-        return _failed(members, f"{head}: {len(members)} member pods, fewer than its minCount")
+        count = f"{len(members)} member pod{'' if len(members) == 1 else 's'}"
+        return _failed(members, f"{head}: {count}, fewer than its minCount")
     # The shapes of every member known up front: the allocator's choices then depend on the gang, not on the order
     # in which its attempts happen to meet the shapes, so an attempt made again chooses the same.
     allocator.consider([claim for member in members for claim in member.claims])

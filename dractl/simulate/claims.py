@@ -249,7 +249,9 @@ def plan(objects: model.Objects) -> Plan:
         if not pod.resource_claims and pod.pod_group is None:
             continue
         uid = pod_uid(pod)
-        group = pod.pod_group.name if pod.pod_group is not None else ""
+        # Only v1alpha2 PodGroups have claims of their own.
+        ref = pod.pod_group
+        group = ref.name if ref is not None and ref.api is model.PodGroupApi.WORKLOAD else ""
         resolved = tuple(
             group_claims.get((pod.meta.namespace, group, entry))
             or _resolve(pod, uid=uid, index=index, entry=entry, claims=claims, owned=owned, templates=templates)

@@ -356,21 +356,24 @@ def simulate(
         ledger.add(key=key, namespace=claim.meta.namespace, name=claim.meta.name, claim=claim)
         if claim.allocation is None:
             ledger.allocate(allocator, [claim], nodes=None, context=f"claim {key}")
-    groups = {group.key: group for group in objects.pod_groups}
-    gangs: dict[str, list[claims.PodWork]] = {}
+    # By API too: the two APIs' PodGroups are different resources, and a pod joins through one.
+    groups = {(group.key, group.api): group for group in objects.pod_groups}
+    gangs: dict[tuple[str, model.PodGroupApi], list[claims.PodWork]] = {}
     for work in plan.pods:
-        if work.pod.pod_group is not None:
-            gangs.setdefault(f"{work.pod.meta.namespace}/{work.pod.pod_group.name}", []).append(work)
+        ref = work.pod.pod_group
+        if ref is not None:
+            gangs.setdefault((f"{work.pod.meta.namespace}/{ref.name}", ref.api), []).append(work)
     for work in plan.pods:
-        if work.pod.pod_group is None:
+        ref = work.pod.pod_group
+        if ref is None:
             _place_pod(work, allocator=allocator, ledger=ledger)
             continue
-        key = f"{work.pod.meta.namespace}/{work.pod.pod_group.name}"
-        group = groups.get(key)
+        joined = (f"{work.pod.meta.namespace}/{ref.name}", ref.api)
+        group = groups.get(joined)
         if group is None:
             _hold_back(work, ledger=ledger)
             continue
-        works = gangs.pop(key, None)
+        works = gangs.pop(joined, None)
         if works is not None:
             _place_gang(group, works, allocator=allocator, ledger=ledger, levels=topology_levels)
     outcomes = ledger.outcomes()

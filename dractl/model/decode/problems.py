@@ -86,7 +86,8 @@ class Results:
             ("ResourceClaimTemplate", self.templates),
             ("Pod", self.pods),
             ("Node", self.nodes),
-            ("PodGroup", self.pod_groups),
+            # The two APIs' PodGroups are different resources: one of each may share a name.
+            *(("PodGroup", [g for g in self.pod_groups if g.api is api]) for api in types.PodGroupApi),
         )
         for kind, values in kinds:
             seen: dict[tuple[str, str], types.Source] = {}
@@ -106,11 +107,14 @@ class Results:
     def _joined_across_apis(self) -> None:
         """One problem per pod (or workload) that names a PodGroup of the other API: the group exists,
         but the pod joins it through the other API's field, which no scheduler of the group reads."""
-        apis = {(g.meta.namespace, g.meta.name): g.api for g in self.pod_groups}
+        apis: dict[tuple[str, str], set[types.PodGroupApi]] = {}
+        for group in self.pod_groups:
+            apis.setdefault((group.meta.namespace, group.meta.name), set()).add(group.api)
         for joined in self.joined:
-            api = apis.get((joined.namespace, joined.ref.name))
-            if api is None or api is joined.ref.api:
+            found = apis.get((joined.namespace, joined.ref.name), set())
+            if not found or joined.ref.api in found:
                 continue
+            (api,) = found
             name = joined.ref.name
             instead = (
                 f"spec.schedulingGroup: {{podGroupName: {name}}}"

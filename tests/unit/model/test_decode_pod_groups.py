@@ -276,3 +276,15 @@ def test_other_pod_group_apis_are_still_skipped() -> None:
     objects = _load(_group({"minMember": 2}, api="scheduling.volcano.sh/v1beta1"))
     assert objects.pod_groups == ()
     assert objects.warnings == ("m.yaml: PodGroup ml/train: skipped (not used by allocation)",)
+
+
+def test_one_pod_group_of_each_api_may_share_a_name() -> None:
+    """Guards: a v1alpha2 and a v1alpha1 PodGroup of one name are two objects (different resources), and a pod
+    joining either through its own API's field is valid."""
+    objects = _load(
+        _gang(),
+        _group({"minMember": 1}, api=V1ALPHA1),
+        _pod("a", spec={"schedulingGroup": {"podGroupName": "train"}}),
+        _pod("b", labels={model.POD_GROUP_LABEL: "train"}),
+    )
+    assert [g.api for g in objects.pod_groups] == [model.PodGroupApi.WORKLOAD, model.PodGroupApi.COSCHEDULING]

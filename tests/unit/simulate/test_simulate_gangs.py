@@ -252,3 +252,27 @@ def test_a_large_gang_that_does_not_fit_tries_each_shape_once_per_domain(monkeyp
         "192 GPUs of class gpu.example.com"
     )
     assert len(calls) == 20 * 9
+
+
+def test_pod_groups_of_both_apis_with_one_name_are_two_gangs() -> None:
+    """Guards: a v1alpha2 and a v1alpha1 PodGroup named alike gather only the pods that join through their API."""
+    coscheduling = "apiVersion: scheduling.x-k8s.io/v1alpha1\nkind: PodGroup\nmetadata: {name: train, namespace: ml}\n"
+    labelled = (
+        gang_manifests.job("other", 1, group="train")
+        .replace("      schedulingGroup: {podGroupName: train}\n", "")
+        .replace("  template:\n", f"  template:\n    metadata:\n      labels: {{{model.POD_GROUP_LABEL}: train}}\n")
+    )
+    result = _simulate(
+        RACKS,
+        gang_manifests.template(8),
+        gang_manifests.gang("train", 2),
+        coscheduling + "spec: {minMember: 3}",
+        gang_manifests.job("train", 2, group="train"),
+        labelled,
+    )
+    assert [(o.name.rsplit("-gpus-", 1)[0], o.allocated) for o in result.claims] == [
+        ("train-0", True),
+        ("train-1", True),
+        ("other-0", False),
+    ]
+    assert result.claims[2].reasons == ("gang ml/train (minCount 3): 1 member pod, fewer than its minCount",)
