@@ -225,6 +225,13 @@ def _seconds(flag: str, *, default: float, what: str) -> Callable[[_F], _F]:
     "at the first rejection), the allocation map at the end and utilisation over time; with --compare, of the "
     "--policy run (default: none).",
 )
+@_option(
+    "--topology-levels",
+    default="",
+    metavar="KEYS",
+    help="Node label keys, widest first and comma-separated (e.g. block,rack,kubernetes.io/hostname): a gang "
+    "(PodGroup) goes to the smallest domain of these that holds it whole (default: none, only its own key).",
+)
 def simulate_command(
     files: tuple[pathlib.Path, ...],
     policy: str,
@@ -236,6 +243,7 @@ def simulate_command(
     generate: str | None,
     compare: str | None,
     html: pathlib.Path | None,
+    topology_levels: str,
 ) -> None:
     """Allocate claims offline over manifests and show who gets which device, or why not.
 
@@ -263,6 +271,7 @@ def simulate_command(
         generate=generate,
         compare=policies,
         html=html,
+        topology_levels=tuple(key.strip() for key in topology_levels.split(",") if key.strip()),
     )
     if trace_file is not None or generate is not None or compare is not None or html is not None:
         from dractl.simulate import replay  # imported here: plain simulate runs do not need it

@@ -45,7 +45,8 @@ class Simulate:
     `trace` replays a trace file (`-` for stdin) instead of the manifests; `generate` is a
     generator spec whose trace is printed instead of simulating. `compare` lists the policies
     a trace replay runs side by side (empty: `policy` alone); `html` is where the allocation
-    map is written (None: nowhere)."""
+    map is written (None: nowhere). `topology_levels` are node label keys, widest first, whose
+    smallest domain that holds a whole gang (PodGroup) is preferred."""
 
     paths: tuple[pathlib.Path, ...] = ()
     policy: Policy = Policy.BINPACK
@@ -57,6 +58,7 @@ class Simulate:
     generate: str | None = None
     compare: tuple[Policy, ...] = ()
     html: pathlib.Path | None = None
+    topology_levels: tuple[str, ...] = ()
 
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"

@@ -51,6 +51,10 @@ __all__ = [
     "ResourceClaimTemplate",
     "PodResourceClaim",
     "ContainerClaim",
+    "POD_GROUP_LABEL",
+    "PodGroupApi",
+    "PodGroupRef",
+    "PodGroup",
     "Pod",
     "Node",
     "Objects",
@@ -440,9 +444,54 @@ class ContainerClaim:
     request: str = ""
 
 
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+"""The label by which a pod joins a `scheduling.x-k8s.io/v1alpha1` PodGroup."""
+
+
+class PodGroupApi(enum.Enum):
+    """The two PodGroup APIs; the value is the apiVersion."""
+
+    # Kubernetes 1.36's own (alpha): pods join with `spec.schedulingGroup.podGroupName`.
+    WORKLOAD = "scheduling.k8s.io/v1alpha2"
+    # scheduler-plugins' coscheduling CRD: pods join with the label `scheduling.x-k8s.io/pod-group`.
+    COSCHEDULING = "scheduling.x-k8s.io/v1alpha1"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodGroupRef:
+    """The PodGroup a pod joins, in its namespace, and the API of the field that names it."""
+
+    name: str
+    api: PodGroupApi
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodGroup:
+    """A PodGroup of either API: pods scheduled as one decision.
+
+    `min_count` is the gang's minimum (v1alpha2 `schedulingPolicy.gang.minCount`, v1alpha1
+    `minMember`); None for v1alpha2's `basic` policy, whose pods need no minimum. `topology_key`
+    is the node label all its pods share a value of (v1alpha2 only; at most one in 1.36).
+    `resource_claims` are the claims of the group itself (v1alpha2), shared by its pods.
+    """
+
+    meta: ObjectMeta
+    api: PodGroupApi
+    min_count: int | None = None
+    topology_key: str | None = None
+    resource_claims: tuple[PodResourceClaim, ...] = ()
+    schedule_timeout_seconds: int | None = None
+    min_resources: Mapping[str, quantity.Quantity] = dataclasses.field(default_factory=dict)
+    source: Source = Source()
+
+    @property
+    def key(self) -> str:
+        return f"{self.meta.namespace}/{self.meta.name}"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Pod:
-    """The fields of a Pod that allocation needs: its claims, its node and its scheduler."""
+    """The fields of a Pod that allocation needs: its claims, its node, its scheduler and its PodGroup."""
 
     meta: ObjectMeta
     resource_claims: tuple[PodResourceClaim, ...] = ()
@@ -450,6 +499,7 @@ class Pod:
     node_name: str = ""  # spec.nodeName
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)  # spec.nodeSelector
     scheduler_name: str = "default-scheduler"
+    pod_group: PodGroupRef | None = None
     source: Source = Source()
 
 
@@ -475,4 +525,5 @@ class Objects:
     resource_claim_templates: tuple[ResourceClaimTemplate, ...] = ()
     pods: tuple[Pod, ...] = ()
     nodes: tuple[Node, ...] = ()
+    pod_groups: tuple[PodGroup, ...] = ()
     warnings: tuple[str, ...] = ()  # e.g. kinds that were skipped, with file and name

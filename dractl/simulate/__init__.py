@@ -72,7 +72,12 @@ def _run(settings: config.Simulate, *, out: TextIO, err: TextIO, timer: timing.T
         print(f"warning: {warning}", file=err)
     if timer is not None:
         timer.phase("validate")
-    result = engine.simulate(objects, policy=settings.policy, search_limit=settings.search_limit)
+    result = engine.simulate(
+        objects,
+        policy=settings.policy,
+        search_limit=settings.search_limit,
+        topology_levels=settings.topology_levels,
+    )
     for warning in result.warnings:
         print(f"warning: {warning}", file=err)
     if timer is not None:

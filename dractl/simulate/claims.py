@@ -32,6 +32,8 @@ class PodClaim:
 
     `claim` is None when the claim cannot exist (its template or the named claim is missing);
     then `problem` says why and `key`/`name` are what the claim would have been called.
+    `pod_group` is set for a claim of the pod's PodGroup (`spec.resourceClaims` of a v1alpha2
+    PodGroup, which the pod's entry repeats): one claim for the group, shared by its pods.
     """
 
     pod_claim_name: str
@@ -39,6 +41,7 @@ class PodClaim:
     name: str
     claim: model.ResourceClaim | None
     problem: str | None = None
+    pod_group: model.PodGroup | None = None
 
     @property
     def key(self) -> str:
@@ -60,7 +63,8 @@ class PodWork:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
-    """Standalone claims (used by no pod) in input order, then the pods with claims in input order."""
+    """Standalone claims (used by no pod) in input order, then the pods with claims, and the pods of
+    PodGroups with or without claims, in input order."""
 
     standalone: tuple[model.ResourceClaim, ...]
     pods: tuple[PodWork, ...]
@@ -177,20 +181,80 @@ def _resolve(
     return PodClaim(pod_claim_name=entry.name, namespace=namespace, name=name, claim=claim)
 
 
+def _group_claims(
+    objects: model.Objects,
+    *,
+    claims: dict[str, model.ResourceClaim],
+    templates: Mapping[str, model.ResourceClaimTemplate],
+) -> dict[tuple[str, str, model.PodResourceClaim], PodClaim]:
+    """The claims of v1alpha2 PodGroups, by (namespace, group, entry): a named claim, or one made from the template
+    for the group (owned by it, named like a pod's), which joins `claims` so that later names avoid it. Pure but for
+    `claims`."""
+    resolved: dict[tuple[str, str, model.PodResourceClaim], PodClaim] = {}
+    for group in objects.pod_groups:
+        namespace = group.meta.namespace
+        for index, entry in enumerate(group.resource_claims):
+            where = f"PodGroup {group.key} spec.resourceClaims[{index}] ({entry.name})"
+            if entry.resource_claim_name is not None:
+                name = entry.resource_claim_name
+                claim = claims.get(f"{namespace}/{name}")
+                problem = (
+                    None if claim is not None else f"ResourceClaim {namespace}/{name} does not exist (used by {where})"
+                )
+            else:
+                name = free_claim_name(model.Pod(meta=group.meta), entry.name, taken=claims)
+                template = templates.get(f"{namespace}/{entry.resource_claim_template_name}")
+                claim, problem = None, None
+                if template is None:
+                    problem = (
+                        f"ResourceClaimTemplate {namespace}/{entry.resource_claim_template_name} does not exist "
+                        f"(used by {where})"
+                    )
+                else:
+                    claim = _claim_for_group(template, group=group, pod_claim_name=entry.name, name=name)
+                    claims[claim.key] = claim
+            resolved[(namespace, group.meta.name, entry)] = PodClaim(
+                pod_claim_name=entry.name, namespace=namespace, name=name, claim=claim, problem=problem, pod_group=group
+            )
+    return resolved
+
+
+def _claim_for_group(
+    template: model.ResourceClaimTemplate, *, group: model.PodGroup, pod_claim_name: str, name: str
+) -> model.ResourceClaim:
+    """The claim made from `template` for a PodGroup: as for a pod (`claim_from_template`), but owned by the
+    group. Pure."""
+    as_pod = model.Pod(meta=group.meta)
+    claim = claim_from_template(template, pod=as_pod, uid=group_uid(group), pod_claim_name=pod_claim_name, name=name)
+    owner = {**claim.meta.owner_references[0], "apiVersion": group.api.value, "kind": "PodGroup"}
+    return dataclasses.replace(claim, meta=dataclasses.replace(claim.meta, owner_references=(owner,)))
+
+
+def group_uid(group: model.PodGroup) -> str:
+    """The PodGroup's UID, or a UUID derived from its namespace and name when the input has none. Pure."""
+    return group.meta.uid or str(uuid.uuid5(_UID_NAMESPACE, f"podgroups/{group.meta.namespace}/{group.meta.name}"))
+
+
 def plan(objects: model.Objects) -> Plan:
     """Resolve every pod's claims and split off the claims no pod uses. Pure and deterministic:
-    the same objects always give the same plan, claim names included."""
+    the same objects always give the same plan, claim names included. A pod's entry that repeats
+    one of its v1alpha2 PodGroup's `spec.resourceClaims` exactly stands for the group's claim."""
     claims = {claim.key: claim for claim in objects.resource_claims}
     owned = _owned_claims(objects.resource_claims)
     templates = {f"{t.meta.namespace}/{t.meta.name}": t for t in objects.resource_claim_templates}
+    group_claims = _group_claims(objects, claims=claims, templates=templates)
     pods: list[PodWork] = []
     used: set[str] = set()
     for pod in objects.pods:
-        if not pod.resource_claims:
+        if not pod.resource_claims and pod.pod_group is None:
             continue
         uid = pod_uid(pod)
+        # Only v1alpha2 PodGroups have claims of their own.
+        ref = pod.pod_group
+        group = ref.name if ref is not None and ref.api is model.PodGroupApi.WORKLOAD else ""
         resolved = tuple(
-            _resolve(pod, uid=uid, index=index, entry=entry, claims=claims, owned=owned, templates=templates)
+            group_claims.get((pod.meta.namespace, group, entry))
+            or _resolve(pod, uid=uid, index=index, entry=entry, claims=claims, owned=owned, templates=templates)
             for index, entry in enumerate(pod.resource_claims)
         )
         used.update(item.key for item in resolved if item.claim is not None)

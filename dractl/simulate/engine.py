@@ -2,7 +2,9 @@
 
 Order, as a cluster would see it: standalone claims (used by no pod) in input order, each on
 its own; then pods in input order, each pod's unallocated claims jointly on one node, and
-every claim of a placed pod reserved for it. Claims allocated in the input keep their
+every claim of a placed pod reserved for it. The pods of a PodGroup are placed together, as one
+gang (`gang.plan`), where its first member comes: all or nothing, in one domain of its
+topology key; a pod whose PodGroup is not in the input stays pending. Claims allocated in the input keep their
 devices when their allocation checks out (see `alloc.Allocator.rejected`): the first claim in
 input order keeps a device, and a later claim that conflicts with it, or whose allocation
 cannot be valid, holds nothing, is reported with status `conflict` or `invalid` and a warning,
@@ -21,7 +23,7 @@ import enum
 import time
 from collections.abc import Mapping, Sequence
 
-from dractl import alloc, cel, config, model
+from dractl import alloc, cel, config, gang, model
 from dractl.model import opaque, placement
 from dractl.simulate import claims
 
@@ -198,9 +200,9 @@ class _Ledger:
     def claim(self, key: str) -> model.ResourceClaim | None:
         return self._claims[key]
 
-    def fail(self, keys: Sequence[str], reason: str) -> None:
+    def fail(self, keys: Sequence[str], *reasons: str) -> None:
         for key in keys:
-            self._reasons[key] = [reason]
+            self._reasons[key] = list(reasons)
 
     def note(self, key: str, reason: str) -> None:
         self._reasons[key].append(reason)
@@ -218,17 +220,7 @@ class _Ledger:
         outcome = allocator.allocate(pending, nodes=nodes)
         if outcome.allocations is not None:
             for claim, allocation in zip(pending, outcome.allocations, strict=True):
-                key = claim.key  # a property that formats the key on every use
-                # Built directly: dataclasses.replace inspects the fields on every call.
-                self._claims[key] = model.ResourceClaim(
-                    meta=claim.meta,
-                    spec=claim.spec,
-                    allocation=allocation,
-                    reserved_for=claim.reserved_for,
-                    source=claim.source,
-                )
-                self._nodes[key] = outcome.node
-                self._reasons[key] = []
+                self.record(claim, allocation, node=outcome.node)
             return True
         by_claim: dict[str, list[str]] = {}
         for reason in outcome.reasons:
@@ -239,6 +231,20 @@ class _Ledger:
         for claim in pending:
             self._reasons[claim.key] = by_claim.get(claim.key) or [joint if failed else "not allocated"]
         return False
+
+    def record(self, claim: model.ResourceClaim, allocation: model.AllocationResult, *, node: str | None) -> None:
+        """Record the allocation the allocator made (and holds) for `claim`, on `node`."""
+        key = claim.key  # a property that formats the key on every use
+        # Built directly: dataclasses.replace inspects the fields on every call.
+        self._claims[key] = model.ResourceClaim(
+            meta=claim.meta,
+            spec=claim.spec,
+            allocation=allocation,
+            reserved_for=claim.reserved_for,
+            source=claim.source,
+        )
+        self._nodes[key] = node
+        self._reasons[key] = []
 
     def reserve(self, key: str, consumer: model.ResourceClaimConsumerReference) -> None:
         claim = self._claims[key]
@@ -260,17 +266,34 @@ class _Ledger:
         )
 
 
-def _place_pod(work: claims.PodWork, *, allocator: alloc.Allocator, ledger: _Ledger) -> None:
-    """Allocate the pod's unallocated claims on one node and reserve all its claims for it."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Ready:
+    """A pod's claims entered in the ledger: those it uses (by key), those still to allocate, the keys of its
+    PodGroup's claims among them, and the nodes it may use (None: any); or why it cannot be scheduled."""
+
+    existing: Mapping[str, model.ResourceClaim]
+    pending: tuple[model.ResourceClaim, ...]
+    group_claims: frozenset[str]
+    nodes: tuple[str, ...] | None
+    problem: str | None
+
+
+def _ready(work: claims.PodWork, *, ledger: _Ledger) -> _Ready:
+    """Enter the pod's claims in the ledger and say where it may go, or why it cannot be scheduled."""
     items = claims.distinct(work.claims)
     context = f"pod {work.key}"
     for item in items:
         ledger.add(key=item.key, namespace=item.namespace, name=item.name, claim=item.claim)
     existing = {item.key: claim for item in items if (claim := ledger.claim(item.key)) is not None}
-    pending = [claim for claim in existing.values() if claim.allocation is None]
+    pending = tuple(claim for claim in existing.values() if claim.allocation is None)
+    group_claims = frozenset(item.key for item in items if item.pod_group is not None)
     problems = [(item.key, item.problem) for item in items if item.problem is not None]
     for key, problem in problems:
         ledger.note(key, problem)
+
+    def refused(problem: str) -> _Ready:
+        return _Ready(existing=existing, pending=pending, group_claims=group_claims, nodes=(), problem=problem)
+
     # A claim whose input allocation holds nothing cannot be used, as a pod cannot run with it.
     problems.extend(
         (key, f"ResourceClaim {key} is in {ledger.status(key).value} status: its status.allocation holds no devices")
@@ -278,9 +301,7 @@ def _place_pod(work: claims.PodWork, *, allocator: alloc.Allocator, ledger: _Led
         if key in ledger.rejected
     )
     if problems:
-        why = "; ".join(problem for _, problem in problems)
-        ledger.fail([claim.key for claim in pending], f"not allocated: {context} cannot be scheduled: {why}")
-        return
+        return refused(f"{context} cannot be scheduled: {'; '.join(problem for _, problem in problems)}")
     full = [
         key
         for key, claim in existing.items()
@@ -288,22 +309,81 @@ def _place_pod(work: claims.PodWork, *, allocator: alloc.Allocator, ledger: _Led
         and all(ref.uid != work.uid for ref in claim.reserved_for)
     ]
     if full:
-        ledger.fail(
-            [claim.key for claim in pending],
-            f"not allocated: {', '.join(full)} already has {model.limits.MAX_RESERVED_FOR} consumers in "
-            "status.reservedFor, the most the API allows",
+        return refused(
+            f"{', '.join(full)} already has {model.limits.MAX_RESERVED_FOR} consumers in "
+            "status.reservedFor, the most the API allows"
         )
-        return
     allocated = {key: c.allocation for key, c in existing.items() if c.allocation is not None and ledger.holds(key)}
     where = placement.candidates(work.pod, allocated=allocated, cluster=ledger.cluster)
     if where.problem is not None:
-        ledger.fail([claim.key for claim in pending], f"not allocated: {where.problem}")
+        return refused(where.problem)
+    return _Ready(existing=existing, pending=pending, group_claims=group_claims, nodes=where.nodes, problem=None)
+
+
+def _place_pod(work: claims.PodWork, *, allocator: alloc.Allocator, ledger: _Ledger) -> None:
+    """Allocate the pod's unallocated claims on one node and reserve all its claims for it."""
+    ready = _ready(work, ledger=ledger)
+    if ready.problem is not None:
+        ledger.fail([claim.key for claim in ready.pending], f"not allocated: {ready.problem}")
         return
-    if pending and not ledger.allocate(allocator, pending, nodes=where.nodes, context=context):
+    context = f"pod {work.key}"
+    if ready.pending and not ledger.allocate(allocator, ready.pending, nodes=ready.nodes, context=context):
         return
     consumer = model.ResourceClaimConsumerReference(resource="pods", name=work.pod.meta.name, uid=work.uid)
-    for key in existing:
+    for key in ready.existing:
         ledger.reserve(key, consumer)
+
+
+def _place_gang(
+    group: model.PodGroup,
+    works: Sequence[claims.PodWork],
+    *,
+    allocator: alloc.Allocator,
+    ledger: _Ledger,
+    levels: Sequence[str],
+) -> None:
+    """Place the PodGroup's member pods as one gang (`gang.plan`): the placed members' claims allocated and
+    reserved for them (the group's own claims for the group), every claim of the others reporting why."""
+    readies = [_ready(work, ledger=ledger) for work in works]
+    members = [
+        gang.Member(key=work.key, claims=ready.pending, nodes=ready.nodes, problem=ready.problem)
+        for work, ready in zip(works, readies, strict=True)
+    ]
+    ledger.attempted += len({claim.key for ready in readies for claim in ready.pending})
+    decision = gang.plan(allocator, group, members=members, cluster=ledger.cluster, levels=levels)
+    placed = {member.key: member for member in decision.placed}
+    group_consumer = model.ResourceClaimConsumerReference(
+        resource="podgroups",
+        name=group.meta.name,
+        uid=claims.group_uid(group),
+        api_group=group.api.value.partition("/")[0],
+    )
+    for work, ready in zip(works, readies, strict=True):
+        member = placed.get(work.key)
+        if member is None:
+            continue
+        for claim, allocation in member.allocations:
+            ledger.record(claim, allocation, node=member.node)
+        consumer = model.ResourceClaimConsumerReference(resource="pods", name=work.pod.meta.name, uid=work.uid)
+        for key in ready.existing:
+            ledger.reserve(key, group_consumer if key in ready.group_claims else consumer)
+    # After every placed member: a claim shared with one of them holds its allocation, not this member's reasons.
+    by_key = {work.key: ready for work, ready in zip(works, readies, strict=True)}
+    for left in decision.left:
+        ready = by_key[left.key]
+        ledger.fail([claim.key for claim in ready.pending if not ledger.holds(claim.key)], *left.reasons)
+
+
+def _hold_back(work: claims.PodWork, *, ledger: _Ledger) -> None:
+    """A pod whose PodGroup is not in the input: pending, as a scheduler holds it until the group exists."""
+    ready = _ready(work, ledger=ledger)
+    ref = work.pod.pod_group
+    assert ref is not None
+    ledger.fail(
+        [claim.key for claim in ready.pending],
+        f"not allocated: pod {work.key} joins PodGroup {work.pod.meta.namespace}/{ref.name} ({ref.api.value}), "
+        "which is not in the input: a scheduler keeps the pod pending until its PodGroup exists",
+    )
 
 
 def refused(objects: model.Objects) -> tuple[str, ...]:
@@ -323,8 +403,13 @@ def unpreparable(objects: model.Objects) -> tuple[str, ...]:
     )
 
 
-def simulate(objects: model.Objects, *, policy: alloc.Policy, search_limit: int) -> Result:
+def simulate(
+    objects: model.Objects, *, policy: alloc.Policy, search_limit: int, topology_levels: Sequence[str] = ()
+) -> Result:
     """Run the whole simulation over decoded objects. Deterministic; no I/O.
+
+    `topology_levels` are node label keys, from the widest to the narrowest, whose smallest domain
+    that holds a whole gang is preferred (`gang.plan`).
 
     Two timed phases (wall time): index, from planning the claims through building the
     allocator (which checks the input's allocations), and allocate, through the last
@@ -349,8 +434,26 @@ def simulate(objects: model.Objects, *, policy: alloc.Policy, search_limit: int)
         ledger.add(key=key, namespace=claim.meta.namespace, name=claim.meta.name, claim=claim)
         if claim.allocation is None:
             ledger.allocate(allocator, [claim], nodes=None, context=f"claim {key}")
+    # By API too: the two APIs' PodGroups are different resources, and a pod joins through one.
+    groups = {(group.key, group.api): group for group in objects.pod_groups}
+    gangs: dict[tuple[str, model.PodGroupApi], list[claims.PodWork]] = {}
     for work in plan.pods:
-        _place_pod(work, allocator=allocator, ledger=ledger)
+        ref = work.pod.pod_group
+        if ref is not None:
+            gangs.setdefault((f"{work.pod.meta.namespace}/{ref.name}", ref.api), []).append(work)
+    for work in plan.pods:
+        ref = work.pod.pod_group
+        if ref is None:
+            _place_pod(work, allocator=allocator, ledger=ledger)
+            continue
+        joined = (f"{work.pod.meta.namespace}/{ref.name}", ref.api)
+        group = groups.get(joined)
+        if group is None:
+            _hold_back(work, ledger=ledger)
+            continue
+        works = gangs.pop(joined, None)
+        if works is not None:
+            _place_gang(group, works, allocator=allocator, ledger=ledger, levels=topology_levels)
     outcomes = ledger.outcomes(PrepareCheck(objects.resource_slices))
     done = time.perf_counter()
     warnings = tuple(r.message for rejections in allocator.rejected.values() for r in rejections)

@@ -1,7 +1,8 @@
 """One decoded document -> the model value of its kind, chosen by apiVersion and kind.
 
 What it does: unwraps `*List` objects, routes resource.k8s.io objects by version (v1, v1beta2, v1beta1; removed
-versions get a hint), core/v1 Pods and Nodes, and workloads with a pod template; records every other kind as
+versions get a hint), core/v1 Pods and Nodes, workloads with a pod template, and PodGroups of
+scheduling.k8s.io and scheduling.x-k8s.io; records every other kind as
 skipped. What it must not do: parse text (`loading` does) or validate fields itself. Pure.
 """
 
@@ -12,7 +13,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from dractl.model import types
-from dractl.model.decode import common, device_classes, pods, problems, resource_claims, resource_slices, seed_hints
+from dractl.model.decode import (
+    common,
+    device_classes,
+    pod_groups,
+    pods,
+    problems,
+    resource_claims,
+    resource_slices,
+    seed_hints,
+)
 
 _GROUP = "resource.k8s.io"
 _RESOURCE_KINDS = frozenset({"DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate"})
@@ -31,7 +41,6 @@ _CLUSTER_SCOPED = frozenset(
         "PriorityClass",
         "RuntimeClass",
         "DeviceTaintRule",
-        "PodGroup",
     }
 )
 # Versions whose ResourceClaims `resource_claims.plain_claim` may take: those with v1's shape.
@@ -85,17 +94,35 @@ def document(out: problems.Results, raw: object, file: str, index: int) -> None:
             common.top_keys(o, raw, common.TOP_KEYS_WITH_STATUS)
             meta = common.object_meta(o, raw, namespaced=True)
             spec = common.as_map(o, raw.get("spec"), "spec") or {}
-            out.pods.append(types.Pod(meta=meta, source=source, **pods.pod_spec_fields(o, spec, "spec")))
+            fields = pods.pod_spec_fields(o, spec, "spec", labels=meta.labels, labels_path="metadata.labels")
+            pod = types.Pod(meta=meta, source=source, **fields)
+            _joined(out, o, pod, path="spec", labels_path="metadata.labels")
+            out.pods.append(pod)
         else:
             common.top_keys(o, raw, common.TOP_KEYS_WITH_STATUS)
             out.nodes.append(types.Node(meta=common.object_meta(o, raw, namespaced=False), source=source))
     elif (api_version, kind) in _WORKLOADS:
-        out.pods.extend(pods.workload(o, raw, _WORKLOADS[api_version, kind], source))
+        made = pods.workload(o, raw, _WORKLOADS[api_version, kind], source)
+        if made:
+            _joined(out, o, made[0], path="spec.template.spec", labels_path="spec.template.metadata.labels")
+        out.pods.extend(made)
+    elif kind == "PodGroup" and group in (pod_groups.WORKLOAD_GROUP, pod_groups.COSCHEDULING_GROUP):
+        pod_group = pod_groups.pod_group(o, raw, group=group, source=source)
+        if pod_group is not None:
+            out.pod_groups.append(pod_group)
     else:
         skipped = o.prefix + "skipped (not used by allocation)"
         if kind.endswith(("ClaimParameters", "ClassParameters")):
             skipped += "; " + seed_hints.NO_CLAIM_PARAMETERS.format(path="the claim's spec")
         out.warnings.append(skipped)
+
+
+def _joined(out: problems.Results, o: problems.Report, pod: types.Pod, *, path: str, labels_path: str) -> None:
+    """Remember the PodGroup the pod (or every pod of a workload) joins, for the check across documents."""
+    ref = pod.pod_group
+    if ref is not None:
+        field = pod_groups.join_field(ref, path=path, labels_path=labels_path)
+        out.joined.append(problems.Joined(prefix=o.prefix, field=field, namespace=pod.meta.namespace, ref=ref))
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,7 +1,8 @@
 """core/v1 Pods and the workloads that make them (Deployment, ReplicaSet, StatefulSet, Job).
 
 What it does: keeps the fields allocation needs (resource claims, container claims, node name and selector,
-scheduler name) and expands a workload into the Pods its controller would create, bounded by `MAX_REPLICAS`.
+scheduler name, the PodGroup joined) and expands a workload into the Pods its controller would create, bounded by
+`MAX_REPLICAS`.
 What it must not do: schedule pods (the simulation does). Pure.
 """
 
@@ -11,15 +12,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from dractl.model import types
-from dractl.model.decode import common, problems, resource_claims, seed_hints
+from dractl.model.decode import common, pod_groups, problems, resource_claims, seed_hints
 
 _POD_CLAIM_KEYS = frozenset({"name", "resourceClaimName", "resourceClaimTemplateName"})
 _POD_CLAIM_KEYS_WITH_SOURCE = _POD_CLAIM_KEYS | {"source"}  # reported with its own hint
 _CONTAINER_CLAIM_KEYS = frozenset({"name", "request"})
 
 
-def pod_spec_fields(o: problems.Report, spec: Mapping[str, Any], path: str) -> dict[str, Any]:
-    """The allocation-relevant fields of a pod spec, as keyword arguments of `types.Pod`."""
+def pod_spec_fields(
+    o: problems.Report, spec: Mapping[str, Any], path: str, *, labels: Mapping[str, str], labels_path: str
+) -> dict[str, Any]:
+    """The allocation-relevant fields of a pod spec, as keyword arguments of `types.Pod`; `labels`
+    (at `labels_path`) are the pod's, which may name its PodGroup."""
     if "resourceClaimTemplates" in spec:
         o.error(
             f"{path}.resourceClaimTemplates", seed_hints.inline_templates_hint(spec["resourceClaimTemplates"], path)
@@ -83,6 +87,7 @@ def pod_spec_fields(o: problems.Report, spec: Mapping[str, Any], path: str) -> d
         "node_name": common.as_str(o, spec, "nodeName", path) or "",
         "node_selector": common.as_string_map(o, spec, "nodeSelector", path),
         "scheduler_name": common.as_str(o, spec, "schedulerName", path) or "default-scheduler",
+        "pod_group": pod_groups.pod_group_ref(o, labels=labels, spec=spec, path=path, labels_path=labels_path),
     }
 
 
@@ -137,7 +142,9 @@ def workload(o: problems.Report, raw: Mapping[str, Any], count_field: str, sourc
         return []
     template_meta = common.object_meta(o, template, namespaced=False, path="spec.template.metadata", required=False)
     pod_spec = common.as_map(o, template.get("spec"), "spec.template.spec") or {}
-    fields = pod_spec_fields(o, pod_spec, "spec.template.spec")
+    fields = pod_spec_fields(
+        o, pod_spec, "spec.template.spec", labels=template_meta.labels, labels_path="spec.template.metadata.labels"
+    )
     return [
         types.Pod(
             meta=types.ObjectMeta(

@@ -6,6 +6,7 @@ messages read `<file>: <Kind> <ns>/<name>: <field.path>: <message>`. What it mus
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from dractl.model import types
@@ -19,10 +20,32 @@ class DecodeError(ValueError):
         super().__init__("\n".join(self.problems))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Joined:
+    """A pod, or a workload's pod template, that joins a PodGroup: the object's message prefix
+    (`Report.prefix`), the field that names the group, and the group."""
+
+    prefix: str
+    field: str
+    namespace: str
+    ref: types.PodGroupRef
+
+
 class Results:
     """Everything decoded so far, in input order, plus problems and warnings."""
 
-    __slots__ = ("classes", "slices", "claims", "templates", "pods", "nodes", "warnings", "problems")
+    __slots__ = (
+        "classes",
+        "slices",
+        "claims",
+        "templates",
+        "pods",
+        "nodes",
+        "pod_groups",
+        "joined",
+        "warnings",
+        "problems",
+    )
 
     def __init__(self) -> None:
         self.classes: list[types.DeviceClass] = []
@@ -31,11 +54,14 @@ class Results:
         self.templates: list[types.ResourceClaimTemplate] = []
         self.pods: list[types.Pod] = []
         self.nodes: list[types.Node] = []
+        self.pod_groups: list[types.PodGroup] = []
+        self.joined: list[Joined] = []
         self.warnings: list[str] = []
         self.problems: list[str] = []
 
     def finish(self) -> types.Objects:
         self._duplicates()
+        self._joined_across_apis()
         if self.problems:
             raise DecodeError(self.problems)
         return types.Objects(
@@ -45,6 +71,7 @@ class Results:
             resource_claim_templates=tuple(self.templates),
             pods=tuple(self.pods),
             nodes=tuple(self.nodes),
+            pod_groups=tuple(self.pod_groups),
             warnings=tuple(self.warnings),
         )
 
@@ -52,13 +79,15 @@ class Results:
         """One problem per object whose kind, namespace and name an earlier object has: the API
         holds one object per name, where the simulation would count a slice twice or use one of
         two claims silently."""
-        kinds: tuple[tuple[str, Sequence[types.Decoded]], ...] = (
+        kinds: tuple[tuple[str, Sequence[types.Decoded | types.PodGroup]], ...] = (
             ("DeviceClass", self.classes),
             ("ResourceSlice", self.slices),
             ("ResourceClaim", self.claims),
             ("ResourceClaimTemplate", self.templates),
             ("Pod", self.pods),
             ("Node", self.nodes),
+            # The two APIs' PodGroups are different resources: one of each may share a name.
+            *(("PodGroup", [g for g in self.pod_groups if g.api is api]) for api in types.PodGroupApi),
         )
         for kind, values in kinds:
             seen: dict[tuple[str, str], types.Source] = {}
@@ -74,6 +103,28 @@ class Results:
                     f"{value.source.file}: {kind} {shown}: metadata.name: given twice, first in {first.file} "
                     f"(document {first.document + 1}); the API holds one object per name: remove one or rename it"
                 )
+
+    def _joined_across_apis(self) -> None:
+        """One problem per pod (or workload) that names a PodGroup of the other API: the group exists,
+        but the pod joins it through the other API's field, which no scheduler of the group reads."""
+        apis: dict[tuple[str, str], set[types.PodGroupApi]] = {}
+        for group in self.pod_groups:
+            apis.setdefault((group.meta.namespace, group.meta.name), set()).add(group.api)
+        for joined in self.joined:
+            found = apis.get((joined.namespace, joined.ref.name), set())
+            if not found or joined.ref.api in found:
+                continue
+            (api,) = found
+            name = joined.ref.name
+            instead = (
+                f"spec.schedulingGroup: {{podGroupName: {name}}}"
+                if api is types.PodGroupApi.WORKLOAD
+                else f"the label {types.POD_GROUP_LABEL}: {name}"
+            )
+            self.problems.append(
+                f"{joined.prefix}{joined.field}: PodGroup {joined.namespace}/{name} is a {api.value} PodGroup, "
+                f"which pods join with {instead}; this field is for {joined.ref.api.value} PodGroups"
+            )
 
 
 class Report:

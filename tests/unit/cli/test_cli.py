@@ -87,6 +87,7 @@ FLAGS = {
     "--generate": "DRACTL_GENERATE",
     "--compare": "DRACTL_COMPARE",
     "--html": "DRACTL_HTML",
+    "--topology-levels": "DRACTL_TOPOLOGY_LEVELS",
 }
 TIMING = re.compile(r"claims_per_s=[0-9]+\.[0-9]+")
 
