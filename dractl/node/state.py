@@ -146,9 +146,16 @@ def _describe(record: checkpoint.ClaimRecord) -> str:
 
 
 def _pods(resource: model.ResourceClaim) -> str:
-    """` (pod ns/a, ns/b)`: the pods a claim is reserved for, as a message names them; empty when none."""
+    """` (pod ns/a, ns/b)`: the pods a claim is reserved for, as a message names them (another consumer, such as a
+    PodGroup, by its resource: `podgroups ns/train`); empty when none."""
     pods = [f"{resource.meta.namespace}/{ref.name}" for ref in resource.reserved_for if ref.resource == "pods"]
-    return f" ({'pod' if len(pods) == 1 else 'pods'} {', '.join(pods)})" if pods else ""
+    others = [
+        f"{ref.resource} {resource.meta.namespace}/{ref.name}"
+        for ref in resource.reserved_for
+        if ref.resource != "pods"
+    ]
+    named = ([f"{'pod' if len(pods) == 1 else 'pods'} {', '.join(pods)}"] if pods else []) + others
+    return f" ({', '.join(named)})" if named else ""
 
 
 def _listed(names: Sequence[str]) -> str:

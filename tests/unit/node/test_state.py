@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pathlib
@@ -290,6 +291,19 @@ def test_a_device_held_by_another_claim_is_refused(tmp_path: pathlib.Path) -> No
         "schedulers?)"
     )
     assert list(s.prepared()) == [UID]
+
+
+def test_a_device_held_by_a_pod_groups_claim_names_the_group(tmp_path: pathlib.Path) -> None:
+    """Guards: the refusal names the consumers of a claim reserved for a PodGroup (KEP-5729) by their resource."""
+    node = make_node(tmp_path)
+    s = node.state()
+    group = model.ResourceClaimConsumerReference(
+        resource="podgroups", name="train", uid="g1", api_group="scheduling.k8s.io"
+    )
+    held = dataclasses.replace(claim("first", UID, [result("gpu-0")]), reserved_for=(group,))
+    s.prepare(node.claims.put(held))
+    with pytest.raises(state.PrepareError, match=r"for claim default/first \(uid [^)]*\) \(podgroups default/train\);"):
+        s.prepare(node.claims.put(claim("second", UID2, [result("gpu-0")])))
 
 
 def test_admin_access_may_reach_a_held_device(tmp_path: pathlib.Path) -> None:

@@ -95,14 +95,26 @@ def test_the_claims_on_a_node_are_those_allocated_in_its_pool_and_reserved_witho
     namespace: str,
 ) -> None:
     """Guards the rebuild's source: `claims_on_node` returns exactly the claims, in every namespace, with a result of
-    the driver in the node's pool and a non-empty reservedFor; not an unreserved one, one in another pool or of
+    the driver in the node's pool and a non-empty reservedFor (a PodGroup's claim, reserved for the group, too); not
+    an unreserved one, one in another pool or of
     another driver; and it reads no pod (pod specs hold secrets), only resourceclaims."""
     node, elsewhere = f"node-{uuid.uuid4().hex[:8]}", f"node-{uuid.uuid4().hex[:8]}"
     other_namespace = f"{namespace}-b"
     kube_objects.make_namespace(kube_client, other_namespace)
     here = kube_client.create(client.PODS, kube_objects.pod("here", namespace=namespace, claims=[], nodeName=node))
 
-    def make(name: str, pool: str, *, reserved: bool = True, driver: str = DRIVER, where: str = namespace) -> None:
+    # A claim of a PodGroup (KEP-5729) is reserved for the group, not for its pods.
+    group = [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "train", "uid": str(uuid.uuid4())}]
+
+    def make(
+        name: str,
+        pool: str,
+        *,
+        reserved: bool = True,
+        driver: str = DRIVER,
+        where: str = namespace,
+        consumers: list[dict[str, str]] | None = None,
+    ) -> None:
         allocated = kube_objects.allocation(pool, ["gpu-0"])
         allocated["devices"]["results"][0]["driver"] = driver
         created = kube_client.create(
@@ -110,10 +122,11 @@ def test_the_claims_on_a_node_are_those_allocated_in_its_pool_and_reserved_witho
         )
         status: dict[str, Any] = {"allocation": allocated}
         if reserved:
-            status["reservedFor"] = kube_objects.reserved_for([here])
+            status["reservedFor"] = consumers or kube_objects.reserved_for([here])
         kube_client.update_status(client.RESOURCE_CLAIMS, {**created, "status": status})
 
     make("held-here", node)
+    make("held-by-a-pod-group", node, consumers=group)
     make("held-in-another-namespace", node, where=other_namespace)
     make("unreserved", node, reserved=False)
     make("other-pool", elsewhere)
@@ -121,6 +134,7 @@ def test_the_claims_on_a_node_are_those_allocated_in_its_pool_and_reserved_witho
     fault_proxy.clear()
     found = claims.ApiClaimSource(proxied_client).claims_on_node(driver=DRIVER, node=node)
     assert [(c.meta.namespace, c.meta.name) for c in found] == [
+        (namespace, "held-by-a-pod-group"),
         (namespace, "held-here"),
         (other_namespace, "held-in-another-namespace"),
     ]
