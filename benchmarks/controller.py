@@ -40,7 +40,8 @@ a 1-GPU claim, in-process) at 500 and 5,000 nodes.
 
 Targets (issue 14), printed with the figures, never asserted: dractl at least 2x kube-scheduler's
 pods/s at 500 nodes and 3x at 2,000; dractl's CPU per pod at most a quarter of kube-scheduler's at
-500 nodes; at most 3 scheduler writes per pod (finalizer, allocation, binding).
+500 nodes; at most 4 scheduler writes per pod (finalizer, allocation, binding, and the `Scheduled` Event
+kube-scheduler writes too; issue 14 set 3 before dractl wrote that Event).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ SIZES = ((500, 2000), (2000, 2000))
 QUICK_SIZE = (50, 200)
 TARGET_RATIO = {500: 2.0, 2000: 3.0}
 TARGET_CPU_SHARE = 0.25  # dractl's CPU per pod against kube-scheduler's, at 500 nodes
-TARGET_WRITES = 3.0
+TARGET_WRITES = 4.0
 TARGET_DECISION_MS = 1.0
 PROCESS_ORDER = ("dractl", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
 # Writes that are not the scheduler's: the benchmark's pod creates, kube-controller-manager's claim creates and

@@ -26,6 +26,8 @@ deallocated or deleted), so nothing is given twice. Per pod (`sync_pod`):
    allocator gives the devices back, the pod's `PodScheduled` condition (`SchedulerError`) and a
    Warning Event say which step failed, and the pod is retried with backoff: no claim stays
    allocated for a pod that was not bound, and no pod is bound with a claim it does not record.
+   A bound pod gets kube-scheduler's Normal Event `Scheduled` ("Successfully assigned ns/pod to
+   node"), so `kubectl describe pod` shows the binding whichever scheduler made it.
 
 A pod no node can take gets `PodScheduled=False` (reason `Unschedulable`, kube-scheduler's
 node summary plus the allocator's explanation per claim) and a Warning Event
@@ -40,8 +42,8 @@ node filter's answers are remembered per pod shape and node until that node's us
 changes, so a burst of like pods costs one `nodefit` pass per node, not one per pod and node.
 
 What it must not do: touch pods of other schedulers; write anything but the claim fields the
-scheduler owns (finalizer, allocation, reservedFor), the pod's `PodScheduled` condition and its
-Binding; schedule before the claims already allocated in the API are held (`start` waits for
+scheduler owns (finalizer, allocation, reservedFor), the pod's `PodScheduled` condition, its
+Binding and Events about it; schedule before the claims already allocated in the API are held (`start` waits for
 the informers first); or release devices whose allocation is still in the API.
 """
 
@@ -327,7 +329,8 @@ class Scheduler:
       `dractl_scheduler_attempts_total{result}`, `dractl_scheduler_scheduling_duration_seconds{result}`,
       `dractl_scheduler_claims_allocated_total`, `dractl_scheduler_unschedulable_pods`,
       `dractl_scheduler_queue_depth`.
-    - `recorder`: where Warning Events go (an `events.Recorder` on `client` when None).
+    - `recorder`: where Events go (an `events.Recorder` on `client` when None): `Scheduled` on a pod it bound,
+      `FailedScheduling` on one it could not.
     - `scheduler_name`: the `spec.schedulerName` of the pods it schedules.
     - `policy`: the allocation policy of the allocator it makes (ignored when `allocator` is given).
     - `workers`: worker threads (a pod is never handled by two at once; decisions are serialized).
@@ -710,6 +713,10 @@ class Scheduler:
             self.metrics.attempts.labels(result="error").inc()
             raise
         self._forget_pending(key)
+        ref = events.ObjectRef.of(pod.state.pod.meta, api_version="v1", kind="Pod")
+        self.recorder.event(
+            ref, type=events.NORMAL, reason=schedplan.SCHEDULED, message=schedplan.scheduled_message(pod, decided.node)
+        )
         self.metrics.attempts.labels(result="scheduled").inc()
         self.metrics.latency.labels(result="scheduled").observe(time.monotonic() - started)
         self.metrics.claims_allocated.inc(len(decided.allocate))

@@ -132,6 +132,33 @@ def test_a_pod_with_a_template_claim_for_one_gpu_is_allocated_and_bound(
     assert [(r.method, r.target) for r in fault_proxy.writes()] == []
 
 
+def test_a_bound_pod_gets_kube_schedulers_scheduled_event_once(
+    fault_proxy: faultproxy.FaultProxy,
+    group: Group,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: once bound, the pod gets one Normal Event `Scheduled` with kube-scheduler's exact message, reported by
+    dractl; a sync of the converged pod writes nothing more (no second Event)."""
+    node = group.node("t4-node-01")
+    group.claim("c", ONE_GPU)
+    pod = group.pod("told", claims=[kube_objects.of_claim("c")])
+    scheduler = make_scheduler()
+    assert group.wait_bound("told") == node
+    [event] = controlplane.wait_until(lambda: group.events("told", "Scheduled"), what="the Scheduled Event exists")
+    assert event["type"] == "Normal"
+    assert event["message"] == f"Successfully assigned {group.namespace}/told to {node}"
+    assert event["involvedObject"]["uid"] == pod["metadata"]["uid"] and event["involvedObject"]["kind"] == "Pod"
+    assert (event["count"], event["reportingComponent"], event["source"]) == (1, "dractl", {"component": "dractl"})
+    controlplane.wait_until(
+        lambda: scheduler.pods.store.get(f"{group.namespace}/told").node_name,
+        what="the scheduler's cache sees the bind",
+    )
+    fault_proxy.clear()
+    scheduler.sync_pod(group.namespace, "told")
+    assert [(r.method, r.target) for r in fault_proxy.writes()] == []
+    assert len(group.events("told", "Scheduled")) == 1
+
+
 def test_two_mig_slices_of_one_parent_gpu(
     group: Group,
     claim_controller: claims_ctl.ClaimController,

@@ -229,7 +229,8 @@ def _reserved(body: dict[str, Any]) -> list[str]:
 def test_a_decision_writes_the_finalizer_the_allocation_and_the_binding_and_a_resync_writes_nothing() -> None:
     """Guards: the exact requests of one decision, in order and nothing else (finalizer by a merge patch at the
     claim's version, status with allocation and reservedFor, binding at the version of the pod the decision was
-    made from; no read), the metrics, and that syncing the converged pod again writes nothing."""
+    made from, kube-scheduler's `Scheduled` Event; no read), the metrics, and that syncing the converged pod again
+    writes nothing."""
     cluster = Cluster()
     cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
     cluster.scheduler.open_ledger()
@@ -240,9 +241,16 @@ def test_a_decision_writes_the_finalizer_the_allocation_and_the_binding_and_a_re
         ("PATCH", "ns/resourceclaims/c"),
         ("PATCH", "ns/resourceclaims/c/status"),
         ("POST", "ns/pods/trainer/binding"),
+        ("POST", "ns/events"),
     ]
     assert cluster.api.bodies[0] == {"metadata": {"resourceVersion": "3", "finalizers": [raw.FINALIZER]}}
-    assert cluster.api.bodies[-1]["metadata"]["resourceVersion"] == "5"
+    assert cluster.api.bodies[2]["metadata"]["resourceVersion"] == "5"
+    event = cluster.api.bodies[3]
+    assert (event["type"], event["reason"], event["message"]) == (
+        "Normal",
+        "Scheduled",
+        "Successfully assigned ns/trainer to n1",
+    )
     stored = cluster.api.claim("c")
     assert stored["metadata"]["finalizers"] == [raw.FINALIZER]
     assert _devices(stored) == ["gpu-0"] and _reserved(stored) == ["trainer"]
@@ -253,7 +261,7 @@ def test_a_decision_writes_the_finalizer_the_allocation_and_the_binding_and_a_re
     cluster.sync("trainer")  # The cache has not seen the binding yet: the assumed pod is left alone.
     cluster.seen()
     cluster.sync("trainer")
-    assert len(cluster.api.writes) == 3
+    assert len(cluster.api.writes) == 4
 
 
 def test_a_claim_with_opaque_configuration_gets_its_finalizer_by_a_protobuf_read_and_put() -> None:
@@ -269,6 +277,7 @@ def test_a_claim_with_opaque_configuration_gets_its_finalizer_by_a_protobuf_read
         ("PUT", "ns/resourceclaims/c"),
         ("PATCH", "ns/resourceclaims/c/status"),
         ("POST", "ns/pods/trainer/binding"),
+        ("POST", "ns/events"),
     ]
     assert cluster.api.bodies[0] == {"finalizers": [raw.FINALIZER]}
     assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
