@@ -1,7 +1,8 @@
 """Controller benchmark: pods/s from creation to binding, dractl's scheduler against kube-scheduler, measured fairly.
 
 Run from the repository root, under nice on a shared machine:
-`nice python benchmarks/controller.py [--quick] [--size NODES:PODS ...] [--rounds N] [--default-limits]`.
+`nice python benchmarks/controller.py [--quick] [--size NODES:PODS ...] [--rounds N] [--default-limits]`
+(`--quick` with `--size`: those sizes, one round).
 
 What one run is: a fresh local control plane (etcd + kube-apiserver 1.36.2 from ../shared/k8s, as the
 tests start it) with kube-controller-manager and kube-scheduler (`ControlPlane.start_components`: the
@@ -13,13 +14,17 @@ bound. kube-controller-manager makes every claim in both contenders; they differ
 
 * `kube-scheduler`: pods with the default scheduler;
 * `dractl`: pods with `schedulerName: dractl`, scheduled by `dractl controller` with its defaults
-  (`--controllers scheduler`, 16 workers, binpack), kube-scheduler idle beside it.
+  (`--controllers scheduler`, 16 workers, binpack), kube-scheduler idle beside it;
+* `dractl-defaults`: the same with dractl's client-side limits left at their defaults too, as users
+  install it (`--kube-api-qps` and `--kube-api-burst` not given), beside kube-controller-manager at
+  raised limits: what a user gets against kube-scheduler at raised limits, on the same box in one run.
 
 The main figures run every client at raised limits: kube-controller-manager and kube-scheduler
-with `--kube-api-qps 1000 --kube-api-burst 2000`, dractl with the same. `--default-limits` adds one
-run per contender with every client at its default (kube-controller-manager 20/30, kube-scheduler
-50/100, dractl 50/100), reported apart: there the claim maker's limit bounds both sides.
-Contenders alternate (kube-scheduler, dractl, kube-scheduler, ...), `--rounds` times each.
+with `--kube-api-qps 1000 --kube-api-burst 2000`, dractl with the same (but `dractl-defaults`).
+`--default-limits` adds one run of kube-scheduler and dractl with every client at its default
+(kube-controller-manager 20/30, kube-scheduler 50/100, dractl's), reported apart: there the claim
+maker's limit bounds both sides. Contenders alternate (kube-scheduler, dractl, dractl-defaults,
+kube-scheduler, ...), `--rounds` times each.
 
 Per run it reports:
 * pods/s, and where a pod's time goes: the p50/p90 of the steps a watch on pods and claims sees
@@ -105,15 +110,24 @@ WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"}
 
 @dataclasses.dataclass(frozen=True)
 class Contender:
-    """Who schedules: `scheduler` is the pods' schedulerName; `raised` runs every client at raised limits."""
+    """Who schedules: `scheduler` is the pods' schedulerName; `raised` runs kube's components at raised limits, and
+    dractl too unless `own_defaults` (dractl's limit flags left out, as a user installs it)."""
 
     name: str
     scheduler: str
     raised: bool
+    own_defaults: bool = False
 
     @property
     def label(self) -> str:
+        if self.own_defaults:
+            return f"{self.name} (dractl at its default limits, kube's components raised)"
         return f"{self.name} ({'raised' if self.raised else 'default'} limits)"
+
+
+KUBE_SCHEDULER = Contender("kube-scheduler", "default-scheduler", raised=True)
+DRACTL = Contender("dractl", "dractl", raised=True)
+DRACTL_DEFAULTS = Contender("dractl-defaults", "dractl", raised=True, own_defaults=True)
 
 
 @dataclasses.dataclass
@@ -256,7 +270,8 @@ def start_contender(plane: controlplane.ControlPlane, contender: Contender) -> S
     if contender.scheduler == "default-scheduler":
         return Started(pids, components.stop)
     [port] = controlplane.free_ports(1)
-    limits = ["--kube-api-qps", str(RAISED_QPS), "--kube-api-burst", str(2 * RAISED_QPS)] if contender.raised else []
+    raised = contender.raised and not contender.own_defaults
+    limits = ["--kube-api-qps", str(RAISED_QPS), "--kube-api-burst", str(2 * RAISED_QPS)] if raised else []
     with open(plane.directory / "dractl-controller.log", "wb") as log:
         process = subprocess.Popen(
             [
@@ -650,23 +665,31 @@ def summarize(nodes: int, pods: int, runs: Sequence[Figures]) -> None:
         chosen = [f for f in passed if f.contender.raised is raised]
         if not chosen:
             continue
-        limits = f"raised limits ({RAISED_QPS} QPS, burst {2 * RAISED_QPS})" if raised else "default limits"
-        print(f"\nevery client at {limits}:")
+        if raised:
+            print(
+                f"\nevery client at raised limits ({RAISED_QPS} QPS, burst {2 * RAISED_QPS}), "
+                "but dractl in dractl-defaults (its default limits):"
+            )
+        else:
+            print("\nevery client at its default limits:")
         _table(chosen)
         kube = [f for f in chosen if f.contender.scheduler == "default-scheduler"]
-        mine = [f for f in chosen if f.contender.scheduler != "default-scheduler"]
-        if not (kube and mine):
+        if not kube:
+            continue
+        for name in dict.fromkeys(f.contender.name for f in chosen if f.contender.scheduler != "default-scheduler"):
+            ours = [f for f in chosen if f.contender.name == name]
+            ratio = _mean([f.pods_per_second for f in ours]) / max(_mean([f.pods_per_second for f in kube]), 1e-9)
+            rounds = ", ".join(
+                f"{m.pods_per_second / k.pods_per_second:.2f}"
+                for k in kube
+                for m in ours
+                if m.round == k.round and k.pods_per_second
+            )
+            print(f"{name} / kube-scheduler pods/s: {ratio:.2f}x (each round: {rounds})")
+        mine = [f for f in chosen if f.contender.name == DRACTL.name]
+        if not (raised and mine):
             continue
         ratio = _mean([f.pods_per_second for f in mine]) / max(_mean([f.pods_per_second for f in kube]), 1e-9)
-        rounds = ", ".join(
-            f"{m.pods_per_second / k.pods_per_second:.2f}"
-            for k in kube
-            for m in mine
-            if m.round == k.round and k.pods_per_second
-        )
-        print(f"dractl / kube-scheduler pods/s: {ratio:.2f}x (each round: {rounds})")
-        if not raised:
-            continue
         target = TARGET_RATIO.get(nodes)
         if target is not None:
             print(f"target: at least {target:g}x kube-scheduler's pods/s at {nodes} nodes: {ratio:.2f}x")
@@ -723,19 +746,27 @@ def main() -> None:
         metavar="NODES:PODS",
         help="cluster and burst size, repeatable (default: 500:2000 and 2000:2000)",
     )
-    parser.add_argument("--quick", action="store_true", help=f"one size, {QUICK_SIZE[0]}:{QUICK_SIZE[1]}, one round")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"one round, of --size or else {QUICK_SIZE[0]}:{QUICK_SIZE[1]}, and the decision time at 500 nodes only",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="runs per contender and size, alternating (default: 2)")
     parser.add_argument(
         "--default-limits", action="store_true", help="add one run per contender with every client at its defaults"
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds each run's pods get (default: 900)")
-    parser.add_argument("--only", choices=("kube-scheduler", "dractl"), help="run one contender (for profiling)")
+    parser.add_argument(
+        "--only",
+        choices=(KUBE_SCHEDULER.name, DRACTL.name, DRACTL_DEFAULTS.name),
+        help="run one contender (for profiling)",
+    )
     args = parser.parse_args()
-    sizes = [QUICK_SIZE] if args.quick else (args.size or list(SIZES))
+    sizes = args.size or ([QUICK_SIZE] if args.quick else list(SIZES))
     rounds = 1 if args.quick else args.rounds
     print(f"machine: {machine()}")
     print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {load()}")
-    contenders = [Contender("kube-scheduler", "default-scheduler", raised=True), Contender("dractl", "dractl", True)]
+    contenders = [KUBE_SCHEDULER, DRACTL, DRACTL_DEFAULTS]
     if args.only:
         contenders = [c for c in contenders if c.name == args.only]
     try:
@@ -747,7 +778,7 @@ def main() -> None:
         print(f"\n== {nodes} nodes x 8 GPUs, {pods} pods, one GPU each from a ResourceClaimTemplate ==")
         schedule = [(n, c) for n in range(rounds) for c in contenders]
         if args.default_limits:
-            schedule += [(rounds, dataclasses.replace(c, raised=False)) for c in contenders]
+            schedule += [(rounds, dataclasses.replace(c, raised=False)) for c in contenders if not c.own_defaults]
         runs: list[Figures] = []
         for index, (number, contender) in enumerate(schedule, 1):
             figures = run(contender, round=number, nodes=nodes, pods=pods, timeout=args.timeout)
