@@ -40,6 +40,11 @@ Per run it reports:
   reserved for it, owned by it, no device given twice, no claim beyond the recorded ones. A run
   that fails a check says so in capitals and its row is marked; its figures do not count.
 
+`--shared-nodes NODES:PODS` runs instead both schedulers at once on the same nodes (every other pod
+for each; kube's components at raised limits, dractl at its defaults) and counts the devices given to
+two claims, by the schedulers holding each and whose allocation was written first (the
+resourceVersion of the event showing each claim's allocation): README's "two schedulers, one device".
+
 Then the allocator's decision time per pod on a warm, half-full inventory (one `Allocator.allocate` of
 a 1-GPU claim, in-process) at 500 and 5,000 nodes.
 
@@ -335,6 +340,8 @@ class PodSeen:
 class ClaimSeen:
     owner: str
     allocated: bool
+    name: str = ""
+    version: str = ""
 
 
 class Watch:
@@ -346,6 +353,7 @@ class Watch:
         self.created: dict[str, float] = {}  # pod name -> when its create returned
         self.uids: dict[str, str] = {}  # pod name -> uid
         self.bound = 0
+        self.allocated_at: dict[str, int] = {}  # claim name -> resourceVersion of the event showing its allocation
         self.done = threading.Event()
         self._lock = threading.Lock()
         self.pod_informer: informer.Informer[PodSeen] = informer.Informer(
@@ -374,7 +382,12 @@ class Watch:
     @staticmethod
     def _claim(raw: dict[str, Any]) -> ClaimSeen:
         owners = raw["metadata"].get("ownerReferences") or [{}]
-        return ClaimSeen(owner=owners[0].get("uid", ""), allocated=bool((raw.get("status") or {}).get("allocation")))
+        return ClaimSeen(
+            owner=owners[0].get("uid", ""),
+            allocated=bool((raw.get("status") or {}).get("allocation")),
+            name=raw["metadata"]["name"],
+            version=raw["metadata"].get("resourceVersion", ""),
+        )
 
     def _note(self, step: str, uid: str) -> bool:
         with self._lock:
@@ -394,6 +407,11 @@ class Watch:
 
     def _claim_seen(self, seen: ClaimSeen) -> None:
         self._note("claim made", seen.owner)
+        with self._lock:
+            if seen.allocated:
+                self.allocated_at.setdefault(seen.name, int(seen.version or 0))
+            else:
+                self.allocated_at.pop(seen.name, None)
         if seen.allocated:
             self._note("allocated", seen.owner)
 
@@ -436,14 +454,14 @@ def _percentiles(values: Sequence[float]) -> tuple[float, float]:
     return (statistics.median(values), values[min(len(values) - 1, int(len(values) * 0.9))])
 
 
-def race(api: client.Client, watch: Watch, *, scheduler: str, timeout: float) -> float:
-    """Create the pods and wait until all are bound (or `timeout`); seconds from the first create to the last
-    binding seen (to the timeout when not all were bound)."""
+def race(api: client.Client, watch: Watch, *, schedulers: Sequence[str], timeout: float) -> float:
+    """Create the pods (pod i for `schedulers[i % len(schedulers)]`) and wait until all are bound (or `timeout`);
+    seconds from the first create to the last binding seen (to the timeout when not all were bound)."""
     started = time.monotonic()
 
     def create(i: int) -> None:
         name = f"p-{i:05d}"
-        stored = api.create(client.PODS, pod(name, scheduler))
+        stored = api.create(client.PODS, pod(name, schedulers[i % len(schedulers)]))
         with watch._lock:
             watch.created[name] = time.monotonic()
             watch.uids[name] = stored["metadata"]["uid"]
@@ -459,9 +477,10 @@ def race(api: client.Client, watch: Watch, *, scheduler: str, timeout: float) ->
 
 def warm_up(api: client.Client, scheduler: str) -> None:
     """One pod of `scheduler` bound in the warm-up namespace: every process of the contender has its caches."""
-    api.create(client.PODS, pod("warm-up", scheduler, namespace=WARMUP_NAMESPACE))
+    name = f"warm-up-{scheduler}"
+    api.create(client.PODS, pod(name, scheduler, namespace=WARMUP_NAMESPACE))
     controlplane.wait_until(
-        lambda: api.get(client.PODS, "warm-up", namespace=WARMUP_NAMESPACE)["spec"].get("nodeName"),
+        lambda: api.get(client.PODS, name, namespace=WARMUP_NAMESPACE)["spec"].get("nodeName"),
         what=f"the warm-up pod of {scheduler} is bound",
         timeout=180,
         interval=0.2,
@@ -551,7 +570,7 @@ def run(contender: Contender, *, round: int, nodes: int, pods: int, timeout: flo
                 with watch.running():
                     writes_before = settled_writes(plane)
                     cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-                    seconds = race(api, watch, scheduler=contender.scheduler, timeout=timeout)
+                    seconds = race(api, watch, schedulers=[contender.scheduler], timeout=timeout)
                     cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
                     writes_after = settled_writes(plane)
                     steps = watch.steps()
@@ -587,6 +606,89 @@ def run(contender: Contender, *, round: int, nodes: int, pods: int, timeout: flo
         problems=problems,
         dractl_metrics=metrics,
     )
+
+
+@dataclasses.dataclass
+class Shared:
+    """A race of both schedulers at once on shared nodes: `doubles` per device given to two claims, the schedulers
+    holding it and the one whose allocation was written first (by the resourceVersion of the event that showed it)."""
+
+    nodes: int
+    pods: int
+    bound: int
+    seconds: float
+    doubles: list[tuple[str, str, str]]  # (device, the schedulers holding it, the one that wrote first)
+    problems: list[str]  # what the check finds besides devices given twice
+    dractl_metrics: dict[str, float]
+
+
+def shared_race(*, nodes: int, pods: int, timeout: float) -> Shared:
+    """Both schedulers at once on the same nodes: every other pod for kube-scheduler (raised limits, as
+    kube-controller-manager), the others for dractl at its defaults; then the devices given to two claims."""
+    with controlplane.running() as plane:
+        api = client.connect(plane.kubeconfig)
+        try:
+            populate(api, nodes)
+            started = start_contender(plane, DRACTL_DEFAULTS)
+            try:
+                warm_up(api, KUBE_SCHEDULER.scheduler)
+                warm_up(api, DRACTL_DEFAULTS.scheduler)
+                watch = Watch(api, pods)
+                with watch.running():
+                    seconds = race(
+                        api, watch, schedulers=[KUBE_SCHEDULER.scheduler, DRACTL_DEFAULTS.scheduler], timeout=timeout
+                    )
+                    bound = watch.bound
+                    allocated_at = dict(watch.allocated_at)
+                metrics = dractl_metrics(started.dractl_metrics_port)
+                items = api.list(client.PODS, namespace=NAMESPACE).items
+                claims = api.list(client.RESOURCE_CLAIMS, namespace=NAMESPACE).items
+                problems = [p for p in check(items, claims, claims) if " is allocated to both " not in p]
+            finally:
+                started.stop()
+        finally:
+            api.close()
+    scheduler_of = {item["metadata"]["uid"]: item["spec"].get("schedulerName", "") for item in items}
+    holders: dict[tuple[str, str, str], list[Mapping[str, Any]]] = collections.defaultdict(list)
+    for claim in claims:
+        for device in _devices(claim):
+            holders[device].append(claim)
+
+    def scheduler(claim: Mapping[str, Any]) -> str:
+        return scheduler_of.get((claim["metadata"].get("ownerReferences") or [{}])[0].get("uid", ""), "?")
+
+    doubles: list[tuple[str, str, str]] = []
+    for device, held in sorted(holders.items()):
+        if len(held) < 2:
+            continue
+        first = min(held, key=lambda claim: allocated_at.get(claim["metadata"]["name"], 0))
+        doubles.append(("/".join(device), " + ".join(sorted(scheduler(claim) for claim in held)), scheduler(first)))
+    return Shared(
+        nodes=nodes,
+        pods=pods,
+        bound=bound,
+        seconds=seconds,
+        doubles=doubles,
+        problems=problems,
+        dractl_metrics=metrics,
+    )
+
+
+def report_shared(shared: Shared) -> None:
+    kinds = collections.Counter((holders, writer) for _, holders, writer in shared.doubles)
+    print(
+        f"  {shared.bound}/{shared.pods} bound in {shared.seconds:.1f} s, "
+        f"{shared.bound / shared.seconds if shared.seconds else 0.0:.1f} pods/s; {load()}"
+    )
+    print(f"  devices given to two claims or more: {len(shared.doubles)}")
+    for (holders, writer), count in sorted(kinds.items()):
+        print(f"    held by {holders}, {writer} wrote first: {count}")
+    for device, holders, writer in shared.doubles[:10]:
+        print(f"    e.g. {device}: {holders}, {writer} wrote first")
+    for problem in shared.problems[:20]:
+        print(f"    CHECK FAILED: {problem}")
+    print("  dractl: " + ", ".join(f"{name} {value:g}" for name, value in shared.dractl_metrics.items()))
+    sys.stdout.flush()
 
 
 # --- Reporting ---------------------------------------------------------------------------------------------
@@ -757,6 +859,13 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds each run's pods get (default: 900)")
     parser.add_argument(
+        "--shared-nodes",
+        type=size,
+        action="append",
+        metavar="NODES:PODS",
+        help="instead of the race, both schedulers at once on shared nodes, every other pod each: devices given twice",
+    )
+    parser.add_argument(
         "--only",
         choices=(KUBE_SCHEDULER.name, DRACTL.name, DRACTL_DEFAULTS.name),
         help="run one contender (for profiling)",
@@ -769,11 +878,20 @@ def main() -> None:
     contenders = [KUBE_SCHEDULER, DRACTL, DRACTL_DEFAULTS]
     if args.only:
         contenders = [c for c in contenders if c.name == args.only]
+    shared = args.shared_nodes or []
     try:
         controlplane.find_binaries(controlplane.REQUIRED + controlplane.OPTIONAL)
     except controlplane.Unavailable as missing:
         print(f"skipping the control-plane race: {missing}")
-        sizes = []
+        sizes, shared = [], []
+    if shared:
+        for nodes, pods in shared:
+            print(
+                f"\n== shared nodes: {nodes} nodes x 8 GPUs, {pods} pods, every other one for kube-scheduler (raised "
+                "limits) and dractl (its defaults), both at once =="
+            )
+            report_shared(shared_race(nodes=nodes, pods=pods, timeout=args.timeout))
+        return
     for nodes, pods in sizes:
         print(f"\n== {nodes} nodes x 8 GPUs, {pods} pods, one GPU each from a ResourceClaimTemplate ==")
         schedule = [(n, c) for n in range(rounds) for c in contenders]

@@ -17,8 +17,12 @@ deallocated or deleted), so nothing is given twice. Per pod (`sync_pod`):
    node: "assumed"), then written: per claim the delete-protection finalizer, then
    `status.allocation` with the pod in `status.reservedFor`, each with a resourceVersion
    precondition (the finalizer through `kube.finalizers`, which leaves the claim's spec as
-   stored); allocated claims get the pod added to `reservedFor`; then the pod is bound
-   (`pods/binding`) at the resourceVersion the decision was made from, so the API server refuses
+   stored); allocated claims get the pod added to `reservedFor`. Twice, after the finalizers and
+   after the allocations, the claim cache is waited for until it delivered the last of those
+   writes (so every claim write made before it is held by the allocator) and the allocator asked
+   whether another scheduler's allocation holds one of the same devices: if so (or if the cache
+   does not catch up within `confirm_timeout`) the decision is taken back as below. Then the pod
+   is bound (`pods/binding`) at the resourceVersion the decision was made from, so the API server refuses
    the Binding if the pod changed since; if it did, the pod is read live and bound at that
    version only if it still records exactly the claims the decision used. If any write fails or
    the pod no longer matches, what was written is taken back (the pod's entry, the allocation and
@@ -78,6 +82,9 @@ FIT_CACHE_LIMIT = 200_000
 CHANGE_LOG_LIMIT = 100_000
 """Node changes remembered for bringing the node filter's answers up to date; past this the log starts over (and
 every pod shape's answers are computed afresh once)."""
+CONFIRM_TIMEOUT = 10.0
+"""Seconds a decision waits for the claim cache to deliver its own allocation writes before binding; past it the
+allocation is taken back and the pod retried."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -98,6 +105,10 @@ class AllocatorService(Protocol):
 
     def held(self, claim_id: str) -> model.AllocationResult | None:
         """What the claim holds, if anything."""
+        ...
+
+    def contested(self, claim_id: str) -> str | None:
+        """Why another claim holds what this claim holds (an allocation held unchecked overlaps it), or None."""
         ...
 
     def consider(self, claims: Sequence[model.ResourceClaim]) -> None:
@@ -241,6 +252,7 @@ class _Metrics:
     attempts: prometheus_client.Counter
     latency: prometheus_client.Histogram
     claims_allocated: prometheus_client.Counter
+    contested: prometheus_client.Counter
     unschedulable: prometheus_client.Gauge
     depth: prometheus_client.Gauge
 
@@ -267,6 +279,12 @@ def _build_metrics(registry: prometheus_client.CollectorRegistry) -> _Metrics:
         claims_allocated=prometheus_client.Counter(
             "dractl_scheduler_claims_allocated",
             "ResourceClaims the scheduler allocated for pods it bound.",
+            registry=registry,
+        ),
+        contested=prometheus_client.Counter(
+            "dractl_scheduler_contested",
+            "Decisions taken back before their binding because another scheduler's allocation of the same devices "
+            "was written first, or because the claim cache could not confirm in time that none was.",
             registry=registry,
         ),
         unschedulable=prometheus_client.Gauge(
@@ -304,6 +322,12 @@ def _version(stored: Mapping[str, Any], fallback: str) -> str:
     return str((stored.get("metadata") or {}).get("resourceVersion") or fallback)
 
 
+class Contested(Exception):
+    """A claim this decision allocated holds a device (or counter) that another scheduler's allocation, written
+    before it, holds too, or the claim cache could not confirm in time that none does: the decision is taken back
+    and the pod retried."""
+
+
 class PodChanged(Exception):
     """The pod, read live when its Binding was refused, is not the one the decision was made for (another claim
     recorded, replaced, bound, being deleted): the decision is taken back and the pod retried."""
@@ -311,7 +335,7 @@ class PodChanged(Exception):
 
 def _failed(key: str, error: Exception) -> None:
     """Log a scheduling attempt that raised; the loop retries the pod with backoff."""
-    if isinstance(error, (kube_client.ApiError, PodChanged)):
+    if isinstance(error, (kube_client.ApiError, PodChanged, Contested)):
         log.info("pod %s: %s; retrying with backoff", key, error)
     else:
         log.exception("pod %s: scheduling failed; retrying with backoff", key)
@@ -327,7 +351,8 @@ class Scheduler:
     - `client`: the API client (every request goes through it).
     - `registry`: the prometheus registry for its metrics (a private one when None):
       `dractl_scheduler_attempts_total{result}`, `dractl_scheduler_scheduling_duration_seconds{result}`,
-      `dractl_scheduler_claims_allocated_total`, `dractl_scheduler_unschedulable_pods`,
+      `dractl_scheduler_claims_allocated_total`, `dractl_scheduler_contested_total`,
+      `dractl_scheduler_unschedulable_pods`,
       `dractl_scheduler_queue_depth`.
     - `recorder`: where Events go (an `events.Recorder` on `client` when None): `Scheduled` on a pod it bound,
       `FailedScheduling` on one it could not.
@@ -340,6 +365,8 @@ class Scheduler:
     - `queue`: the work queue (a fresh one when None; tests inject one with their own backoff).
     - `allocator`: the allocator (a fresh `alloc.Allocator` when None).
     - `sync_timeout`: seconds `start()` waits for the informers' first lists.
+    - `confirm_timeout`: seconds a decision waits for the claim cache to deliver its own allocation writes before
+      its binding (`_confirm`).
 
     `sync(key)` and `sync_pod(namespace, name)` may be called directly (tests do) once
     `open_ledger()` ran; one pod should be synced by one thread at a time (the queue ensures it).
@@ -358,10 +385,12 @@ class Scheduler:
         queue: workqueue.WorkQueue | None = None,
         allocator: AllocatorService | None = None,
         sync_timeout: float = 60.0,
+        confirm_timeout: float = CONFIRM_TIMEOUT,
     ) -> None:
         self.client = client
         self.scheduler_name = scheduler_name
         self.sync_timeout = sync_timeout
+        self.confirm_timeout = confirm_timeout
         self.recorder = recorder if recorder is not None else events.Recorder(client)
         # Not `queue or ...`: an empty queue has length 0 and is falsy.
         self.queue = queue if queue is not None else workqueue.WorkQueue()
@@ -816,8 +845,10 @@ class Scheduler:
     # --- Writes -----------------------------------------------------------------------------
 
     def _commit(self, pod: schedplan.PodInfo, decision: Decision) -> None:
-        """Write the decision: finalizer and allocation per claim, reservations, then the binding, which the API
-        server accepts only while the pod records the claims the decision used (`_bind`).
+        """Write the decision: the finalizer of each claim to allocate, then (`_confirm`: no allocation written
+        before them holds the same devices) their allocations, reservations, then (`_confirm` again, for allocations
+        written meanwhile) the binding, which the API server accepts only while the pod records the claims the
+        decision used (`_bind`).
 
         On any failure everything written is taken back (`_roll_back`), the pod's `PodScheduled` condition and a
         Warning Event say which step failed and why, and the error is raised.
@@ -825,8 +856,11 @@ class Scheduler:
         attempts: list[_Attempt] = []
         ids = {alloc.claim_id(claim) for claim, _ in decision.allocate}
         step = ""
+        checking = "checking that no other scheduler allocated the same devices first"
+        written = ""  # the resourceVersion of the last claim write
         try:
-            for claim, allocation in decision.allocate:
+            versions: list[str] = []
+            for claim, _ in decision.allocate:
                 added = schedplan.needs_finalizer(claim)
                 attempts.append(_Attempt(claim, allocated_here=True, finalizer_added=added))
                 version = claim.meta.resource_version
@@ -854,15 +888,24 @@ class Scheduler:
                     if stored is None:  # Someone else added it meanwhile: it is not ours to take back.
                         attempts[-1] = _Attempt(claim, allocated_here=True, finalizer_added=False)
                     else:
-                        version = _version(stored, version)
+                        version = written = _version(stored, version)
+                versions.append(version)
+            if written:
+                # An overlap with what was written before the finalizers is found before any allocation is written:
+                # taking back an allocation of a device kube-scheduler holds too makes kube-scheduler forget that
+                # device (it tracks allocated devices as a set), and it may then give the device a third time.
+                step = checking
+                self._confirm(decision, written=written)
+            for (claim, allocation), version in zip(decision.allocate, versions, strict=True):
                 step = f"writing the allocation of ResourceClaim {claim.key}"
-                self.client.patch(
+                stored = self.client.patch(
                     kube_client.RESOURCE_CLAIMS,
                     claim.meta.name,
                     namespace=claim.meta.namespace,
                     subresource="status",
                     patch=schedplan.allocation_patch(claim, allocation, pod, resource_version=version),
                 )
+                written = _version(stored, "")
             for claim in decision.reserve:
                 attempts.append(_Attempt(claim, allocated_here=False, finalizer_added=False))
                 step = f"reserving ResourceClaim {claim.key}"
@@ -873,6 +916,9 @@ class Scheduler:
                     subresource="status",
                     patch=schedplan.reservation_patch(claim, pod),
                 )
+            if decision.allocate:
+                step = checking
+                self._confirm(decision, written=written)
             step = f"binding to node {decision.node}"
             self._bind(pod, decision.node)
         except Exception as error:
@@ -882,6 +928,30 @@ class Scheduler:
         finally:
             with self._lock:
                 self._in_flight.difference_update(ids)
+
+    def _confirm(self, decision: Decision, *, written: str) -> None:
+        """Make sure no other scheduler gave away a device of the decision before its allocations were written.
+
+        Waits (at most `confirm_timeout`) until the claim cache has delivered every claim write up to `written`, the
+        resourceVersion of the decision's last claim write (its finalizers, then its allocations): a watch delivers
+        a resource's writes in the store's order, so every allocation written before it is then held by the
+        allocator (`_claim_changed`), which tells whether one overlaps what the decision's claims hold. Raises
+        `Contested` when one does (whichever was written first: kube-scheduler never takes its allocation back, so
+        dractl's goes), or when the cache did not catch up in time. A version that is not an integer (the API's
+        contract calls them opaque; etcd-backed servers give integers) cannot be ordered: then only what the cache
+        holds already is checked.
+        """
+        if written.isdigit() and not self.claims.wait_past(written, timeout=self.confirm_timeout):
+            self.metrics.contested.inc()
+            raise Contested(
+                f"the claim cache did not show the write at resourceVersion {written} within "
+                f"{self.confirm_timeout:g}s, so another scheduler's allocation written before it may hold its devices"
+            )
+        for claim, _ in decision.allocate:
+            problem = self.allocator.contested(alloc.claim_id(claim))
+            if problem is not None:
+                self.metrics.contested.inc()
+                raise Contested(f"ResourceClaim {claim.key}: {problem} (allocated by another scheduler)")
 
     def _bind(self, pod: schedplan.PodInfo, node: str) -> None:
         """Bind the pod at the resourceVersion the decision was made from, so the API server refuses the Binding if
