@@ -71,3 +71,26 @@ def test_the_controller_benchmark_races_dractl_at_its_defaults_against_kube_sche
     assert "CHECK FAILED" not in completed.stdout, completed.stdout
     for name in ("dractl", "dractl-defaults"):
         assert f"\n{name} / kube-scheduler pods/s: " in completed.stdout, completed.stdout
+
+
+@pytest.mark.timeout(600)
+def test_the_shared_nodes_race_counts_the_devices_given_twice_by_holders_and_first_writer() -> None:
+    """Guards: `benchmarks/controller.py --shared-nodes 3:12` runs kube-scheduler and dractl at once on the same
+    nodes and exits 0, every pod bound, with the count of devices given to two claims and the check's other
+    findings (none)."""
+    try:
+        controlplane.find_binaries(controlplane.REQUIRED + controlplane.OPTIONAL)
+    except controlplane.Unavailable as missing:
+        pytest.skip(str(missing))
+    completed = subprocess.run(
+        [sys.executable, "benchmarks/controller.py", "--quick", "--shared-nodes", "3:12"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "  12/12 bound in " in completed.stdout, completed.stdout
+    assert "  devices given to two claims or more: " in completed.stdout, completed.stdout
+    assert "CHECK FAILED" not in completed.stdout, completed.stdout
