@@ -22,8 +22,8 @@ deallocated or deleted), so nothing is given twice. Per pod (`sync_pod`):
    writes (so every claim write made before it is held by the allocator) and the allocator asked
    whether another scheduler's allocation holds one of the same devices: if so (or if the cache
    does not catch up within `confirm_timeout`) the decision is taken back as below. Then the pod
-   is bound (`pods/binding`) at the resourceVersion the decision was made from, so the API server refuses
-   the Binding if the pod changed since; if it did, the pod is read live and bound at that
+   is bound (`pods/binding`) at the resourceVersion the decision was made from, so the API server
+   refuses the Binding if the pod changed since; if it did, the pod is read live and bound at that
    version only if it still records exactly the claims the decision used. If any write fails or
    the pod no longer matches, what was written is taken back (the pod's entry, the allocation and
    the finalizer this attempt added), the
@@ -47,8 +47,8 @@ changes, so a burst of like pods costs one `nodefit` pass per node, not one per 
 
 What it must not do: touch pods of other schedulers; write anything but the claim fields the
 scheduler owns (finalizer, allocation, reservedFor), the pod's `PodScheduled` condition, its
-Binding and Events about it; schedule before the claims already allocated in the API are held (`start` waits for
-the informers first); or release devices whose allocation is still in the API.
+Binding and Events about it; schedule before the claims already allocated in the API are held
+(`start` waits for the informers first); or release devices whose allocation is still in the API.
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ CHANGE_LOG_LIMIT = 100_000
 """Node changes remembered for bringing the node filter's answers up to date; past this the log starts over (and
 every pod shape's answers are computed afresh once)."""
 CONFIRM_TIMEOUT = 10.0
-"""Seconds a decision waits for the claim cache to deliver its own allocation writes before binding; past it the
-allocation is taken back and the pod retried."""
+"""Seconds a decision waits for the claim cache to deliver its own claim writes (finalizers, then allocations); past
+it the decision is taken back and the pod retried."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -323,9 +323,8 @@ def _version(stored: Mapping[str, Any], fallback: str) -> str:
 
 
 class Contested(Exception):
-    """A claim this decision allocated holds a device (or counter) that another scheduler's allocation, written
-    before it, holds too, or the claim cache could not confirm in time that none does: the decision is taken back
-    and the pod retried."""
+    """A claim this decision allocated holds a device (or counter) that another scheduler's allocation holds too,
+    or the claim cache could not confirm in time that none does: the decision is taken back and the pod retried."""
 
 
 class PodChanged(Exception):
@@ -365,8 +364,7 @@ class Scheduler:
     - `queue`: the work queue (a fresh one when None; tests inject one with their own backoff).
     - `allocator`: the allocator (a fresh `alloc.Allocator` when None).
     - `sync_timeout`: seconds `start()` waits for the informers' first lists.
-    - `confirm_timeout`: seconds a decision waits for the claim cache to deliver its own allocation writes before
-      its binding (`_confirm`).
+    - `confirm_timeout`: seconds a decision waits for the claim cache to deliver its own claim writes (`_confirm`).
 
     `sync(key)` and `sync_pod(namespace, name)` may be called directly (tests do) once
     `open_ledger()` ran; one pod should be synced by one thread at a time (the queue ensures it).
