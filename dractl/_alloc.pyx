@@ -969,6 +969,13 @@ cdef class Core:
         self.slot_used[slot] += amount
         self._touched(d)
 
+    def counter_available(self, int32_t c):
+        """What is left of counter `c`: below 0 when the devices held overdraw it, as allocations made elsewhere
+        and held unchecked can."""
+        if c < 0 or c >= self.n_cnt:
+            raise ValueError("unknown counter")
+        return self.cnt_avail[c]
+
     def usage(self):
         """Every usage table, for tests that check a release restores the state exactly."""
         return (

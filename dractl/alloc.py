@@ -317,6 +317,49 @@ class Allocator:
             )
             self._apply(holding, 1)
 
+    def contested(self, claim: str) -> str | None:
+        """Why another claim holds what the claim (`claim_id`) holds, naming that claim, or None (also when the claim
+        holds nothing): a device both hold where either holds it whole (shares of a device that allows several
+        allocations coexist), or a counter its devices draw that the devices held together overdraw. `hold` enters
+        allocations made elsewhere unchecked, as the API's state is the truth; a controller that allocated the claim
+        and then held what another scheduler wrote asks here whether the two overlap."""
+        with self._lock:
+            self._refresh()
+            mine = self._holdings.get(claim)
+            if mine is None:
+                return None
+            index = self._index
+            for device, shared in mine.devices:
+                whole = self._dedicated.get(device, 0) - (0 if shared else 1)
+                shares = self._shared.get(device, 0) - (1 if shared else 0)
+                if whole > 0 or (shares > 0 and not shared):
+                    other = self._holder(claim, device=device)
+                    return f"device {index.devices[device].path} is allocated to {other} too"
+            for device, _ in mine.devices:
+                for k in range(index.cons_off[device], index.cons_off[device + 1]):
+                    counter = index.cons_id[k]
+                    if self._core.counter_available(counter) < 0:
+                        driver, pool, counter_set, name = index.counter_names[counter]
+                        return (
+                            f"counter {name} of counter set {counter_set} in pool {driver}/{pool}, which device "
+                            f"{index.devices[device].path} draws, is overdrawn with "
+                            f"{self._holder(claim, counter=counter)}"
+                        )
+            return None
+
+    def _holder(self, claim: str, *, device: int = -1, counter: int = -1) -> str:
+        """The first claim other than `claim` holding `device`, or a device that draws `counter`, as words. Under
+        the lock; only called once an overlap was found (it goes over every holding)."""
+        index = self._index
+        for key, holding in self._holdings.items():
+            if key == claim:
+                continue
+            for used, _ in holding.devices:
+                draws = index.cons_id[index.cons_off[used] : index.cons_off[used + 1]]
+                if used == device or counter in draws:
+                    return f"ResourceClaim {holding.claim.key}"
+        return "another claim"
+
     def held(self, claim: str) -> model.AllocationResult | None:
         """The allocation the claim (`claim_id`) holds, if any."""
         with self._lock:

@@ -101,17 +101,17 @@ def _kube_client(command: _F) -> _F:
         ),
         _option(
             "--kube-api-qps",
-            type=click.FloatRange(min=0, min_open=True),
+            type=click.FloatRange(min=0),
             default=config.DEFAULT_KUBE_API_QPS,
-            help=f"Client-side limit: requests per second to the API server on average (default: "
-            f"{config.DEFAULT_KUBE_API_QPS:g}).",
+            help=f"Client-side limit: requests per second to the API server on average; 0: no limit, the API "
+            f"server's priority and fairness paces the client (default: {config.DEFAULT_KUBE_API_QPS:g}).",
         ),
         _option(
             "--kube-api-burst",
             type=click.IntRange(min=1),
             default=config.DEFAULT_KUBE_API_BURST,
-            help=f"Client-side limit: requests sent at once after a quiet spell, above the average (default: "
-            f"{config.DEFAULT_KUBE_API_BURST}).",
+            help=f"Client-side limit: requests sent at once after a quiet spell, above the average, where the QPS "
+            f"limit is on (default: {config.DEFAULT_KUBE_API_BURST}).",
         ),
     )(command)
 

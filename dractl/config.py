@@ -93,10 +93,13 @@ class Discover:
     output: OutputFormat = OutputFormat.YAML
 
 
-DEFAULT_KUBE_API_QPS = 50.0
-"""Requests per second each mode's API client sends at most on average: kube-scheduler's and the kubelet's default."""
+DEFAULT_KUBE_API_QPS = 0.0
+"""Requests per second each mode's API client sends at most on average; 0: no client-side limit, the API server's
+priority and fairness paces it (kube-scheduler's and the kubelet's 50 predate that, and bound dractl's scheduler
+to 50 / 4 writes = 12.5 pods/s whatever the cluster)."""
 DEFAULT_KUBE_API_BURST = 100
-"""Requests a mode's API client may send at once above the QPS: kube-scheduler's and the kubelet's default."""
+"""Requests a mode's API client may send at once above a `--kube-api-qps` above 0: kube-scheduler's and the
+kubelet's default."""
 
 
 class LogFormat(enum.Enum):

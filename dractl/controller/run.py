@@ -12,8 +12,9 @@ controllers get `LOST_STOP_TIMEOUT_S` to stop; their writes are refused meanwhil
 they had in hand is taken over by the next leader's resync, as after a crash), so the
 Deployment restarts the replica as a clean candidate; SIGTERM/SIGINT stops them (bounded),
 releases the lease so a standby takes over at once, and exits 0. The controllers' requests
-are paced by a token bucket (`--kube-api-qps`, `--kube-api-burst`); the elector has a bucket of
-its own, so a busy controller never delays a renewal. Two HTTP endpoints serve `/metrics`, and
+are paced by a token bucket (`--kube-api-qps`, `--kube-api-burst`; by default none: the API
+server's priority and fairness paces them); the elector has a bucket of its own, so a busy
+controller never delays a renewal. Two HTTP endpoints serve `/metrics`, and
 `/healthz` + `/readyz` (one listener when both ports are equal).
 
 Process-level metrics (the controllers add their own): `dractl_controller_leader` (1 while
@@ -163,8 +164,8 @@ def check(settings: config.ControllerConfig, known: Mapping[str, Factory] | None
         return f"--controllers: unknown controller {unknown[0]!r} (known: {listing})"
     if settings.workers < 1:
         return f"--workers: must be at least 1, got {settings.workers}"
-    if not settings.kube_api_qps > 0:
-        return f"--kube-api-qps: must be more than 0 requests per second, got {settings.kube_api_qps:g}"
+    if not settings.kube_api_qps >= 0:
+        return f"--kube-api-qps: must be 0 (no limit) or more requests per second, got {settings.kube_api_qps:g}"
     if settings.kube_api_burst < 1:
         return f"--kube-api-burst: must be at least 1 request, got {settings.kube_api_burst}"
     for flag, value, rule in (

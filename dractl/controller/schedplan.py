@@ -32,6 +32,8 @@ SCHEDULER_ERROR = "SchedulerError"
 """PodScheduled reason when an attempt failed for another reason than fit: a write failed (kube-scheduler's)."""
 FAILED_SCHEDULING = "FailedScheduling"
 """Warning Event reason on a pod that could not be scheduled (kube-scheduler's reason)."""
+SCHEDULED = "Scheduled"
+"""Normal Event reason on a pod once it is bound (kube-scheduler's reason)."""
 CANNOT_ALLOCATE = "cannot allocate all claims"
 """A node's reason when it passed the node filter but the allocator found no devices there (upstream's wording)."""
 CLAIM_NOT_ON_NODE = "resourceclaim not available on the node"
@@ -497,6 +499,12 @@ def binding(pod: PodInfo, node: str, *, resource_version: str) -> dict[str, Any]
         "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid, "resourceVersion": resource_version},
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
+
+
+def scheduled_message(pod: PodInfo, node: str) -> str:
+    """The `Scheduled` Event's message, word for word kube-scheduler's, so `kubectl describe pod` reads the same
+    whichever scheduler bound the pod. Pure."""
+    return f"Successfully assigned {pod.namespace}/{pod.name} to {node}"
 
 
 def pod_claims(pod: claims.PodState) -> dict[str, str | None]:

@@ -17,15 +17,21 @@ deallocated or deleted), so nothing is given twice. Per pod (`sync_pod`):
    node: "assumed"), then written: per claim the delete-protection finalizer, then
    `status.allocation` with the pod in `status.reservedFor`, each with a resourceVersion
    precondition (the finalizer through `kube.finalizers`, which leaves the claim's spec as
-   stored); allocated claims get the pod added to `reservedFor`; then the pod is bound
-   (`pods/binding`) at the resourceVersion the decision was made from, so the API server refuses
-   the Binding if the pod changed since; if it did, the pod is read live and bound at that
+   stored); allocated claims get the pod added to `reservedFor`. Twice, after the finalizers and
+   after the allocations, the claim cache is waited for until it delivered the last of those
+   writes (so every claim write made before it is held by the allocator) and the allocator asked
+   whether another scheduler's allocation holds one of the same devices: if so (or if the cache
+   does not catch up within `confirm_timeout`) the decision is taken back as below. Then the pod
+   is bound (`pods/binding`) at the resourceVersion the decision was made from, so the API server
+   refuses the Binding if the pod changed since; if it did, the pod is read live and bound at that
    version only if it still records exactly the claims the decision used. If any write fails or
    the pod no longer matches, what was written is taken back (the pod's entry, the allocation and
    the finalizer this attempt added), the
    allocator gives the devices back, the pod's `PodScheduled` condition (`SchedulerError`) and a
    Warning Event say which step failed, and the pod is retried with backoff: no claim stays
    allocated for a pod that was not bound, and no pod is bound with a claim it does not record.
+   A bound pod gets kube-scheduler's Normal Event `Scheduled` ("Successfully assigned ns/pod to
+   node"), so `kubectl describe pod` shows the binding whichever scheduler made it.
 
 A pod no node can take gets `PodScheduled=False` (reason `Unschedulable`, kube-scheduler's
 node summary plus the allocator's explanation per claim) and a Warning Event
@@ -40,9 +46,9 @@ node filter's answers are remembered per pod shape and node until that node's us
 changes, so a burst of like pods costs one `nodefit` pass per node, not one per pod and node.
 
 What it must not do: touch pods of other schedulers; write anything but the claim fields the
-scheduler owns (finalizer, allocation, reservedFor), the pod's `PodScheduled` condition and its
-Binding; schedule before the claims already allocated in the API are held (`start` waits for
-the informers first); or release devices whose allocation is still in the API.
+scheduler owns (finalizer, allocation, reservedFor), the pod's `PodScheduled` condition, its
+Binding and Events about it; schedule before the claims already allocated in the API are held
+(`start` waits for the informers first); or release devices whose allocation is still in the API.
 """
 
 from __future__ import annotations
@@ -76,6 +82,9 @@ FIT_CACHE_LIMIT = 200_000
 CHANGE_LOG_LIMIT = 100_000
 """Node changes remembered for bringing the node filter's answers up to date; past this the log starts over (and
 every pod shape's answers are computed afresh once)."""
+CONFIRM_TIMEOUT = 10.0
+"""Seconds a decision waits for the claim cache to deliver its own claim writes (finalizers, then allocations); past
+it the decision is taken back and the pod retried."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -96,6 +105,10 @@ class AllocatorService(Protocol):
 
     def held(self, claim_id: str) -> model.AllocationResult | None:
         """What the claim holds, if anything."""
+        ...
+
+    def contested(self, claim_id: str) -> str | None:
+        """Why another claim holds what this claim holds (an allocation held unchecked overlaps it), or None."""
         ...
 
     def consider(self, claims: Sequence[model.ResourceClaim]) -> None:
@@ -239,6 +252,7 @@ class _Metrics:
     attempts: prometheus_client.Counter
     latency: prometheus_client.Histogram
     claims_allocated: prometheus_client.Counter
+    contested: prometheus_client.Counter
     unschedulable: prometheus_client.Gauge
     depth: prometheus_client.Gauge
 
@@ -265,6 +279,12 @@ def _build_metrics(registry: prometheus_client.CollectorRegistry) -> _Metrics:
         claims_allocated=prometheus_client.Counter(
             "dractl_scheduler_claims_allocated",
             "ResourceClaims the scheduler allocated for pods it bound.",
+            registry=registry,
+        ),
+        contested=prometheus_client.Counter(
+            "dractl_scheduler_contested",
+            "Decisions taken back before their binding because another scheduler's allocation of the same devices "
+            "was written first, or because the claim cache could not confirm in time that none was.",
             registry=registry,
         ),
         unschedulable=prometheus_client.Gauge(
@@ -302,6 +322,11 @@ def _version(stored: Mapping[str, Any], fallback: str) -> str:
     return str((stored.get("metadata") or {}).get("resourceVersion") or fallback)
 
 
+class Contested(Exception):
+    """A claim this decision allocated holds a device (or counter) that another scheduler's allocation holds too,
+    or the claim cache could not confirm in time that none does: the decision is taken back and the pod retried."""
+
+
 class PodChanged(Exception):
     """The pod, read live when its Binding was refused, is not the one the decision was made for (another claim
     recorded, replaced, bound, being deleted): the decision is taken back and the pod retried."""
@@ -309,7 +334,7 @@ class PodChanged(Exception):
 
 def _failed(key: str, error: Exception) -> None:
     """Log a scheduling attempt that raised; the loop retries the pod with backoff."""
-    if isinstance(error, (kube_client.ApiError, PodChanged)):
+    if isinstance(error, (kube_client.ApiError, PodChanged, Contested)):
         log.info("pod %s: %s; retrying with backoff", key, error)
     else:
         log.exception("pod %s: scheduling failed; retrying with backoff", key)
@@ -325,9 +350,11 @@ class Scheduler:
     - `client`: the API client (every request goes through it).
     - `registry`: the prometheus registry for its metrics (a private one when None):
       `dractl_scheduler_attempts_total{result}`, `dractl_scheduler_scheduling_duration_seconds{result}`,
-      `dractl_scheduler_claims_allocated_total`, `dractl_scheduler_unschedulable_pods`,
+      `dractl_scheduler_claims_allocated_total`, `dractl_scheduler_contested_total`,
+      `dractl_scheduler_unschedulable_pods`,
       `dractl_scheduler_queue_depth`.
-    - `recorder`: where Warning Events go (an `events.Recorder` on `client` when None).
+    - `recorder`: where Events go (an `events.Recorder` on `client` when None): `Scheduled` on a pod it bound,
+      `FailedScheduling` on one it could not.
     - `scheduler_name`: the `spec.schedulerName` of the pods it schedules.
     - `policy`: the allocation policy of the allocator it makes (ignored when `allocator` is given).
     - `workers`: worker threads (a pod is never handled by two at once; decisions are serialized).
@@ -337,6 +364,7 @@ class Scheduler:
     - `queue`: the work queue (a fresh one when None; tests inject one with their own backoff).
     - `allocator`: the allocator (a fresh `alloc.Allocator` when None).
     - `sync_timeout`: seconds `start()` waits for the informers' first lists.
+    - `confirm_timeout`: seconds a decision waits for the claim cache to deliver its own claim writes (`_confirm`).
 
     `sync(key)` and `sync_pod(namespace, name)` may be called directly (tests do) once
     `open_ledger()` ran; one pod should be synced by one thread at a time (the queue ensures it).
@@ -355,10 +383,12 @@ class Scheduler:
         queue: workqueue.WorkQueue | None = None,
         allocator: AllocatorService | None = None,
         sync_timeout: float = 60.0,
+        confirm_timeout: float = CONFIRM_TIMEOUT,
     ) -> None:
         self.client = client
         self.scheduler_name = scheduler_name
         self.sync_timeout = sync_timeout
+        self.confirm_timeout = confirm_timeout
         self.recorder = recorder if recorder is not None else events.Recorder(client)
         # Not `queue or ...`: an empty queue has length 0 and is falsy.
         self.queue = queue if queue is not None else workqueue.WorkQueue()
@@ -710,6 +740,10 @@ class Scheduler:
             self.metrics.attempts.labels(result="error").inc()
             raise
         self._forget_pending(key)
+        ref = events.ObjectRef.of(pod.state.pod.meta, api_version="v1", kind="Pod")
+        self.recorder.event(
+            ref, type=events.NORMAL, reason=schedplan.SCHEDULED, message=schedplan.scheduled_message(pod, decided.node)
+        )
         self.metrics.attempts.labels(result="scheduled").inc()
         self.metrics.latency.labels(result="scheduled").observe(time.monotonic() - started)
         self.metrics.claims_allocated.inc(len(decided.allocate))
@@ -809,8 +843,10 @@ class Scheduler:
     # --- Writes -----------------------------------------------------------------------------
 
     def _commit(self, pod: schedplan.PodInfo, decision: Decision) -> None:
-        """Write the decision: finalizer and allocation per claim, reservations, then the binding, which the API
-        server accepts only while the pod records the claims the decision used (`_bind`).
+        """Write the decision: the finalizer of each claim to allocate, then (`_confirm`: no allocation written
+        before them holds the same devices) their allocations, reservations, then (`_confirm` again, for allocations
+        written meanwhile) the binding, which the API server accepts only while the pod records the claims the
+        decision used (`_bind`).
 
         On any failure everything written is taken back (`_roll_back`), the pod's `PodScheduled` condition and a
         Warning Event say which step failed and why, and the error is raised.
@@ -818,8 +854,11 @@ class Scheduler:
         attempts: list[_Attempt] = []
         ids = {alloc.claim_id(claim) for claim, _ in decision.allocate}
         step = ""
+        checking = "checking that no other scheduler allocated the same devices first"
+        written = ""  # the resourceVersion of the last claim write
         try:
-            for claim, allocation in decision.allocate:
+            versions: list[str] = []
+            for claim, _ in decision.allocate:
                 added = schedplan.needs_finalizer(claim)
                 attempts.append(_Attempt(claim, allocated_here=True, finalizer_added=added))
                 version = claim.meta.resource_version
@@ -847,15 +886,24 @@ class Scheduler:
                     if stored is None:  # Someone else added it meanwhile: it is not ours to take back.
                         attempts[-1] = _Attempt(claim, allocated_here=True, finalizer_added=False)
                     else:
-                        version = _version(stored, version)
+                        version = written = _version(stored, version)
+                versions.append(version)
+            if written:
+                # An overlap with what was written before the finalizers is found before any allocation is written:
+                # taking back an allocation of a device kube-scheduler holds too makes kube-scheduler forget that
+                # device (it tracks allocated devices as a set), and it may then give the device a third time.
+                step = checking
+                self._confirm(decision, written=written)
+            for (claim, allocation), version in zip(decision.allocate, versions, strict=True):
                 step = f"writing the allocation of ResourceClaim {claim.key}"
-                self.client.patch(
+                stored = self.client.patch(
                     kube_client.RESOURCE_CLAIMS,
                     claim.meta.name,
                     namespace=claim.meta.namespace,
                     subresource="status",
                     patch=schedplan.allocation_patch(claim, allocation, pod, resource_version=version),
                 )
+                written = _version(stored, "")
             for claim in decision.reserve:
                 attempts.append(_Attempt(claim, allocated_here=False, finalizer_added=False))
                 step = f"reserving ResourceClaim {claim.key}"
@@ -866,6 +914,9 @@ class Scheduler:
                     subresource="status",
                     patch=schedplan.reservation_patch(claim, pod),
                 )
+            if decision.allocate:
+                step = checking
+                self._confirm(decision, written=written)
             step = f"binding to node {decision.node}"
             self._bind(pod, decision.node)
         except Exception as error:
@@ -875,6 +926,30 @@ class Scheduler:
         finally:
             with self._lock:
                 self._in_flight.difference_update(ids)
+
+    def _confirm(self, decision: Decision, *, written: str) -> None:
+        """Make sure no other scheduler gave away a device of the decision before its allocations were written.
+
+        Waits (at most `confirm_timeout`) until the claim cache has delivered every claim write up to `written`, the
+        resourceVersion of the decision's last claim write (its finalizers, then its allocations): a watch delivers
+        a resource's writes in the store's order, so every allocation written before it is then held by the
+        allocator (`_claim_changed`), which tells whether one overlaps what the decision's claims hold. Raises
+        `Contested` when one does (whichever was written first: kube-scheduler never takes its allocation back, so
+        dractl's goes), or when the cache did not catch up in time. A version that is not an integer (the API's
+        contract calls them opaque; etcd-backed servers give integers) cannot be ordered: then only what the cache
+        holds already is checked.
+        """
+        if written.isdigit() and not self.claims.wait_past(written, timeout=self.confirm_timeout):
+            self.metrics.contested.inc()
+            raise Contested(
+                f"the claim cache did not show the write at resourceVersion {written} within "
+                f"{self.confirm_timeout:g}s, so another scheduler's allocation written before it may hold its devices"
+            )
+        for claim, _ in decision.allocate:
+            problem = self.allocator.contested(alloc.claim_id(claim))
+            if problem is not None:
+                self.metrics.contested.inc()
+                raise Contested(f"ResourceClaim {claim.key}: {problem} (allocated by another scheduler)")
 
     def _bind(self, pod: schedplan.PodInfo, node: str) -> None:
         """Bind the pod at the resourceVersion the decision was made from, so the API server refuses the Binding if

@@ -7,6 +7,9 @@ changes and deletions made while the watch was down become exactly one add, upda
 each (an object whose resourceVersion did not change gives no event). Objects are decoded by a
 caller-given function (usually `client.decode`); one that does not decode is left out of the
 store (and deleted from it if it was there). `has_synced()` is true once the first list is in.
+`wait_past(version)` waits until every change up to a resourceVersion has been delivered: a watch
+sends one resource's changes in the order the store made them, so a caller that wrote an object
+at `version` then knows every write of that resource made before its own.
 
 What it must not do: call handlers under its lock (handlers may read the store), let a handler's
 exception stop the watch (it is logged), or write to the API. Handlers should only enqueue keys
@@ -19,6 +22,7 @@ import dataclasses
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -129,7 +133,8 @@ class Informer(Generic[T]):
         self._lock = threading.Lock()
         self._stream: kube_client.WatchStream | None = None
         self._thread: threading.Thread | None = None
-        self.resource_version = ""
+        self._progress = threading.Condition()  # notified whenever `resource_version` moves
+        self.resource_version = ""  # the last version delivered: every change up to it is in the store
         self._watch_events = 0
         self.lists = 0  # how many times the informer listed (1 + relists), for tests and metrics
 
@@ -140,6 +145,22 @@ class Informer(Generic[T]):
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
 
+    def wait_past(self, version: str, *, timeout: float) -> bool:
+        """Wait until every change up to resourceVersion `version` has been delivered (stored, handlers called):
+        True then, False after `timeout` seconds or once stopped. Versions are compared as integers, as etcd-backed
+        API servers give them (the API's contract calls them opaque); ValueError when `version` is not one."""
+        wanted = int(version)
+        deadline = time.monotonic() + timeout
+        with self._progress:
+            while not self._stopped.is_set():
+                if self.resource_version.isdigit() and int(self.resource_version) >= wanted:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._progress.wait(left)
+            return False
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name=f"informer-{self.resource.plural}", daemon=True)
         self._thread.start()
@@ -147,6 +168,8 @@ class Informer(Generic[T]):
     def stop(self, timeout: float = 10.0) -> None:
         """End the loop and join its thread. Idempotent."""
         self._stopped.set()
+        with self._progress:
+            self._progress.notify_all()
         with self._lock:
             stream = self._stream
         if stream is not None:
@@ -201,7 +224,7 @@ class Informer(Generic[T]):
             self._apply(key, raw)
         for key in previous.keys() - seen:
             self._delete(key)
-        self.resource_version = result.resource_version
+        self._delivered(result.resource_version)
         self._synced.set()
 
     def _watch(self) -> None:
@@ -223,17 +246,23 @@ class Informer(Generic[T]):
                 self._watch_events += 1
                 version = _resource_version(event.object)
                 if event.type == "BOOKMARK":
-                    self.resource_version = version or self.resource_version
+                    self._delivered(version or self.resource_version)
                     continue
                 key = key_of(event.object)
                 if event.type == "DELETED":
                     self._delete(key)
                 elif event.type in ("ADDED", "MODIFIED"):
                     self._apply(key, event.object)
-                self.resource_version = version or self.resource_version
+                self._delivered(version or self.resource_version)
         finally:
             with self._lock:
                 self._stream = None
+
+    def _delivered(self, version: str) -> None:
+        """Every change up to `version` is in the store and was handed to the handlers: wake `wait_past`."""
+        with self._progress:
+            self.resource_version = version
+            self._progress.notify_all()
 
     def _apply(self, key: str, raw: dict[str, Any]) -> None:
         value = self._decode(raw)

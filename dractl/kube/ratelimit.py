@@ -4,7 +4,10 @@ What it does: `TokenBucket.wait()` takes one token before a request goes out, sl
 is there. The bucket holds at most `burst` tokens and gains `qps` per second, so a client sends
 at most `burst` requests at once after a quiet spell and `qps` per second on average. A caller
 that finds the bucket empty reserves the next token to come and sleeps until then: callers are
-served in the order they arrive, and none waits for a token promised to another.
+served in the order they arrive, and none waits for a token promised to another. A `qps` of 0
+(`UNLIMITED`) sets no limit: the API server's priority and fairness paces the client instead, as
+SIG API Machinery recommends for Kubernetes 1.22 and later (controller-runtime made it its default in
+kubernetes-sigs/controller-runtime#3119).
 
 What it must not do: send anything, or sleep anywhere but in `wait`. Time comes from an
 injectable `Clock`.
@@ -36,11 +39,15 @@ class SystemClock:
         time.sleep(seconds)
 
 
+UNLIMITED = 0.0
+"""The `qps` of a bucket that never makes a request wait (client-go writes it as a negative QPS)."""
+
+
 class TokenBucket:
-    """`qps` tokens per second, at most `burst` held; it starts full. Thread-safe.
+    """`qps` tokens per second, at most `burst` held; it starts full; `qps` 0 (`UNLIMITED`): no limit. Thread-safe.
 
     `on_wait(seconds)` hears of every wait longer than zero before it begins (for a metric).
-    Raises ValueError for a `qps` that is not above 0 or a `burst` below 1.
+    Raises ValueError for a negative `qps` or a `burst` below 1.
     """
 
     def __init__(
@@ -51,8 +58,8 @@ class TokenBucket:
         clock: Clock | None = None,
         on_wait: Callable[[float], None] | None = None,
     ) -> None:
-        if not qps > 0:
-            raise ValueError(f"a rate limit needs more than 0 requests per second, got {qps:g}")
+        if not qps >= 0:
+            raise ValueError(f"a rate limit needs 0 (no limit) or more requests per second, got {qps:g}")
         if burst < 1:
             raise ValueError(f"a rate limit needs a burst of at least 1 request, got {burst}")
         self.qps = qps
@@ -65,6 +72,8 @@ class TokenBucket:
 
     def reserve(self) -> float:
         """Take the next token, now or to come; the seconds until it is there (0: at once). Does not sleep."""
+        if self.qps == UNLIMITED:
+            return 0.0
         with self._lock:
             now = self._clock.monotonic()
             self._tokens = min(float(self.burst), self._tokens + (now - self._updated) * self.qps)

@@ -132,6 +132,33 @@ def test_a_pod_with_a_template_claim_for_one_gpu_is_allocated_and_bound(
     assert [(r.method, r.target) for r in fault_proxy.writes()] == []
 
 
+def test_a_bound_pod_gets_kube_schedulers_scheduled_event_once(
+    fault_proxy: faultproxy.FaultProxy,
+    group: Group,
+    make_scheduler: Callable[..., sched.Scheduler],
+) -> None:
+    """Guards: once bound, the pod gets one Normal Event `Scheduled` with kube-scheduler's exact message, reported by
+    dractl; a sync of the converged pod writes nothing more (no second Event)."""
+    node = group.node("t4-node-01")
+    group.claim("c", ONE_GPU)
+    pod = group.pod("told", claims=[kube_objects.of_claim("c")])
+    scheduler = make_scheduler()
+    assert group.wait_bound("told") == node
+    [event] = controlplane.wait_until(lambda: group.events("told", "Scheduled"), what="the Scheduled Event exists")
+    assert event["type"] == "Normal"
+    assert event["message"] == f"Successfully assigned {group.namespace}/told to {node}"
+    assert event["involvedObject"]["uid"] == pod["metadata"]["uid"] and event["involvedObject"]["kind"] == "Pod"
+    assert (event["count"], event["reportingComponent"], event["source"]) == (1, "dractl", {"component": "dractl"})
+    controlplane.wait_until(
+        lambda: scheduler.pods.store.get(f"{group.namespace}/told").node_name,
+        what="the scheduler's cache sees the bind",
+    )
+    fault_proxy.clear()
+    scheduler.sync_pod(group.namespace, "told")
+    assert [(r.method, r.target) for r in fault_proxy.writes()] == []
+    assert len(group.events("told", "Scheduled")) == 1
+
+
 def test_two_mig_slices_of_one_parent_gpu(
     group: Group,
     claim_controller: claims_ctl.ClaimController,
@@ -339,6 +366,52 @@ def test_a_pod_that_records_another_claim_before_its_binding_is_bound_with_that_
     assert len(_devices(b)) == 1 and _reserved(b) == [pod["metadata"]["uid"]]
     [told] = [event["message"] for event in group.events("late", "FailedScheduling") if "records b" in event["message"]]
     assert f"pod {group.namespace}/late records b for spec.resourceClaims[gpu] now, not a" in told
+
+
+@pytest.mark.parametrize(
+    ("held", "status_writes"),
+    # Held before its finalizer: one status write (the allocation that stays). Held before its allocation: that
+    # allocation, its taking back, the allocation that stays.
+    [(r"/resourceclaims/mine(\?|$)", 1), (r"/resourceclaims/mine/status", 3)],
+    ids=["before-its-finalizer", "before-its-allocation"],
+)
+def test_a_device_another_scheduler_allocated_first_is_given_back_before_the_binding(
+    fault_proxy: faultproxy.FaultProxy,
+    group: Group,
+    make_scheduler: Callable[..., sched.Scheduler],
+    held: str,
+    status_writes: int,
+) -> None:
+    """Guards: two schedulers, one device: while dractl's finalizer (or allocation) write is held at the proxy,
+    another writer (as kube-scheduler would) allocates the GPU dractl chose to another claim; dractl's claim cache,
+    brought up to dractl's own write, shows that allocation written first, so dractl takes its decision back before
+    binding (before writing its allocation at all when the other came before its finalizer), says why on the pod,
+    and binds the pod with the node's other GPU: no device is given twice."""
+    node = group.node("t4-node-01")
+    group.claim("theirs", ONE_GPU)
+    group.claim("mine", ONE_GPU)
+    pod = group.pod("mine", claims=[kube_objects.of_claim("mine")])
+    uid = group.get_claim("mine")["metadata"]["uid"]
+    fault_proxy.add(faultproxy.latency(5.0, method="PATCH", path=rf"/namespaces/{group.namespace}{held}"))
+    scheduler = make_scheduler()
+    controlplane.wait_until(lambda: fault_proxy.holding, what="dractl's claim write is held at the proxy")
+    decided = scheduler.allocator.held(uid)
+    assert decided is not None
+    [device] = [result.device for result in decided.results]
+    group.allocate("theirs", node=node, devices=[device])  # Written before dractl's, which the proxy still holds.
+    assert group.wait_bound("mine") == node
+    mine, theirs = group.get_claim("mine"), group.get_claim("theirs")
+    assert _devices(theirs) == [(node, device)]
+    assert len(_devices(mine)) == 1 and _devices(mine) != _devices(theirs), "one device given to two claims"
+    assert _reserved(mine) == [pod["metadata"]["uid"]]
+    conflict = (
+        f"ResourceClaim {group.namespace}/mine: device gpu.nvidia.com/{node}/{device} is allocated to ResourceClaim "
+        f"{group.namespace}/theirs too"
+    )
+    assert any(conflict in event["message"] for event in group.events("mine", "FailedScheduling"))
+    assert scheduler.registry.get_sample_value("dractl_scheduler_contested_total") == 1
+    written = [r for r in fault_proxy.writes() if r.method == "PATCH" and "/resourceclaims/mine/status" in r.target]
+    assert len(written) == status_writes, written
 
 
 def test_claims_allocated_before_the_start_are_held(

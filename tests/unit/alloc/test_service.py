@@ -236,3 +236,45 @@ def test_concurrent_callers_never_get_one_device_twice() -> None:
     held_devices = [d for _, d in got]
     assert len(held_devices) == len(set(held_devices)) == 8
     assert a.usage()[0] == b"\x01" * 8
+
+
+def test_contested_names_the_claim_held_on_the_same_device() -> None:
+    """Guards: a device allocated here and then held for another claim (an allocation another scheduler wrote) makes
+    both contested, each naming the other; once the other is released, or for a claim that holds nothing, none is."""
+    a = allocator([rslice(*devices(2))])
+    assert picked(a.allocate([claim("mine")])) == [[("req-0", "device-1")]]
+    assert a.contested("default/mine") is None
+    result = model.AllocationResult(
+        results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "device-1"),)
+    )
+    a.hold(claim("other", allocation=result))
+    assert (
+        a.contested("default/mine") == "device driver-a/node-1/device-1 is allocated to ResourceClaim default/other too"
+    )
+    assert (
+        a.contested("default/other") == "device driver-a/node-1/device-1 is allocated to ResourceClaim default/mine too"
+    )
+    assert a.release("default/other")
+    assert a.contested("default/mine") is None
+    assert a.contested("default/nothing") is None
+
+
+def test_contested_names_the_claim_whose_device_overdraws_a_shared_counter() -> None:
+    """Guards: a half GPU allocated here and the whole GPU held for another claim draw one counter set past its
+    capacity: contested names the counter, the device and the other claim; shares of one multi-allocatable device
+    are not contested."""
+    a = allocator(partitioned(), policy=alloc.Policy.FIRST_FIT)
+    assert picked(a.allocate([half("h1")])) == [[("req-0", "gpu-0-a")]]
+    whole = model.AllocationResult(
+        results=(model.DeviceRequestAllocationResult("req-0", "driver-a", "node-1", "gpu-0"),)
+    )
+    a.hold(claim("other", allocation=whole))
+    problem = a.contested("default/h1")
+    assert problem is not None
+    assert problem.startswith("counter mem of counter set set-0 in pool driver-a/node-1, which device driver-a/node-1/")
+    assert problem.endswith("gpu-0-a draws, is overdrawn with ResourceClaim default/other"), problem
+
+    shared = allocator(shareable())
+    assert shared.allocate([claim("s1", request(capacity={"memory": 4}))]).ok
+    assert shared.allocate([claim("s2", request(capacity={"memory": 4}))]).ok
+    assert shared.contested("default/s1") is None and shared.contested("default/s2") is None

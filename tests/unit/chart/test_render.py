@@ -264,7 +264,7 @@ def test_metrics_services_select_each_components_pods() -> None:
         ({"nodeAgent": {"metricsPort": 0}}, "/nodeAgent/metricsPort"),
         ({"nodeAgent": {"kubeletPluginsDir": "var/lib/kubelet/plugins"}}, "/nodeAgent/kubeletPluginsDir"),
         ({"logFormat": "text"}, "/logFormat"),
-        ({"kubeApi": {"qps": 0, "burst": 100}}, "/kubeApi/qps"),
+        ({"kubeApi": {"qps": -1, "burst": 100}}, "/kubeApi/qps"),
     ],
     ids=[
         "device-source",
@@ -274,7 +274,7 @@ def test_metrics_services_select_each_components_pods() -> None:
         "port-zero",
         "relative-dir",
         "log-format",
-        "zero-qps",
+        "negative-qps",
     ],
 )
 def test_bad_values_are_refused_naming_the_key(values: dict[str, Any], problem: str) -> None:

@@ -54,8 +54,8 @@ def test_the_client_rate_limit_flags_reach_every_mode_that_talks_to_the_api(
     args: list[str], module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Guards: --kube-api-qps and --kube-api-burst (and their DRACTL_ variables) land in the settings of the node
-    agent and of explain (the controller's are tested with its other flags); unset, they are kube-scheduler's
-    50 and 100."""
+    agent and of explain (the controller's are tested with its other flags); unset, they are 0 (no client-side
+    limit) and 100."""
     seen: list[Any] = []
     monkeypatch.setattr(importlib.import_module(module), "run", lambda settings, **_: seen.append(settings) or 0)
     runner = CliRunner()
@@ -67,4 +67,4 @@ def test_the_client_rate_limit_flags_reach_every_mode_that_talks_to_the_api(
     ):
         result = runner.invoke(cli.main, [*args, *extra], env=env, catch_exceptions=False)
         assert result.exit_code == 0, result.output
-    assert [(s.kube_api_qps, s.kube_api_burst) for s in seen] == [(50.0, 100), (7.5, 9), (300.0, 600)]
+    assert [(s.kube_api_qps, s.kube_api_burst) for s in seen] == [(0.0, 100), (7.5, 9), (300.0, 600)]

@@ -191,7 +191,7 @@ def test_env_vars_set_the_flags(captured: list[config.ControllerConfig]) -> None
 BAD = {
     "workers-zero": (["--workers", "0"], "--workers"),
     "workers-text": (["--workers", "many"], "--workers"),
-    "kube-api-qps-zero": (["--kube-api-qps", "0"], "--kube-api-qps"),
+    "kube-api-qps-negative": (["--kube-api-qps", "-1"], "--kube-api-qps"),
     "kube-api-qps-text": (["--kube-api-qps", "fast"], "--kube-api-qps"),
     "kube-api-burst-zero": (["--kube-api-burst", "0"], "--kube-api-burst"),
     "policy": (["--policy", "best"], "--policy"),
@@ -256,10 +256,12 @@ def test_check_accepts_the_defaults_and_names_registered_by_others() -> None:
 
 
 def test_check_refuses_a_rate_limit_that_would_never_send() -> None:
-    """Guards: settings built without the CLI get the same one-line answer for a QPS not above 0 or a burst below 1."""
-    assert run.check(config.ControllerConfig(kube_api_qps=0)) == (
-        "--kube-api-qps: must be more than 0 requests per second, got 0"
+    """Guards: settings built without the CLI get the same one-line answer for a negative QPS or a burst below 1;
+    QPS 0 (no limit, the default) passes."""
+    assert run.check(config.ControllerConfig(kube_api_qps=-1)) == (
+        "--kube-api-qps: must be 0 (no limit) or more requests per second, got -1"
     )
+    assert run.check(config.ControllerConfig(kube_api_qps=0)) is None
     assert run.check(config.ControllerConfig(kube_api_burst=0)) == "--kube-api-burst: must be at least 1 request, got 0"
 
 

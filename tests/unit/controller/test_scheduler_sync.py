@@ -185,6 +185,9 @@ class Cluster:
             registry=prometheus_client.CollectorRegistry(),
             queue=self.queue,
         )
+        # Decisions wait for the claim cache to deliver their own allocation writes: here the cache counts as
+        # having delivered every version the stub gives (they stay far below this one).
+        self.scheduler.claims._delivered(str(10**9))
         _feed(self.scheduler.classes, raw.device_class())
         for index in range(1, nodes + 1):
             _feed(self.scheduler.nodes, raw.node(f"n{index}", cpu=cpu))
@@ -229,7 +232,8 @@ def _reserved(body: dict[str, Any]) -> list[str]:
 def test_a_decision_writes_the_finalizer_the_allocation_and_the_binding_and_a_resync_writes_nothing() -> None:
     """Guards: the exact requests of one decision, in order and nothing else (finalizer by a merge patch at the
     claim's version, status with allocation and reservedFor, binding at the version of the pod the decision was
-    made from; no read), the metrics, and that syncing the converged pod again writes nothing."""
+    made from, kube-scheduler's `Scheduled` Event; no read), the metrics, and that syncing the converged pod again
+    writes nothing."""
     cluster = Cluster()
     cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
     cluster.scheduler.open_ledger()
@@ -240,9 +244,16 @@ def test_a_decision_writes_the_finalizer_the_allocation_and_the_binding_and_a_re
         ("PATCH", "ns/resourceclaims/c"),
         ("PATCH", "ns/resourceclaims/c/status"),
         ("POST", "ns/pods/trainer/binding"),
+        ("POST", "ns/events"),
     ]
     assert cluster.api.bodies[0] == {"metadata": {"resourceVersion": "3", "finalizers": [raw.FINALIZER]}}
-    assert cluster.api.bodies[-1]["metadata"]["resourceVersion"] == "5"
+    assert cluster.api.bodies[2]["metadata"]["resourceVersion"] == "5"
+    event = cluster.api.bodies[3]
+    assert (event["type"], event["reason"], event["message"]) == (
+        "Normal",
+        "Scheduled",
+        "Successfully assigned ns/trainer to n1",
+    )
     stored = cluster.api.claim("c")
     assert stored["metadata"]["finalizers"] == [raw.FINALIZER]
     assert _devices(stored) == ["gpu-0"] and _reserved(stored) == ["trainer"]
@@ -253,7 +264,7 @@ def test_a_decision_writes_the_finalizer_the_allocation_and_the_binding_and_a_re
     cluster.sync("trainer")  # The cache has not seen the binding yet: the assumed pod is left alone.
     cluster.seen()
     cluster.sync("trainer")
-    assert len(cluster.api.writes) == 3
+    assert len(cluster.api.writes) == 4
 
 
 def test_a_claim_with_opaque_configuration_gets_its_finalizer_by_a_protobuf_read_and_put() -> None:
@@ -269,6 +280,7 @@ def test_a_claim_with_opaque_configuration_gets_its_finalizer_by_a_protobuf_read
         ("PUT", "ns/resourceclaims/c"),
         ("PATCH", "ns/resourceclaims/c/status"),
         ("POST", "ns/pods/trainer/binding"),
+        ("POST", "ns/events"),
     ]
     assert cluster.api.bodies[0] == {"finalizers": [raw.FINALIZER]}
     assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
@@ -695,3 +707,70 @@ def test_a_node_that_grows_takes_a_pod_it_refused_before() -> None:
     assert cluster.queued() == ["ns/trainer"]
     cluster.sync("trainer")
     assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+
+
+def test_an_allocation_of_the_same_device_written_first_elsewhere_makes_the_decision_go_back_and_retry() -> None:
+    """Guards: two schedulers, one device: when the claim cache, brought up to the decision's own allocation write,
+    shows another claim allocated the same GPU (written before it, as by kube-scheduler), the decision is taken back
+    before its binding (allocation cleared, finalizer removed), the pod says why, the metric counts it, the other
+    claim keeps its hold, and the retry binds the pod with the other GPU."""
+    cluster = Cluster()
+    cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    original = cluster.api.patch
+
+    def patch_then_deliver_the_other(
+        resource: client.Resource, name: str, patch: dict[str, Any], **kw: Any
+    ) -> dict[str, Any]:
+        """The claim cache delivers another claim on the chosen GPU right after the decision's allocation write."""
+        stored = original(resource, name, patch, **kw)
+        if name == "c" and kw.get("subresource") == "status" and "allocation" in patch["status"]:
+            [device] = [result.device for result in cluster.scheduler.allocator.held("uid-c").results]
+            _feed(cluster.scheduler.claims, raw.claim("other", allocated_on="n1", devices=(device,)))
+        return stored
+
+    cluster.api.patch = patch_then_deliver_the_other  # type: ignore[method-assign]
+    with pytest.raises(sched.Contested, match="device gpu.nvidia.com/n1/gpu-0 is allocated to ResourceClaim ns/other"):
+        cluster.sync("trainer")
+    assert cluster.api.writes == [
+        ("PATCH", "ns/resourceclaims/c"),
+        ("PATCH", "ns/resourceclaims/c/status"),
+        ("PATCH", "ns/resourceclaims/c/status"),
+        ("PUT", "ns/resourceclaims/c"),
+        ("POST", "ns/events"),
+        ("PATCH", "ns/pods/trainer/status"),
+    ]
+    stored = cluster.api.claim("c")
+    assert _devices(stored) == [] and not stored["metadata"].get("finalizers")
+    assert "nodeName" not in cluster.api.pod("trainer")["spec"]
+    condition = cluster.api.condition("trainer")
+    assert condition["reason"] == "SchedulerError"
+    assert condition["message"].startswith(
+        "scheduling on node n1 failed while checking that no other scheduler allocated the same devices first: "
+        "ResourceClaim ns/c: device gpu.nvidia.com/n1/gpu-0 is allocated to ResourceClaim ns/other too"
+    ), condition["message"]
+    assert cluster.metric("dractl_scheduler_contested_total") == 1
+    assert cluster.scheduler.allocator.held("uid-c") is None
+    assert cluster.scheduler.allocator.held("uid-other") is not None
+
+    cluster.api.patch = original  # type: ignore[method-assign]
+    cluster.seen()
+    cluster.sync("trainer")
+    assert _devices(cluster.api.claim("c")) == ["gpu-1"]
+    assert cluster.api.pod("trainer")["spec"]["nodeName"] == "n1"
+
+
+def test_a_claim_cache_that_does_not_catch_up_in_time_leaves_the_pod_unbound_and_retried() -> None:
+    """Guards: when the claim cache has not delivered the decision's own finalizer write within the confirm timeout,
+    nothing is allocated nor bound: the finalizer is taken back and the attempt raises (retried with backoff)."""
+    cluster = Cluster()
+    cluster.scheduler.claims._delivered("1")
+    cluster.scheduler.confirm_timeout = 0.05
+    cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
+    cluster.scheduler.open_ledger()
+    with pytest.raises(sched.Contested, match="did not show the write at resourceVersion 101 within 0.05s"):
+        cluster.sync("trainer")
+    assert cluster.api.writes[:2] == [("PATCH", "ns/resourceclaims/c"), ("PUT", "ns/resourceclaims/c")]
+    assert ("POST", "ns/pods/trainer/binding") not in cluster.api.writes
+    assert _devices(cluster.api.claim("c")) == []
+    assert cluster.scheduler.allocator.held("uid-c") is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -158,6 +159,55 @@ def test_an_object_that_stops_decoding_is_removed_from_the_store() -> None:
     assert one.store.keys() == []
     assert script.watched_from == ["5", "6"]  # a watch that ends normally resumes from the last version, no relist
     assert one.lists == 1
+
+
+class _GatedStream:
+    """A watch that sends its events once `gate` is set, then stays open until closed."""
+
+    def __init__(self, events: list[client.WatchEvent]) -> None:
+        self.events = events
+        self.gate = threading.Event()
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.gate.set()
+
+    def __iter__(self) -> Iterator[client.WatchEvent]:
+        self.gate.wait(30)
+        if not self.closed.is_set():
+            yield from self.events
+        self.closed.wait(30)
+
+
+def test_wait_past_returns_once_every_change_up_to_the_version_reached_the_store_and_handlers() -> None:
+    """Guards: `wait_past` is true at once for a version the list covered, false after its timeout for one not yet
+    delivered, true once the watch delivered that version (the handler has run by then), false at once when the
+    informer is stopped; a version that is not an integer is a ValueError."""
+    gated = _GatedStream([client.WatchEvent("MODIFIED", _obj("a", "15"))])
+    script = _Script(lists=[client.ListResult((_obj("a", "1"),), "10")], watches=[gated])
+    seen: list[str] = []
+    one = informer.Informer(
+        script,
+        client.RESOURCE_CLAIMS,  # type: ignore[arg-type]
+        decode=_decode,
+        handlers=informer.Handlers(on_update=lambda _, new: seen.append(new)),
+    )
+    one.start()
+    try:
+        assert one.wait_synced(10)
+        assert one.wait_past("10", timeout=0)
+        assert not one.wait_past("15", timeout=0.05)
+        gated.gate.set()
+        assert one.wait_past("15", timeout=10)
+        assert seen == ["a@15"]
+        with pytest.raises(ValueError):
+            one.wait_past("abc", timeout=0)
+    finally:
+        one.stop()
+    started = time.monotonic()
+    assert not one.wait_past("99", timeout=30)
+    assert time.monotonic() - started < 10, "a stopped informer is not waited for"
 
 
 @pytest.mark.parametrize(

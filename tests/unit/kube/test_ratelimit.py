@@ -64,12 +64,23 @@ def test_over_a_long_run_the_rate_is_qps() -> None:
     assert clock.now - start == pytest.approx(900 / 50.0)
 
 
+def test_a_qps_of_0_sets_no_limit() -> None:
+    """Guards: `UNLIMITED` (qps 0) lets every request go at once, however many, and never reports a wait."""
+    clock = FakeClock()
+    heard: list[float] = []
+    bucket = ratelimit.TokenBucket(ratelimit.UNLIMITED, 1, clock=clock, on_wait=heard.append)
+    start = clock.now
+    for _ in range(10_000):
+        bucket.wait()
+    assert (clock.now - start, heard) == (0.0, [])
+
+
 @pytest.mark.parametrize(
     ("qps", "burst", "message"),
-    [(0.0, 10, "more than 0 requests per second, got 0"), (-1.0, 10, "got -1"), (5.0, 0, "at least 1 request, got 0")],
-    ids=["qps-zero", "qps-negative", "burst-zero"],
+    [(-1.0, 10, "0 \\(no limit\\) or more requests per second, got -1"), (5.0, 0, "at least 1 request, got 0")],
+    ids=["qps-negative", "burst-zero"],
 )
 def test_a_bucket_that_could_never_give_a_token_is_refused(qps: float, burst: int, message: str) -> None:
-    """Guards: a QPS not above 0 or a burst below 1 raises ValueError naming the value."""
+    """Guards: a negative QPS or a burst below 1 raises ValueError naming the value."""
     with pytest.raises(ValueError, match=message):
         ratelimit.TokenBucket(qps, burst, clock=FakeClock())
