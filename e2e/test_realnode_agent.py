@@ -190,6 +190,51 @@ def test_each_container_of_a_two_request_claim_sees_its_requests_gpus_also_after
     scenarios.remove_namespace(api, namespace)
 
 
+def test_a_gpu_allocated_to_two_claims_is_refused_to_the_second_and_its_pod_says_which(
+    cluster: realcluster.RealCluster, agent: controlplane.Process
+) -> None:
+    """Guards: one GPU allocated to two claims (as two schedulers on shared nodes could): the first claim's pod runs,
+    the second's is refused at prepare, and what its user sees, the kubelet's Event on the refused pod, names both
+    claims and both pods."""
+    api = cluster.api
+    namespace = "held-twice"
+    kube_objects.make_namespace(api, namespace)
+    for claim_name, pod_name in (("first", "p1"), ("second", "p2")):
+        created = api.create(client.RESOURCE_CLAIMS, kube_objects.claim(claim_name, namespace=namespace))
+        pod = scenarios.workload_pod(pod_name, namespace=namespace, claims={"gpu": kube_objects.of_claim(claim_name)})
+        pod["spec"]["nodeName"] = NODE
+        pod = api.create(client.PODS, pod)
+        status = {
+            "allocation": kube_objects.allocation(NODE, ["gpu-7"], node=NODE),
+            "reservedFor": kube_objects.reserved_for([pod]),
+        }
+        api.update_status(client.RESOURCE_CLAIMS, {**created, "status": status})
+        if pod_name == "p1":
+            scenarios.wait_running(api, namespace, count=1)
+
+    def refused() -> str | None:
+        events = api.list(client.EVENTS, namespace=namespace).items
+        messages = [
+            e.get("message") or ""
+            for e in events
+            if (e.get("involvedObject") or {}).get("name") == "p2" and "already prepared" in (e.get("message") or "")
+        ]
+        return messages[0] if messages else None
+
+    message = scenarios.wait(
+        refused,
+        what=lambda: f"an Event on p2 says why: {api.list(client.EVENTS, namespace=namespace).items}",
+        timeout=120,
+    )
+    assert (
+        f"claim {namespace}/second (pod {namespace}/p2): device gpu-7 is already prepared for claim {namespace}/first"
+        in message
+    ), message
+    assert f"(pod {namespace}/p1); it cannot be used by two claims at once" in message, message
+    assert scenarios.phase(api.get(client.PODS, "p2", namespace=namespace)) == "Pending"
+    scenarios.remove_namespace(api, namespace)
+
+
 def test_a_stopped_node_leaves_no_process_mount_cgroup_or_sysctl_change(
     cluster: realcluster.RealCluster, real_images: list[node_images.Image]
 ) -> None:
