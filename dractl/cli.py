@@ -415,7 +415,17 @@ def discover_command(output: str, **device: Any) -> None:
     _exit_writing(lambda: discover.run(settings, out=sys.stdout, err=sys.stderr))
 
 
-_DIR = click.Path(file_okay=False, path_type=pathlib.Path)
+class _Directory(click.Path):
+    """A directory flag. An empty value is refused: as a path it would mean the working directory, which no
+    directory flag means (a variable expanded to nothing, `--state-dir "$UNSET"`, is the usual cause)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value:
+            self.fail("must not be empty (an empty path would mean the working directory)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+_DIR = _Directory(file_okay=False, path_type=pathlib.Path)
 
 
 class _FlagError(click.ClickException):

@@ -46,11 +46,16 @@ reading the given paths (standard input for `-`).
 
 `open_text(path)` and `input_name(path)` are how every reader of a path a user gives (the
 trace of `simulate --trace` too) opens it and names it, so `-` means standard input alike.
+
+`load_config(path)` reads the one YAML document of a configuration file (a kubeconfig, a fake GPU
+profile) as manifests are read, with the same bounds, so every YAML file dractl reads is bounded alike.
 """
 
 from dractl.model.decode.loading import (
     STDIN,
+    ConfigError,
     input_name,
+    load_config,
     load_documents,
     load_object,
     load_paths,
@@ -61,8 +66,10 @@ from dractl.model.decode.problems import DecodeError
 
 __all__ = [
     "STDIN",
+    "ConfigError",
     "DecodeError",
     "input_name",
+    "load_config",
     "load_documents",
     "load_object",
     "load_paths",
