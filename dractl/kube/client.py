@@ -51,7 +51,6 @@ import tenacity
 import urllib3
 import urllib3.connection
 import urllib3.exceptions
-import yaml
 
 from dractl import model
 from dractl.model import decode as model_decode
@@ -266,22 +265,31 @@ def connect(
 ) -> Client:
     """A client from `kubeconfig`, else in-cluster when running in a pod, else `$KUBECONFIG`/`~/.kube/config`.
 
-    Reads the kubeconfig (and certificates it names); no request is sent. `limiter` (None: no
-    client-side limit) paces every request of the client. Keeps up to `POOL_CONNECTIONS` connections
-    alive for reuse.
+    Reads the kubeconfig (and certificates it names); no request is sent. Every kubeconfig file is first read by
+    dractl's bounded YAML reader (`_check_kubeconfig`), so a file the official loader would choke on (an alias bomb,
+    deep nesting, not a mapping) is one `KubeconfigError` line; a server that is not an http(s) URL is one too, since
+    no retry can reach it. `limiter` (None: no client-side limit) paces every request of the client. Keeps up to
+    `POOL_CONNECTIONS` connections alive for reuse.
     """
-    if kubeconfig is not None:
-        _check_kubeconfig(os.fspath(kubeconfig))
     configuration = kubernetes.client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
+        if kubeconfig is not None:
+            _check_kubeconfig(os.fspath(kubeconfig))
+        else:
+            for path in _default_kubeconfigs():
+                try:
+                    _check_kubeconfig(path)
+                except KubeconfigError as error:
+                    raise KubeconfigError(f"{path}: {error}") from None
         kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=None if kubeconfig is None else os.fspath(kubeconfig),
             context=context,
             client_configuration=configuration,
             persist_config=False,
         )
+    _check_server(configuration.host)
     # urllib3 would otherwise retry on its own (a connection error three times, a PUT or DELETE after a reset):
     # every retry is `Client._request`'s, by `may_retry`.
     configuration.retries = False
@@ -294,32 +302,44 @@ def connect(
 
 
 class KubeconfigError(ValueError):
-    """A kubeconfig file that cannot be one: missing, unreadable, not YAML, or not a mapping."""
+    """A kubeconfig that cannot be used: missing, unreadable, not YAML (or beyond the reader's bounds), not a mapping,
+    or naming a server that is not an http(s) URL."""
+
+
+def _default_kubeconfigs() -> list[str]:
+    """The files the official loader reads without a kubeconfig given: those of `$KUBECONFIG` (as it was when the
+    `kubernetes` package was imported, as the loader reads it) that exist, else `~/.kube/config` when it exists."""
+    location = kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+    separator = kubernetes.config.kube_config.ENV_KUBECONFIG_PATH_SEPARATOR
+    paths = (os.path.expanduser(path) for path in str(location).split(separator) if path)
+    return [path for path in paths if os.path.exists(path)]
 
 
 def _check_kubeconfig(path: str) -> None:
-    """Raise `KubeconfigError` with one plain line where the official loader would say "No
-    configuration found" for a missing file, or raise Python's own TypeError for YAML that is
-    not a mapping. Reads the file; the loader reads it again."""
+    """Raise `KubeconfigError` with one plain line for a kubeconfig the official loader would fail on unclearly (it
+    said "No configuration found" for a missing file, and raised Python's own TypeError for YAML that is not a
+    mapping) or without bound (its YAML reader expands an alias bomb: 4 GiB for a billion laughs). Reads the file with
+    dractl's bounded reader, as client-go reads YAML; the loader reads it again once it passed."""
     try:
-        with open(path, encoding="utf-8") as stream:
-            data = yaml.safe_load(stream)
-    except FileNotFoundError:
-        raise KubeconfigError("no such file") from None
-    except UnicodeDecodeError:
-        raise KubeconfigError("not a kubeconfig: not UTF-8 text") from None
-    except OSError as error:
-        raise KubeconfigError(f"cannot read it: {error.strerror or error}") from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None)
-        raise KubeconfigError(
-            f"not a kubeconfig: YAML syntax error{where}" + (f": {problem}" if problem else "")
-        ) from None
+        data = model_decode.load_config(path)
+    except model_decode.ConfigError as error:
+        problem = str(error)
+        unreadable = problem == "no such file" or problem.startswith("cannot read it")
+        raise KubeconfigError(problem if unreadable else f"not a kubeconfig: {problem}") from None
     if not isinstance(data, dict):
         found = "nothing" if data is None else f"a {type(data).__name__}"
         raise KubeconfigError(f"not a kubeconfig: a mapping with clusters, users and contexts is expected, got {found}")
+
+
+def _check_server(host: object) -> None:
+    """Raise `KubeconfigError` when the server the configuration names is not an http(s) URL with a host (`not a url`,
+    an empty `server:`): that is a configuration error, which waiting or retrying cannot mend."""
+    try:
+        url = urllib3.util.parse_url(str(host or ""))
+    except urllib3.exceptions.LocationParseError:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        raise KubeconfigError(f"the cluster's server {host!r} is not a URL such as https://HOST:PORT")
 
 
 # --- The fence at the socket ------------------------------------------------------------------

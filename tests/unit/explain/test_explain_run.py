@@ -150,8 +150,8 @@ def test_an_unusable_kubeconfig_is_one_line_with_exit_1(tmp_path: pathlib.Path) 
         ("- a\n", "not a kubeconfig: a mapping with clusters, users and contexts is expected, got a list"),
         (
             "clusters: [\n",
-            "not a kubeconfig: YAML syntax error at line 2, column 1: "
-            "expected the node content, but found '<stream end>'",
+            "not a kubeconfig: line 2, column 1: YAML syntax error: "
+            "while parsing a flow node did not find expected node content",
         ),
         (b"\xff\xfe\x00", "not a kubeconfig: not UTF-8 text"),
     ],
