@@ -698,7 +698,8 @@ def explain_group() -> None:
 
     Reads DeviceClasses, ResourceSlices, Nodes and ResourceClaims and tries the allocation the
     way `dractl simulate` does; writes nothing. Exits 1 with one line on stderr when the object
-    does not exist or the API server cannot be reached or refuses; 2 for a malformed NS/NAME.
+    does not exist, the API server cannot be reached, refuses or answers what dractl cannot read,
+    or the whole run takes longer than --timeout; 2 for a malformed NS/NAME.
     """
 
 
@@ -712,6 +713,12 @@ def _explain_options(command: _F) -> _F:
             config.ExplainOutput,
             default=config.ExplainOutput.TEXT,
             what="text for people, or the same content as json or yaml",
+        ),
+        _seconds(
+            "--timeout",
+            default=config.DEFAULT_EXPLAIN_TIMEOUT,
+            what="Give up, with one line, when reading the kubeconfig, every request to the API server (retries "
+            "included) and the explanation take longer than this in all",
         ),
     )(command)
 

@@ -179,6 +179,13 @@ class Fenced(ApiError):
     because the leader Lease it writes under was lost or not renewed in time. Never retried."""
 
 
+class BadAnswer(ApiError):
+    """A 2xx answer that is not what was asked for: not JSON (an HTML page from a proxy in between), JSON nested too
+    deeply or with a number of more than `MAX_NUMBER_DIGITS` digits, not an object, or a List where one object was
+    asked for. `status` is the answer's, reason `BadAnswer`, the message names the request. Never retried: the same
+    server would answer the same."""
+
+
 class WriteFence(Protocol):
     """Decides, just before each write is sent, whether this process may still write (`leader.Fence`)."""
 
@@ -205,7 +212,8 @@ def error_from_status(status: int, body: bytes | str, *, retry_after: float | No
         message = str(document.get("message") or "")
     else:
         text = body.decode(errors="replace") if isinstance(body, bytes) else body
-        message = text.strip()[:500]
+        # One line, whatever the body (an HTML error page of a proxy in between has many).
+        message = " ".join(text.split())[:500]
     if status == 404:
         return NotFound(status, reason or "NotFound", message, retry_after=retry_after)
     if status == 409:
@@ -509,17 +517,43 @@ class WatchStream:
 _IDLE, _READING, _DONE = "idle", "reading", "done"
 
 
-def _loads(data: bytes) -> Any:
-    """The JSON document in `data`: msgspec's C decoder reads the API server's objects several times faster than
-    json's; where it refuses (numbers beyond 64 bits, malformed text), json.loads decides, so both read alike."""
+# The longest number an answer may hold: far beyond any number of the API (64 bits take 20 digits), far below where
+# converting one costs noticeable time.
+MAX_NUMBER_DIGITS = 100
+
+
+class _LongNumber(ValueError):
+    """A number of more than `MAX_NUMBER_DIGITS` digits in an answer."""
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_NUMBER_DIGITS:
+        raise _LongNumber(f"a number of {len(text)} digits")
+    return int(text)
+
+
+def _loads(data: bytes, *, what: str) -> Any:
+    """The JSON document in `data` (the answer to `what`, a request or a watch): msgspec's C decoder reads the API
+    server's objects several times faster than json's; where it refuses (numbers beyond 64 bits, malformed text,
+    deep nesting), json.loads decides, so both read alike. Raises `BadAnswer` naming `what` for an answer that is not
+    JSON, is nested deeper than the decoders recurse, or holds a number of more than `MAX_NUMBER_DIGITS` digits."""
     try:
         return msgspec.json.decode(data)
-    except msgspec.MsgspecError:
-        return json.loads(data)
+    except (msgspec.MsgspecError, RecursionError):
+        pass
+    try:
+        return json.loads(data, parse_int=_bounded_int)
+    except RecursionError:
+        problem = "JSON nested too deeply to read"
+    except _LongNumber as error:
+        problem = f"JSON with {error} (at most {MAX_NUMBER_DIGITS})"
+    except ValueError:
+        problem = f"not JSON: it begins {data[:60].decode(errors='replace')!r}"
+    raise BadAnswer(200, "BadAnswer", f"{what}: the answer is {problem}")
 
 
 def _watch_event(line: bytes) -> WatchEvent:
-    document = _loads(line)
+    document = _loads(line, what="a watch event")
     kind, obj = document.get("type"), document.get("object")
     if kind == "ERROR":
         code = int(obj.get("code") or 500) if isinstance(obj, dict) else 500
@@ -662,7 +696,7 @@ class Client:
         )
         for attempt in retrying:
             with attempt:
-                return _json(self._raw(method, path, **payload))
+                return _json(self._raw(method, path, **payload), what=f"{method} {path}")
         raise AssertionError("unreachable: tenacity re-raises the last failure")
 
     def _write_query(self, *, dry_run: bool = False, force: bool = False) -> list[tuple[str, str]]:
@@ -678,9 +712,19 @@ class Client:
     def get(self, resource: Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
         """The object as raw JSON, with `apiVersion` and `kind` as `list` gives its items (so it decodes on its own).
         Raises `NotFound`. Read-only."""
+        path = resource.path(namespace=namespace, name=name)
         with self._reported("get", resource):
-            # A single GET carries its kind, but an old server might not: `decode` needs it.
-            return resource.with_kind(self._request("GET", resource.path(namespace=namespace, name=name)))
+            document = self._request("GET", path)
+            # A single GET carries its kind, but an old server might not: `decode` needs it. Another kind (a List, a
+            # Status) is not the object asked for.
+            kind = document.get("kind")
+            if kind not in (None, "", resource.kind):
+                raise BadAnswer(
+                    200,
+                    "BadAnswer",
+                    f"GET {path}: the answer is {_shown_kind(kind)} where one {resource.kind} was asked for",
+                )
+            return resource.with_kind(document)
 
     def server_version(self) -> ServerVersion:
         """GET /version: the version whose API the server serves (see `ServerVersion`). Read-only.
@@ -715,11 +759,17 @@ class Client:
                     query.append(("fieldSelector", field_selector))
                 if token:
                     query.append(("continue", token))
-                document = self._request("GET", resource.path(namespace=namespace), query=query)
-                # A list's items carry no kind; add it so each item decodes on its own.
-                items.extend(resource.with_kind(item) for item in document.get("items") or ())
+                path = resource.path(namespace=namespace)
+                document = self._request("GET", path, query=query)
+                page = document.get("items") or []
                 metadata = document.get("metadata") or {}
-                token = metadata.get("continue") or ""
+                if not isinstance(page, list) or not all(isinstance(item, dict) for item in page):
+                    raise BadAnswer(200, "BadAnswer", f"GET {path}: the answer's items are not a list of objects")
+                if not isinstance(metadata, dict):
+                    raise BadAnswer(200, "BadAnswer", f"GET {path}: the answer's metadata is not an object")
+                # A list's items carry no kind; add it so each item decodes on its own.
+                items.extend(resource.with_kind(item) for item in page)
+                token = str(metadata.get("continue") or "")
                 if not token:
                     return ListResult(tuple(items), str(metadata.get("resourceVersion") or ""))
 
@@ -850,7 +900,9 @@ class Client:
         every other stored byte as it is (see `finalizers`). Not retried."""
         path = resource.path(namespace=namespace, name=name)
         with self._reported("update", resource):
-            return _json(self._raw("PUT", path, body=body, content_type=PROTOBUF, query=self._write_query()))
+            return _json(
+                self._raw("PUT", path, body=body, content_type=PROTOBUF, query=self._write_query()), what=f"PUT {path}"
+            )
 
     def _raw(self, method: str, path: str, **payload: Unpack[_Payload]) -> bytes:
         """One attempt of a request, no retry: the answer's bytes (its connection back in the pool). A connection
@@ -906,10 +958,25 @@ def _wait(state: tenacity.RetryCallState) -> float:
     return backoff
 
 
-def _json(data: bytes) -> dict[str, Any]:
-    """An answer's JSON object; an empty answer, or one that is not an object, is {}."""
-    document = _loads(data) if data else {}
-    return document if isinstance(document, dict) else {}
+def _json(data: bytes, *, what: str) -> dict[str, Any]:
+    """The JSON object answered to `what` (a request); an empty answer is {}. Raises `BadAnswer` for an answer that
+    is not a JSON object."""
+    document = _loads(data, what=what) if data else {}
+    if not isinstance(document, dict):
+        raise BadAnswer(200, "BadAnswer", f"{what}: the answer is JSON but not an object: {_kind(document)}")
+    return document
+
+
+def _shown_kind(kind: object) -> str:
+    """A kind an answer names, for messages: `a List`, `a Status`, or what the kind field held."""
+    return f"a {kind}" if isinstance(kind, str) else f"kind {str(kind)[:60]!r}"
+
+
+def _kind(value: object) -> str:
+    """What a decoded JSON value is, in words, for messages."""
+    return {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), "nothing" if value is None else type(value).__name__
+    )
 
 
 def _read(response: urllib3.BaseHTTPResponse, method: str, path: str) -> bytes:
