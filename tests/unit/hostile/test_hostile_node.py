@@ -109,6 +109,25 @@ def test_a_hostile_fake_profile_is_one_line_naming_the_file_and_field(
     assert result.stderr == f"error: {profile}: {problem}\n"
 
 
+def test_the_node_agent_refuses_a_hostile_fake_profile_with_one_line(
+    tmp_path: pathlib.Path, sock_dir: pathlib.Path
+) -> None:
+    """Guards: `dractl node-agent` reads a fake profile as discover does: a MIG placement of 10^12 memory slices is one
+    line naming the file and field, exit 1, before anything is served."""
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(MIG_PROFILE.format(size=10**12, start=0))
+    args = ["--node-name", "n1", "--device-source", "fake", "--fake-profile", str(profile), "--mig-mode", "dynamic"]
+    args += ["--state-dir", str(tmp_path / "state"), "--cdi-root", str(tmp_path / "cdi"), "--health-port", "-1"]
+    args += ["--kubelet-registrar-dir", str(sock_dir / "reg"), "--kubelet-plugins-dir", str(sock_dir / "plugins")]
+    result = CliRunner().invoke(cli.main, ["node-agent", *args, "--metrics-port", "-1"], catch_exceptions=False)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"dractl node-agent: error: {profile}: models.odd.migProfiles[0].placementSize: must be <= 8, got "
+        "1000000000000\n"
+    )
+    assert not (sock_dir / "plugins").exists()
+
+
 def test_a_fake_profile_of_many_gpus_orders_them_by_bus_as_nvml_does() -> None:
     """Guards the fake's GPU index (NVML's enumeration order, by PCI bus) on a profile of thousands of GPUs whose
     minors run against the bus order, as the linear lookup that replaced a search per GPU builds it."""
