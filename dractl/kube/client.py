@@ -331,9 +331,7 @@ def _check_kubeconfig(path: str) -> None:
     try:
         data = model_decode.load_config(path)
     except model_decode.ConfigError as error:
-        problem = str(error)
-        unreadable = problem == "no such file" or problem.startswith("cannot read it")
-        raise KubeconfigError(problem if unreadable else f"not a kubeconfig: {problem}") from None
+        raise KubeconfigError(f"not a kubeconfig: {error}" if error.readable else str(error)) from None
     if not isinstance(data, dict):
         found = "nothing" if data is None else f"a {type(data).__name__}"
         raise KubeconfigError(f"not a kubeconfig: a mapping with clusters, users and contexts is expected, got {found}")

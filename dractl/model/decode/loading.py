@@ -143,7 +143,12 @@ def _read(out: problems.Results, file: pathlib.Path, name: str) -> str | None:
 
 class ConfigError(ValueError):
     """A configuration file that cannot be read as one YAML document; str() is one line saying why, without the
-    file's name (the caller names the file and what it is for)."""
+    file's name (the caller names the file and what it is for). `readable` is False when the file itself could not be
+    read (missing, no permission), True when what it holds is wrong."""
+
+    def __init__(self, message: str, *, readable: bool = True) -> None:
+        super().__init__(message)
+        self.readable = readable
 
 
 def load_config(path: str | os.PathLike[str]) -> object:
@@ -159,11 +164,11 @@ def load_config(path: str | os.PathLike[str]) -> object:
         with open(path, encoding="utf-8") as stream:
             text = stream.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
-        raise ConfigError("no such file") from None
+        raise ConfigError("no such file", readable=False) from None
     except UnicodeDecodeError:
         raise ConfigError("not UTF-8 text") from None
     except OSError as error:
-        raise ConfigError(f"cannot read it: {error.strerror or error}") from None
+        raise ConfigError(f"cannot read it: {error.strerror or error}", readable=False) from None
     if len(text) > MAX_FILE_BYTES:
         raise ConfigError(f"larger than {limit}")
     try:
