@@ -77,11 +77,18 @@ class Injector:
 
 @pytest.fixture
 def injector() -> collections.abc.Iterator[Injector]:
+    """An injector, stopped after the test; then the thread an explain left waiting on it (past its --timeout) is
+    waited for, so that it cannot write into a later test's output."""
     server = Injector()
     try:
         yield server
     finally:
         server.stop()
+        controlplane.wait_until(
+            lambda: not any(thread.name == "dractl-explain" for thread in threading.enumerate()),
+            what="the explain thread left waiting on the injector ended",
+            timeout=30,
+        )
 
 
 def _explain(injector: Injector, tmp_path: pathlib.Path, *args: str) -> tuple[int, str, str]:
