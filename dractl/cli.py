@@ -431,7 +431,17 @@ def discover_command(output: str, **device: Any) -> None:
     _exit_writing(lambda: discover.run(settings, out=sys.stdout, err=sys.stderr))
 
 
-_DIR = click.Path(file_okay=False, path_type=pathlib.Path)
+class _Directory(click.Path):
+    """A directory flag. An empty value is refused: as a path it would mean the working directory, which no
+    directory flag means (a variable expanded to nothing, `--state-dir "$UNSET"`, is the usual cause)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value:
+            self.fail("must not be empty (an empty path would mean the working directory)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+_DIR = _Directory(file_okay=False, path_type=pathlib.Path)
 
 
 class _FlagError(click.ClickException):
@@ -704,7 +714,8 @@ def explain_group() -> None:
 
     Reads DeviceClasses, ResourceSlices, Nodes and ResourceClaims and tries the allocation the
     way `dractl simulate` does; writes nothing. Exits 1 with one line on stderr when the object
-    does not exist or the API server cannot be reached or refuses; 2 for a malformed NS/NAME.
+    does not exist, the API server cannot be reached, refuses or answers what dractl cannot read,
+    or the whole run takes longer than --timeout; 2 for a malformed NS/NAME.
     """
 
 
@@ -718,6 +729,12 @@ def _explain_options(command: _F) -> _F:
             config.ExplainOutput,
             default=config.ExplainOutput.TEXT,
             what="text for people, or the same content as json or yaml",
+        ),
+        _seconds(
+            "--timeout",
+            default=config.DEFAULT_EXPLAIN_TIMEOUT,
+            what="Give up, with one line, when reading the kubeconfig, every request to the API server (retries "
+            "included) and the explanation take longer than this in all",
         ),
     )(command)
 

@@ -187,11 +187,18 @@ class ExplainOutput(enum.Enum):
     YAML = "yaml"
 
 
+DEFAULT_EXPLAIN_TIMEOUT = 30.0
+"""`dractl explain --timeout` by default, in seconds: the whole run, every request and retry included. A healthy server
+answers its few lists in well under a second; a silent one held explain 91 s (three tries of 30 s) before this bound,
+and one that trickles bytes for ever."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Explain:
     """Settings of `dractl explain claim|pod NS/NAME`; `kubeconfig` None means the in-cluster
     config, else $KUBECONFIG or ~/.kube/config; `kube_api_qps` and `kube_api_burst` limit its
-    client's requests."""
+    client's requests; `timeout` (seconds) bounds the whole run, from reading the kubeconfig to the
+    explanation."""
 
     kind: ExplainKind
     namespace: str
@@ -202,6 +209,7 @@ class Explain:
     policy: Policy = Policy.BINPACK
     output: ExplainOutput = ExplainOutput.TEXT
     search_limit: int = DEFAULT_SEARCH_LIMIT
+    timeout: float = DEFAULT_EXPLAIN_TIMEOUT
 
 
 DEFAULT_CONTROLLERS = ("scheduler",)

@@ -12,15 +12,17 @@ anywhere), import `dractl.simulate` or `dractl.controller` (sibling modes: what 
 lives in `model` and `alloc`), or parse flags (the CLI does).
 
 Exit codes of `run`: 0 when the explanation was printed, whatever it says; 1 when the claim or
-pod does not exist, the server cannot be reached or refuses, or the kubeconfig is unusable
-(one line on `err`). A malformed target name is the CLI's exit 2 (`parse_target`).
+pod does not exist, the server cannot be reached, refuses or answers what dractl cannot read,
+the kubeconfig is unusable, or the run takes longer than `--timeout` (one line on `err`). A
+malformed target name is the CLI's exit 2 (`parse_target`).
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 from dractl import config
 from dractl.explain import cluster, output, reasoning
@@ -47,6 +49,8 @@ def parse_target(text: str) -> tuple[str, str]:
 
 
 Connect = Callable[[config.Explain], cluster.Reader]
+Explained = tuple[reasoning.Claim | reasoning.Pod, tuple[str, ...]]
+"""An explanation and its warnings (objects skipped because dractl cannot decode them)."""
 
 
 def _connect(settings: config.Explain) -> cluster.Reader:
@@ -57,9 +61,7 @@ def _connect(settings: config.Explain) -> cluster.Reader:
     )
 
 
-def explain(
-    settings: config.Explain, reader: cluster.Reader
-) -> tuple[reasoning.Claim | reasoning.Pod, tuple[str, ...]]:
+def explain(settings: config.Explain, reader: cluster.Reader) -> Explained:
     """Read what the target needs and explain it; returns the explanation and the warnings
     (objects skipped because dractl cannot decode them). Raises `cluster.ReadError`. Read-only."""
     if settings.kind is config.ExplainKind.CLAIM:
@@ -85,24 +87,108 @@ def explain(
     return explained, (*pod.warnings, *state.warnings)
 
 
-def run(settings: config.Explain, *, out: TextIO, err: TextIO, connect: Connect = _connect) -> int:
-    """Explain and print; returns the exit code (see the module's docstring). Warnings go to
-    `err` as `warning:` lines whatever the format."""
+class _Progress:
+    """What the explain thread is doing, for the line printed when `--timeout` passes: the server once connected, and
+    the request in flight (None between requests). Written by that thread, read by the waiting one."""
+
+    def __init__(self) -> None:
+        self.host: str | None = None
+        self.doing: str | None = None
+
+    def late(self, timeout: float) -> str:
+        """The one line for a run that did not end within `timeout` seconds."""
+        bound = f"--timeout {timeout:g} s"
+        if self.host is None:
+            return f"the kubeconfig was not read, nor a client made from it, within {bound}"
+        if self.doing is not None:
+            return f"no complete answer from the API server {self.host} to {self.doing} within {bound}"
+        return f"the explanation did not end within {bound}"
+
+
+class _Watched:
+    """A `cluster.Reader` that records each request in flight in a `_Progress`."""
+
+    def __init__(self, reader: cluster.Reader, progress: _Progress) -> None:
+        self._reader = reader
+        self._progress = progress
+        progress.host = reader.host
+
+    @property
+    def host(self) -> str:
+        return self._reader.host
+
+    def get(self, resource: kube_client.Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
+        self._progress.doing = f"get {resource.kind} {namespace + '/' if namespace else ''}{name}"
+        try:
+            return self._reader.get(resource, name, namespace=namespace)
+        finally:
+            self._progress.doing = None
+
+    def list(
+        self, resource: kube_client.Resource, *, namespace: str = "", label_selector: str = "", field_selector: str = ""
+    ) -> kube_client.ListResult:
+        self._progress.doing = f"list {resource.plural}"
+        try:
+            return self._reader.list(
+                resource, namespace=namespace, label_selector=label_selector, field_selector=field_selector
+            )
+        finally:
+            self._progress.doing = None
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def _connect_and_explain(settings: config.Explain, connect: Connect, progress: _Progress) -> Explained | str:
+    """Read the kubeconfig, read the cluster and explain: the explanation and its warnings, or the one line (without
+    the `dractl explain: ` prefix) of why not."""
     try:
         reader = connect(settings)
     # The kubeconfig loader raises its own exception types (and OSError, ValueError, ...) for a
     # missing or broken file; none may become a traceback, and only dractl.kube may name them.
     except Exception as error:  # noqa: BLE001
         where = settings.kubeconfig or "the in-cluster config, $KUBECONFIG or ~/.kube/config"
-        print(f"dractl explain: cannot use the kubeconfig ({where}): {error}", file=err)
-        return 1
+        return f"cannot use the kubeconfig ({where}): {error}"
     try:
-        explained, warnings = explain(settings, reader)
+        return explain(settings, _Watched(reader, progress))
     except cluster.ReadError as error:
-        print(f"dractl explain: {error}", file=err)
-        return 1
+        return str(error)
     finally:
         reader.close()
+
+
+def run(settings: config.Explain, *, out: TextIO, err: TextIO, connect: Connect = _connect) -> int:
+    """Explain and print; returns the exit code (see the module's docstring). Warnings go to
+    `err` as `warning:` lines whatever the format.
+
+    The work runs on a thread of its own that `settings.timeout` bounds as a whole: a server
+    that trickles its answer a byte at a time, or stays silent through every retry, ends the run
+    with one line naming the server and what was being read once the time is up (the thread is a
+    daemon, left to end with its connection or the process).
+    """
+    progress = _Progress()
+    outcome: list[Explained | str] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            outcome.append(_connect_and_explain(settings, connect, progress))
+        except BaseException as error:  # noqa: BLE001 - raised again on the caller's thread
+            failure.append(error)
+
+    worker = threading.Thread(target=work, name="dractl-explain", daemon=True)
+    worker.start()
+    worker.join(settings.timeout)
+    if failure:
+        raise failure[0]
+    if not outcome:
+        print(f"dractl explain: {progress.late(settings.timeout)}", file=err)
+        return 1
+    result = outcome[0]
+    if isinstance(result, str):
+        print(f"dractl explain: {result}", file=err)
+        return 1
+    explained, warnings = result
     for warning in warnings:
         print(f"warning: {warning}", file=err)
     output.write(explained, output=settings.output, warnings=warnings, out=out)

@@ -76,6 +76,10 @@ def _name(raw: Mapping[str, Any]) -> str:
 
 def _failure(reader: Reader, *, verb: str, what: str, error: kube_client.ApiError) -> ReadError:
     """One line for a request the server refused or could not answer, naming the server and what was read."""
+    if isinstance(error, kube_client.BadAnswer):
+        return ReadError(
+            f"the API server {reader.host} gave an answer dractl cannot read to {verb} {what}: {error.message}"
+        )
     if isinstance(error, kube_client.Transient) and error.status == 0:
         return ReadError(f"cannot reach the API server {reader.host} to {verb} {what}: {error.message}")
     if error.status in (401, 403):

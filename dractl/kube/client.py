@@ -51,7 +51,6 @@ import tenacity
 import urllib3
 import urllib3.connection
 import urllib3.exceptions
-import yaml
 
 from dractl import model
 from dractl.model import decode as model_decode
@@ -180,6 +179,13 @@ class Fenced(ApiError):
     because the leader Lease it writes under was lost or not renewed in time. Never retried."""
 
 
+class BadAnswer(ApiError):
+    """A 2xx answer that is not what was asked for: not JSON (an HTML page from a proxy in between), JSON nested too
+    deeply or with a number of more than `MAX_NUMBER_DIGITS` digits, not an object, or a List where one object was
+    asked for. `status` is the answer's, reason `BadAnswer`, the message names the request. Never retried: the same
+    server would answer the same."""
+
+
 class WriteFence(Protocol):
     """Decides, just before each write is sent, whether this process may still write (`leader.Fence`)."""
 
@@ -206,7 +212,8 @@ def error_from_status(status: int, body: bytes | str, *, retry_after: float | No
         message = str(document.get("message") or "")
     else:
         text = body.decode(errors="replace") if isinstance(body, bytes) else body
-        message = text.strip()[:500]
+        # One line, whatever the body (an HTML error page of a proxy in between has many).
+        message = " ".join(text.split())[:500]
     if status == 404:
         return NotFound(status, reason or "NotFound", message, retry_after=retry_after)
     if status == 409:
@@ -266,22 +273,31 @@ def connect(
 ) -> Client:
     """A client from `kubeconfig`, else in-cluster when running in a pod, else `$KUBECONFIG`/`~/.kube/config`.
 
-    Reads the kubeconfig (and certificates it names); no request is sent. `limiter` (None: no
-    client-side limit) paces every request of the client. Keeps up to `POOL_CONNECTIONS` connections
-    alive for reuse.
+    Reads the kubeconfig (and certificates it names); no request is sent. Every kubeconfig file is first read by
+    dractl's bounded YAML reader (`_check_kubeconfig`), so a file the official loader would choke on (an alias bomb,
+    deep nesting, not a mapping) is one `KubeconfigError` line; a server that is not an http(s) URL is one too, since
+    no retry can reach it. `limiter` (None: no client-side limit) paces every request of the client. Keeps up to
+    `POOL_CONNECTIONS` connections alive for reuse.
     """
-    if kubeconfig is not None:
-        _check_kubeconfig(os.fspath(kubeconfig))
     configuration = kubernetes.client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
+        if kubeconfig is not None:
+            _check_kubeconfig(os.fspath(kubeconfig))
+        else:
+            for path in _default_kubeconfigs():
+                try:
+                    _check_kubeconfig(path)
+                except KubeconfigError as error:
+                    raise KubeconfigError(f"{path}: {error}") from None
         kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=None if kubeconfig is None else os.fspath(kubeconfig),
             context=context,
             client_configuration=configuration,
             persist_config=False,
         )
+    _check_server(configuration.host)
     # urllib3 would otherwise retry on its own (a connection error three times, a PUT or DELETE after a reset):
     # every retry is `Client._request`'s, by `may_retry`.
     configuration.retries = False
@@ -294,32 +310,42 @@ def connect(
 
 
 class KubeconfigError(ValueError):
-    """A kubeconfig file that cannot be one: missing, unreadable, not YAML, or not a mapping."""
+    """A kubeconfig that cannot be used: missing, unreadable, not YAML (or beyond the reader's bounds), not a mapping,
+    or naming a server that is not an http(s) URL."""
+
+
+def _default_kubeconfigs() -> list[str]:
+    """The files the official loader reads without a kubeconfig given: those of `$KUBECONFIG` (as it was when the
+    `kubernetes` package was imported, as the loader reads it) that exist, else `~/.kube/config` when it exists."""
+    location = kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+    separator = kubernetes.config.kube_config.ENV_KUBECONFIG_PATH_SEPARATOR
+    paths = (os.path.expanduser(path) for path in str(location).split(separator) if path)
+    return [path for path in paths if os.path.exists(path)]
 
 
 def _check_kubeconfig(path: str) -> None:
-    """Raise `KubeconfigError` with one plain line where the official loader would say "No
-    configuration found" for a missing file, or raise Python's own TypeError for YAML that is
-    not a mapping. Reads the file; the loader reads it again."""
+    """Raise `KubeconfigError` with one plain line for a kubeconfig the official loader would fail on unclearly (it
+    said "No configuration found" for a missing file, and raised Python's own TypeError for YAML that is not a
+    mapping) or without bound (its YAML reader expands an alias bomb: 4 GiB for a billion laughs). Reads the file with
+    dractl's bounded reader, as client-go reads YAML; the loader reads it again once it passed."""
     try:
-        with open(path, encoding="utf-8") as stream:
-            data = yaml.safe_load(stream)
-    except FileNotFoundError:
-        raise KubeconfigError("no such file") from None
-    except UnicodeDecodeError:
-        raise KubeconfigError("not a kubeconfig: not UTF-8 text") from None
-    except OSError as error:
-        raise KubeconfigError(f"cannot read it: {error.strerror or error}") from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None)
-        raise KubeconfigError(
-            f"not a kubeconfig: YAML syntax error{where}" + (f": {problem}" if problem else "")
-        ) from None
+        data = model_decode.load_config(path)
+    except model_decode.ConfigError as error:
+        raise KubeconfigError(f"not a kubeconfig: {error}" if error.readable else str(error)) from None
     if not isinstance(data, dict):
         found = "nothing" if data is None else f"a {type(data).__name__}"
         raise KubeconfigError(f"not a kubeconfig: a mapping with clusters, users and contexts is expected, got {found}")
+
+
+def _check_server(host: object) -> None:
+    """Raise `KubeconfigError` when the server the configuration names is not an http(s) URL with a host (`not a url`,
+    an empty `server:`): that is a configuration error, which waiting or retrying cannot mend."""
+    try:
+        url = urllib3.util.parse_url(str(host or ""))
+    except urllib3.exceptions.LocationParseError:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        raise KubeconfigError(f"the cluster's server {host!r} is not a URL such as https://HOST:PORT")
 
 
 # --- The fence at the socket ------------------------------------------------------------------
@@ -489,17 +515,43 @@ class WatchStream:
 _IDLE, _READING, _DONE = "idle", "reading", "done"
 
 
-def _loads(data: bytes) -> Any:
-    """The JSON document in `data`: msgspec's C decoder reads the API server's objects several times faster than
-    json's; where it refuses (numbers beyond 64 bits, malformed text), json.loads decides, so both read alike."""
+# The longest number an answer may hold: far beyond any number of the API (64 bits take 20 digits), far below where
+# converting one costs noticeable time.
+MAX_NUMBER_DIGITS = 100
+
+
+class _LongNumber(ValueError):
+    """A number of more than `MAX_NUMBER_DIGITS` digits in an answer."""
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_NUMBER_DIGITS:
+        raise _LongNumber(f"a number of {len(text)} digits")
+    return int(text)
+
+
+def _loads(data: bytes, *, what: str) -> Any:
+    """The JSON document in `data` (the answer to `what`, a request or a watch): msgspec's C decoder reads the API
+    server's objects several times faster than json's; where it refuses (numbers beyond 64 bits, malformed text,
+    deep nesting), json.loads decides, so both read alike. Raises `BadAnswer` naming `what` for an answer that is not
+    JSON, is nested deeper than the decoders recurse, or holds a number of more than `MAX_NUMBER_DIGITS` digits."""
     try:
         return msgspec.json.decode(data)
-    except msgspec.MsgspecError:
-        return json.loads(data)
+    except (msgspec.MsgspecError, RecursionError):
+        pass
+    try:
+        return json.loads(data, parse_int=_bounded_int)
+    except RecursionError:
+        problem = "JSON nested too deeply to read"
+    except _LongNumber as error:
+        problem = f"JSON with {error} (at most {MAX_NUMBER_DIGITS})"
+    except ValueError:
+        problem = f"not JSON: it begins {data[:60].decode(errors='replace')!r}"
+    raise BadAnswer(200, "BadAnswer", f"{what}: the answer is {problem}")
 
 
 def _watch_event(line: bytes) -> WatchEvent:
-    document = _loads(line)
+    document = _loads(line, what="a watch event")
     kind, obj = document.get("type"), document.get("object")
     if kind == "ERROR":
         code = int(obj.get("code") or 500) if isinstance(obj, dict) else 500
@@ -642,7 +694,7 @@ class Client:
         )
         for attempt in retrying:
             with attempt:
-                return _json(self._raw(method, path, **payload))
+                return _json(self._raw(method, path, **payload), what=f"{method} {path}")
         raise AssertionError("unreachable: tenacity re-raises the last failure")
 
     def _write_query(self, *, dry_run: bool = False, force: bool = False) -> list[tuple[str, str]]:
@@ -658,9 +710,19 @@ class Client:
     def get(self, resource: Resource, name: str, *, namespace: str = "") -> dict[str, Any]:
         """The object as raw JSON, with `apiVersion` and `kind` as `list` gives its items (so it decodes on its own).
         Raises `NotFound`. Read-only."""
+        path = resource.path(namespace=namespace, name=name)
         with self._reported("get", resource):
-            # A single GET carries its kind, but an old server might not: `decode` needs it.
-            return resource.with_kind(self._request("GET", resource.path(namespace=namespace, name=name)))
+            document = self._request("GET", path)
+            # A single GET carries its kind, but an old server might not: `decode` needs it. Another kind (a List, a
+            # Status) is not the object asked for.
+            kind = document.get("kind")
+            if kind not in (None, "", resource.kind):
+                raise BadAnswer(
+                    200,
+                    "BadAnswer",
+                    f"GET {path}: the answer is {_shown_kind(kind)} where one {resource.kind} was asked for",
+                )
+            return resource.with_kind(document)
 
     def server_version(self) -> ServerVersion:
         """GET /version: the version whose API the server serves (see `ServerVersion`). Read-only.
@@ -695,11 +757,17 @@ class Client:
                     query.append(("fieldSelector", field_selector))
                 if token:
                     query.append(("continue", token))
-                document = self._request("GET", resource.path(namespace=namespace), query=query)
-                # A list's items carry no kind; add it so each item decodes on its own.
-                items.extend(resource.with_kind(item) for item in document.get("items") or ())
+                path = resource.path(namespace=namespace)
+                document = self._request("GET", path, query=query)
+                page = document.get("items") or []
                 metadata = document.get("metadata") or {}
-                token = metadata.get("continue") or ""
+                if not isinstance(page, list) or not all(isinstance(item, dict) for item in page):
+                    raise BadAnswer(200, "BadAnswer", f"GET {path}: the answer's items are not a list of objects")
+                if not isinstance(metadata, dict):
+                    raise BadAnswer(200, "BadAnswer", f"GET {path}: the answer's metadata is not an object")
+                # A list's items carry no kind; add it so each item decodes on its own.
+                items.extend(resource.with_kind(item) for item in page)
+                token = str(metadata.get("continue") or "")
                 if not token:
                     return ListResult(tuple(items), str(metadata.get("resourceVersion") or ""))
 
@@ -830,7 +898,9 @@ class Client:
         every other stored byte as it is (see `finalizers`). Not retried."""
         path = resource.path(namespace=namespace, name=name)
         with self._reported("update", resource):
-            return _json(self._raw("PUT", path, body=body, content_type=PROTOBUF, query=self._write_query()))
+            return _json(
+                self._raw("PUT", path, body=body, content_type=PROTOBUF, query=self._write_query()), what=f"PUT {path}"
+            )
 
     def _raw(self, method: str, path: str, **payload: Unpack[_Payload]) -> bytes:
         """One attempt of a request, no retry: the answer's bytes (its connection back in the pool). A connection
@@ -886,10 +956,25 @@ def _wait(state: tenacity.RetryCallState) -> float:
     return backoff
 
 
-def _json(data: bytes) -> dict[str, Any]:
-    """An answer's JSON object; an empty answer, or one that is not an object, is {}."""
-    document = _loads(data) if data else {}
-    return document if isinstance(document, dict) else {}
+def _json(data: bytes, *, what: str) -> dict[str, Any]:
+    """The JSON object answered to `what` (a request); an empty answer is {}. Raises `BadAnswer` for an answer that
+    is not a JSON object."""
+    document = _loads(data, what=what) if data else {}
+    if not isinstance(document, dict):
+        raise BadAnswer(200, "BadAnswer", f"{what}: the answer is JSON but not an object: {_kind(document)}")
+    return document
+
+
+def _shown_kind(kind: object) -> str:
+    """A kind an answer names, for messages: `a List`, `a Status`, or what the kind field held."""
+    return f"a {kind}" if isinstance(kind, str) else f"kind {str(kind)[:60]!r}"
+
+
+def _kind(value: object) -> str:
+    """What a decoded JSON value is, in words, for messages."""
+    return {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), "nothing" if value is None else type(value).__name__
+    )
 
 
 def _read(response: urllib3.BaseHTTPResponse, method: str, path: str) -> bytes:

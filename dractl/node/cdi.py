@@ -53,7 +53,7 @@ CLASS = "claim"
 KIND = f"{VENDOR}/{CLASS}"
 FILE_PREFIX = f"{VENDOR}-{CLASS}_"
 _EXTENSION = ".yaml"
-_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
 
 _log = structlog.get_logger(__name__)
 

@@ -37,13 +37,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import yaml
-
-from dractl.model import quantity
+from dractl.model import decode, quantity
 from dractl.node import backend, driverfiles
 
 __all__ = [
     "PROFILES_DIR",
+    "MAX_MEMORY_SLICES",
     "ProfileError",
     "StateFileError",
     "FaultAction",
@@ -67,6 +66,9 @@ _MODELS_FILE = PROFILES_DIR / "models.yaml"
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "fakegpu.dractl.dev")
 
 _MIB = 2**20
+# The memory slices of a MIG-capable GPU: 8 on every one so far (A100, H100, H200, B200). Placements in a profile file
+# are bounded by it: each slice a placement covers becomes a counter, a name and a loop iteration downstream.
+MAX_MEMORY_SLICES = 8
 _STATE_VERSION = 1
 
 
@@ -158,14 +160,12 @@ def load_profile(name_or_file: str) -> Profile:
 
 
 def _read_yaml(path: pathlib.Path, *, label: str) -> object:
+    """The profile document, read as every YAML file dractl reads is (bounded: nesting, aliases, size, digits; an
+    unknown tag or a bad date is text, which the field checks then refuse by name)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ProfileError(f"{label}: cannot read: {error}") from None
-    try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as error:
-        raise ProfileError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from None
+        return decode.load_config(path)
+    except decode.ConfigError as error:
+        raise ProfileError(f"{label}: {error}") from None
 
 
 def _builtin_models() -> dict[str, GpuModel]:
@@ -211,11 +211,11 @@ def parse_profile(raw: object, *, name: str, file: str = "<profile>") -> Profile
     return Profile(name=name, driver_version=driver, cuda_driver_version=cuda, gpus=tuple(gpus), faults=faults)
 
 
-_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
-_MAJOR_MINOR = re.compile(r"^\d+\.\d+$")
-_BUS_ID = re.compile(r"^([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
-_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
-_PROFILE_NAME = re.compile(r"^\d+g\.\d+gb(\+[a-z.]+)?$")
+_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?\Z")
+_MAJOR_MINOR = re.compile(r"^\d+\.\d+\Z")
+_BUS_ID = re.compile(r"^([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])\Z")
+_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}\Z")
+_PROFILE_NAME = re.compile(r"^\d+g\.\d+gb(\+[a-z.]+)?\Z")
 _ENGINE_KEYS = {
     "copyEngines": "copy_engines",
     "decoders": "decoders",
@@ -276,7 +276,14 @@ class _Parser:
         return value
 
     def integer(
-        self, m: Mapping[str, Any], key: str, path: str, *, required: bool = False, minimum: int = 0
+        self,
+        m: Mapping[str, Any],
+        key: str,
+        path: str,
+        *,
+        required: bool = False,
+        minimum: int = 0,
+        maximum: int | None = None,
     ) -> int | None:
         value = m.get(key)
         where = _join(path, key)
@@ -288,6 +295,8 @@ class _Parser:
             raise self.fail(where, f"must be an integer, got {_kind(value)}")
         if value < minimum:
             raise self.fail(where, f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise self.fail(where, f"must be <= {maximum}, got {value}")
         return value
 
     def bytes_(self, m: Mapping[str, Any], key: str, path: str) -> int:
@@ -370,7 +379,7 @@ class _Parser:
                 "placements",
             },
         )
-        size = self.integer(m, "placementSize", path, required=True, minimum=1) or 1
+        size = self.integer(m, "placementSize", path, required=True, minimum=1, maximum=MAX_MEMORY_SLICES) or 1
         starts = self.list(m.get("placements"), f"{path}.placements", required=True)
         if not starts:
             raise self.fail(f"{path}.placements", "must list at least one placement start")
@@ -380,6 +389,11 @@ class _Parser:
                 raise self.fail(f"{path}.placements[{i}]", f"must be a slice index >= 0, got {_kind(start)} {start!r}")
             if start % size:
                 raise self.fail(f"{path}.placements[{i}]", f"start {start} is not a multiple of placementSize {size}")
+            if start + size > MAX_MEMORY_SLICES:
+                raise self.fail(
+                    f"{path}.placements[{i}]",
+                    f"start {start} + placementSize {size} passes the GPU's {MAX_MEMORY_SLICES} memory slices",
+                )
             placements.append(backend.Placement(start=start, size=size))
         if len(set(placements)) != len(placements):
             raise self.fail(f"{path}.placements", "placement starts repeat")
@@ -625,11 +639,12 @@ class FakeGpus:
         self._unhang = threading.Condition(self._lock)
         self._hung: list[str] = []
         self._closed = False
-        # NVML enumerates GPUs in PCI bus order; the minor number is the driver's own.
-        by_bus = sorted(profile.gpus, key=lambda g: g.pci_bus_id)
+        # NVML enumerates GPUs in PCI bus order; the minor number is the driver's own. Indexed by minor (unique in a
+        # profile), so a node of many GPUs is set up in linear time rather than one list search per GPU.
+        index = {spec.minor: i for i, spec in enumerate(sorted(profile.gpus, key=lambda g: g.pci_bus_id))}
         self._gpus: dict[int, _Gpu] = {
             spec.minor: _Gpu(
-                spec=spec, uuid=gpu_uuid(node_name, spec.minor), index=by_bus.index(spec), mig_mode=spec.mig_mode
+                spec=spec, uuid=gpu_uuid(node_name, spec.minor), index=index[spec.minor], mig_mode=spec.mig_mode
             )
             for spec in sorted(profile.gpus, key=lambda g: g.minor)
         }

@@ -49,7 +49,7 @@ RESET_XIDS = frozenset({48, 63, 64, 74, 79, 95, 119, 120, 140, 154})
 # default), so every report carries this and the plugin re-sends well within it.
 HEALTH_CHECK_TIMEOUT_S = 30
 
-_DEVICE_NAME = re.compile(r"^gpu-(?P<minor>\d+)(?:-|$)")
+_DEVICE_NAME = re.compile(r"^gpu-(?P<minor>\d+)(?:-|\Z)")
 
 
 class Status(enum.Enum):

@@ -29,7 +29,7 @@ __all__ = [
     "cap_minors",
 ]
 
-_NAME = re.compile(r"^gpu-(?P<minor>[0-9]+)-mig-(?P<profile>[a-z0-9-]+?)-(?P<pid>[0-9]+)-(?P<start>[0-9]+)$")
+_NAME = re.compile(r"^gpu-(?P<minor>[0-9]+)-mig-(?P<profile>[a-z0-9-]+?)-(?P<pid>[0-9]+)-(?P<start>[0-9]+)\Z")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -85,7 +85,7 @@ _HEALTH_MESSAGE_LIMIT = 1024
 # behind a hanging claim read (up to 5 attempts of 30 s) do not hold every gRPC worker.
 CLAIM_LOCK_TIMEOUT_S = 30.0
 # A pod UID becomes part of socket file names.
-_POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 # struct flock on Linux (x86_64 and arm64): l_type, l_whence, l_start, l_len, l_pid, padding to 32 bytes.
 _FLOCK = "@hhqqi4x"
 # The longest a busy claim's file lock is polled between two attempts.

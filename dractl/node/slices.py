@@ -62,7 +62,7 @@ _MAX_DEVICES = 128
 _MAX_DEVICES_ADVANCED = 64  # with taints or consumesCounters in the slice
 _MAX_COUNTER_SETS = 8
 _MAX_TAINTS = 16
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _PCI = "resource.kubernetes.io/"
 # The generateName alphabet of the API server (no vowels, no confusable characters), in
 # ASCII order so that the position characters sort as numbers do.

@@ -87,7 +87,7 @@ _NODE_FILE = "10-nodes.yaml"
 _CLASS_FILE = "00-deviceclasses.yaml"
 _ARRIVING_KINDS = ("ResourceClaim", "Pod")
 _EVENT_KEYS = frozenset({"at", "arrive", "depart"})
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _UUID_NAMESPACE = uuid.UUID("6b1d3f52-59b3-4a4c-9a7e-2f4a1c0d8e11")
 # What `generate` makes at most. 50,000 claims are about 33 MB of YAML and 48 MB of JSON, within the 64 MiB

@@ -53,6 +53,10 @@ class Running:
         """The wait's warnings logged so far."""
         return [e for e in observe.log_entries(self.log) if e.get("event") == WAITING]
 
+    def ended(self) -> bool:
+        """Whether run() has returned (without the stop event, when asked before `end()`)."""
+        return not self._thread.is_alive()
+
     def end(self) -> int | None:
         """Set the stop event and wait (bounded) for run() to return; its exit code, None if it did not return."""
         self.stop.set()
@@ -168,6 +172,32 @@ def test_an_api_server_nothing_answers_is_waited_for_and_a_stop_ends_the_wait(
         what="no thread or socket of the agent left",
         timeout=TIMEOUT_S,
     )
+
+
+@pytest.mark.parametrize("server", ["not a url", "", "ftp://127.0.0.1:6443"], ids=["not-a-url", "empty", "not-http"])
+def test_a_malformed_server_url_is_one_line_and_exit_1_not_a_wait(
+    server: str, sock_dir: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """Guards: a kubeconfig whose server is not an http(s) URL (`not a url`, an empty `server:`) is a configuration
+    error, not an unreachable server: run() (which would wait for an unreachable one) ends by itself with exit 1 and
+    one line naming the kubeconfig and the server, having tried nothing and bound nothing."""
+    kubeconfig = controlplane.write_kubeconfig(tmp_path / "kubeconfig", server=server)
+    settings = kubelet.agent_settings(
+        tmp_path, sock_dir, kubeconfig=kubeconfig, health_port=0, log_format=config.LogFormat.JSON
+    )
+    node_agent = agent.Agent(settings)
+    running = Running(settings, node_agent, tmp_path / "agent.log")
+    try:
+        controlplane.wait_until(running.ended, what="run() returned by itself", timeout=TIMEOUT_S)
+    finally:
+        code = running.end()
+    assert code == 1
+    assert running.waits() == []
+    assert node_agent.health_port is None
+    assert running.log.read_text().splitlines() == [
+        f"dractl node-agent: error: cannot build a Kubernetes client from kubeconfig {kubeconfig}: the cluster's "
+        f"server {server!r} is not a URL such as https://HOST:PORT"
+    ]
 
 
 def test_sigterm_while_waiting_for_the_api_server_exits_0(sock_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:

@@ -47,13 +47,18 @@ reading the given paths (standard input for `-`).
 `read_text(path)`, `documents(text)` and `input_name(path)` are how every reader of a path a user
 gives (the trace of `simulate --trace` too) reads it, bounded alike, parses it and names it, so
 `-` means standard input alike.
+
+`load_config(path)` reads the one YAML document of a configuration file (a kubeconfig, a fake GPU
+profile) as manifests are read, with the same bounds, so every YAML file dractl reads is bounded alike.
 """
 
 from dractl.model.decode.loading import (
     STDIN,
+    ConfigError,
     ReadError,
     documents,
     input_name,
+    load_config,
     load_documents,
     load_object,
     load_paths,
@@ -64,10 +69,12 @@ from dractl.model.decode.problems import DecodeError
 
 __all__ = [
     "STDIN",
+    "ConfigError",
     "DecodeError",
     "ReadError",
     "documents",
     "input_name",
+    "load_config",
     "load_documents",
     "load_object",
     "load_paths",

@@ -153,6 +153,45 @@ def _read(out: problems.Results, file: pathlib.Path) -> str | None:
         return None
 
 
+class ConfigError(ValueError):
+    """A configuration file that cannot be read as one YAML document; str() is one line saying why, without the
+    file's name (the caller names the file and what it is for). `readable` is False when the file itself could not be
+    read (missing, no permission), True when what it holds is wrong."""
+
+    def __init__(self, message: str, *, readable: bool = True) -> None:
+        super().__init__(message)
+        self.readable = readable
+
+
+def load_config(path: str | os.PathLike[str]) -> object:
+    """The one YAML (or JSON) document of a configuration file (a kubeconfig, a fake GPU profile), read as kubectl
+    reads YAML (`yaml11`) and bounded as manifests are: at most `MAX_FILE_BYTES`, nesting depth, alias expansion, no
+    unbounded integer conversion. None for a file without a document.
+
+    Raises `ConfigError` for a file that is missing, unreadable, too large, not UTF-8 text, not YAML, or holds more
+    than one document. Reads the file; otherwise pure.
+    """
+    limit = f"{MAX_FILE_BYTES // (1024 * 1024)} MiB"
+    try:
+        with open(path, encoding="utf-8") as stream:
+            text = stream.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError("no such file", readable=False) from None
+    except UnicodeDecodeError:
+        raise ConfigError("not UTF-8 text") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read it: {error.strerror or error}", readable=False) from None
+    if len(text) > MAX_FILE_BYTES:
+        raise ConfigError(f"larger than {limit}")
+    try:
+        documents = [document for document in yaml11.load_all(text) if document is not None]
+    except yaml11.YamlError as error:
+        raise ConfigError(str(error)) from None
+    if len(documents) > 1:
+        raise ConfigError(f"holds {len(documents)} YAML documents where one is expected")
+    return documents[0] if documents else None
+
+
 @contextlib.contextmanager
 def _without_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector while decoding, then restore it.

@@ -150,8 +150,8 @@ def test_an_unusable_kubeconfig_is_one_line_with_exit_1(tmp_path: pathlib.Path) 
         ("- a\n", "not a kubeconfig: a mapping with clusters, users and contexts is expected, got a list"),
         (
             "clusters: [\n",
-            "not a kubeconfig: YAML syntax error at line 2, column 1: "
-            "expected the node content, but found '<stream end>'",
+            "not a kubeconfig: line 2, column 1: YAML syntax error: "
+            "while parsing a flow node did not find expected node content",
         ),
         (b"\xff\xfe\x00", "not a kubeconfig: not UTF-8 text"),
     ],
@@ -204,8 +204,8 @@ def test_an_unreachable_server_is_one_line_naming_it_and_the_resource(tmp_path: 
 
 @pytest.mark.parametrize("kind", ["claim", "pod"])
 def test_every_explain_flag_states_its_default_and_env_var(kind: str) -> None:
-    """Guards: --kubeconfig, --kube-api-qps, --kube-api-burst, --policy and --output each state their default and name
-    their DRACTL_<FLAG> variable."""
+    """Guards: --kubeconfig, --kube-api-qps, --kube-api-burst, --policy, --output and --timeout each state their
+    default and name their DRACTL_<FLAG> variable."""
     code, out, _ = _invoke("explain", kind, "--help")
     assert code == 0
     text = " ".join(out.split())
@@ -215,6 +215,8 @@ def test_every_explain_flag_states_its_default_and_env_var(kind: str) -> None:
         ("--kube-api-burst", "DRACTL_KUBE_API_BURST"),
         ("--policy", "DRACTL_POLICY"),
         ("--output", "DRACTL_OUTPUT"),
+        ("--timeout", "DRACTL_TIMEOUT"),
     ):
         assert flag in text and f"env var: {env}" in text
-    assert text.count("(default:") == 5
+    assert text.count("(default:") == 6
+    assert "(default: 30 seconds)" in text

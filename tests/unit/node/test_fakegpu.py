@@ -408,7 +408,9 @@ def test_invalid_yaml_names_the_file(tmp_path: pathlib.Path) -> None:
     path.write_text("gpus: [\n")
     with pytest.raises(fakegpu.ProfileError) as caught:
         fakegpu.load_profile(str(path))
-    assert str(caught.value).startswith(f"{path}: not valid YAML: ") and "\n" not in str(caught.value)
+    assert str(caught.value).startswith(f"{path}: line 2, column 1: YAML syntax error: ") and "\n" not in str(
+        caught.value
+    )
 
 
 def _profile_with_faults(tmp_path: pathlib.Path, faults: list[dict[str, Any]]) -> fakegpu.Profile:
