@@ -3,14 +3,18 @@
 A link is `[text](target)` outside code blocks and code spans; a relative target must name an existing file or
 directory, and its `#anchor` (a page's own too) a heading of the markdown file it names, slugged as GitHub slugs
 headings. README.md's quick-start commands must be commands the reference pages print (where the tests that run
-those pages' commands run them), except the two set-up commands, which CI itself runs.
+those pages' commands run them), except the two set-up commands, which CI itself runs; and README.md's own
+`dractl` commands run as printed.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -92,3 +96,39 @@ def test_the_readmes_commands_are_the_reference_pages_own() -> None:
 def test_the_readme_fits_a_few_screens() -> None:
     """Guards the front door: README.md stays short (the reference lives in docs/)."""
     assert len(README.read_text(encoding="utf-8").splitlines()) <= 150
+
+
+def test_the_readmes_dractl_commands_run_as_printed(tmp_path: pathlib.Path) -> None:
+    """Guards the front door as a new user meets it: every `dractl` command of README.md's sh blocks runs as printed,
+    in order, in a fresh directory (the user's own `claims.yaml`/`my-claims.yaml` are an example claim; `kubectl` is a
+    stand-in on PATH that prints a node's slices, as `kubectl get resourceslices -o yaml` would), exits 0 and leaves
+    what it says it writes."""
+    commands = [c for c in _sh_commands(README.read_text(encoding="utf-8")) if c.startswith(("dractl ", "kubectl get"))]
+    assert any(c.startswith("kubectl get resourceslices") for c in commands) and len(commands) >= 5, commands
+    (tmp_path / "dractl").mkdir()
+    (tmp_path / "dractl" / "examples").symlink_to(ROOT / "dractl" / "examples")
+    claim = (ROOT / "dractl" / "examples" / "30-pattern1-training.yaml").read_text(encoding="utf-8")
+    for name in ("claims.yaml", "my-claims.yaml"):
+        (tmp_path / name).write_text(claim, encoding="utf-8")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    dractl = pathlib.Path(sys.executable).parent / "dractl"
+    kubectl = bin_dir / "kubectl"
+    kubectl.write_text(
+        f"#!/bin/sh\nexec {dractl} discover --device-source fake --fake-profile h100-80gb-x8 --node-name n1\n"
+    )
+    kubectl.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{dractl.parent}:{os.environ['PATH']}"}
+    env.pop("KUBECONFIG", None)
+    for command in commands:
+        done = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, f"{command}: exit {done.returncode}: {done.stderr[-2000:]}"
+    for written in ("trace.yaml", "map.html", "node.yaml"):
+        assert (tmp_path / written).stat().st_size > 0, written
