@@ -41,17 +41,14 @@ def test_the_prepare_benchmark_runs_every_shape_with_the_live_claim_get() -> Non
     assert "published to a real kube-apiserver" in completed.stdout, completed.stdout
 
 
-@pytest.mark.timeout(600)
-def test_the_controller_benchmark_races_dractl_at_its_defaults_against_kube_scheduler_and_checks_each_run() -> None:
-    """Guards: `benchmarks/controller.py --quick --size 3:6` exits 0 with a passed check for kube-scheduler at raised
-    limits, dractl at raised limits and dractl at its own default limits, each on a control plane of its own in one
-    run, and prints each dractl run's ratio to kube-scheduler."""
+def _controller_benchmark(*args: str) -> subprocess.CompletedProcess[str]:
+    """`benchmarks/controller.py --quick ARGS`, run to its end and required to exit 0; skips without kube's binaries."""
     try:
         controlplane.find_binaries(controlplane.REQUIRED + controlplane.OPTIONAL)
     except controlplane.Unavailable as missing:
         pytest.skip(str(missing))
     completed = subprocess.run(
-        [sys.executable, "benchmarks/controller.py", "--quick", "--size", "3:6"],
+        [sys.executable, "benchmarks/controller.py", "--quick", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -59,6 +56,15 @@ def test_the_controller_benchmark_races_dractl_at_its_defaults_against_kube_sche
         check=False,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed
+
+
+@pytest.mark.timeout(600)
+def test_the_controller_benchmark_races_dractl_at_its_defaults_against_kube_scheduler_and_checks_each_run() -> None:
+    """Guards: `benchmarks/controller.py --quick --size 3:6` exits 0 with a passed check for kube-scheduler at raised
+    limits, dractl at raised limits and dractl at its own default limits, each on a control plane of its own in one
+    run, and prints each dractl run's ratio to kube-scheduler."""
+    completed = _controller_benchmark("--size", "3:6")
     runs = [line.strip() for line in completed.stdout.splitlines() if line.strip().startswith("run ")]
     labels = (
         "kube-scheduler (raised limits)",
@@ -78,19 +84,7 @@ def test_the_shared_nodes_race_counts_the_devices_given_twice_by_holders_and_fir
     """Guards: `benchmarks/controller.py --shared-nodes 3:12` runs kube-scheduler and dractl at once on the same
     nodes and exits 0, every pod bound, with the count of devices given to two claims and the check's other
     findings (none)."""
-    try:
-        controlplane.find_binaries(controlplane.REQUIRED + controlplane.OPTIONAL)
-    except controlplane.Unavailable as missing:
-        pytest.skip(str(missing))
-    completed = subprocess.run(
-        [sys.executable, "benchmarks/controller.py", "--quick", "--shared-nodes", "3:12"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
+    completed = _controller_benchmark("--shared-nodes", "3:12")
     assert "  12/12 bound in " in completed.stdout, completed.stdout
     assert "  devices given to two claims or more: " in completed.stdout, completed.stdout
     assert "CHECK FAILED" not in completed.stdout, completed.stdout

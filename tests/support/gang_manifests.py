@@ -8,14 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from support import simulate_manifests
 
-CLASS = """
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: gpu.example.com}
-spec:
-  selectors:
-  - cel: {expression: 'device.driver == "gpu.example.com"'}
-"""
+CLASS = simulate_manifests.CLASS
 
 
 def racks(layout: Mapping[str, Sequence[tuple[str, int]]], *, block: Mapping[str, str] | None = None) -> str:

@@ -477,3 +477,22 @@ def unique_label(o: problems.Report, m: Mapping[str, Any], key: str, path: str, 
             o.error(f"{path}.{key}", f"duplicate {what} {quote(name)}")
         seen.add(name)
     return name
+
+
+def claim_entry(
+    o: problems.Report, entry: Mapping[str, Any], path: str, *, seen: set[str], sourced: bool = False
+) -> types.PodResourceClaim:
+    """One `resourceClaims[]` entry of a Pod or a PodGroup: a name unique among `seen`, and exactly one of
+    `resourceClaimName` and `resourceClaimTemplateName`, a DNS subdomain. `sourced`: the entry has the removed
+    `source` field, already reported with its hint, so the lack of both names is not reported again."""
+    name = unique_label(o, entry, "name", path, seen=seen, what="claim name")
+    claim_name = as_str(o, entry, "resourceClaimName", path)
+    template_name = as_str(o, entry, "resourceClaimTemplateName", path)
+    if claim_name is not None and template_name is not None:
+        o.error(path, "exactly one of resourceClaimName or resourceClaimTemplateName is allowed, but both are set")
+    elif claim_name is None and template_name is None and not sourced:
+        o.error(path, "exactly one of resourceClaimName or resourceClaimTemplateName is required")
+    for key, value in (("resourceClaimName", claim_name), ("resourceClaimTemplateName", template_name)):
+        if value is not None:
+            check(o, f"{path}.{key}", dns_subdomain(value) if value else "must not be empty")
+    return types.PodResourceClaim(name=name, resource_claim_name=claim_name, resource_claim_template_name=template_name)

@@ -102,21 +102,7 @@ def _claims(o: problems.Report, spec: Mapping[str, Any]) -> tuple[types.PodResou
         c = common.as_map(o, item, path, _CLAIM_KEYS)
         if c is None:
             continue
-        name = common.unique_label(o, c, "name", path, seen=names, what="claim name")
-        claim_name = common.as_str(o, c, "resourceClaimName", path)
-        template_name = common.as_str(o, c, "resourceClaimTemplateName", path)
-        if claim_name is not None and template_name is not None:
-            o.error(path, "exactly one of resourceClaimName or resourceClaimTemplateName is allowed, but both are set")
-        elif claim_name is None and template_name is None:
-            o.error(path, "exactly one of resourceClaimName or resourceClaimTemplateName is required")
-        for key, value in (("resourceClaimName", claim_name), ("resourceClaimTemplateName", template_name)):
-            if value is not None:
-                common.check(o, f"{path}.{key}", common.dns_subdomain(value) if value else "must not be empty")
-        claims.append(
-            types.PodResourceClaim(
-                name=name, resource_claim_name=claim_name, resource_claim_template_name=template_name
-            )
-        )
+        claims.append(common.claim_entry(o, c, path, seen=names))
     return tuple(claims)
 
 

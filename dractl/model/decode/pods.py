@@ -37,21 +37,7 @@ def pod_spec_fields(
         c = common.as_map(o, item, cpath, _POD_CLAIM_KEYS_WITH_SOURCE)
         if c is None:
             continue
-        name = common.unique_label(o, c, "name", cpath, seen=claim_names, what="claim name")
-        claim_name = common.as_str(o, c, "resourceClaimName", cpath)
-        template_name = common.as_str(o, c, "resourceClaimTemplateName", cpath)
-        if claim_name is not None and template_name is not None:
-            o.error(cpath, "exactly one of resourceClaimName or resourceClaimTemplateName is allowed, but both are set")
-        elif claim_name is None and template_name is None and "source" not in c:
-            o.error(cpath, "exactly one of resourceClaimName or resourceClaimTemplateName is required")
-        for key, value in (("resourceClaimName", claim_name), ("resourceClaimTemplateName", template_name)):
-            if value is not None:
-                common.check(o, f"{cpath}.{key}", common.dns_subdomain(value) if value else "must not be empty")
-        claims.append(
-            types.PodResourceClaim(
-                name=name, resource_claim_name=claim_name, resource_claim_template_name=template_name
-            )
-        )
+        claims.append(common.claim_entry(o, c, cpath, seen=claim_names, sourced="source" in c))
     container_claims = []
     for group in ("initContainers", "containers"):
         for i, item in enumerate(common.as_list(o, spec.get(group), f"{path}.{group}")):
