@@ -259,7 +259,10 @@ class _State:
                     self._hold_back(work, joins)
                     return
                 if gang.domain is None:
-                    self._try_gang(gang, at=event.at, retry=False)
+                    # A gang refused already waits for departures, as pending pods do; one still gathering is
+                    # tried once it has its minimum.
+                    if not gang.refused:
+                        self._try_gang(gang, at=event.at, retry=False)
                     return
         waiting = sum(1 for c in work.claims if c.key not in self.held)
         if not self._try(work, at=event.at, retry=False):
@@ -278,7 +281,7 @@ class _State:
             if work.gang is not None:
                 self._drop_members(work.gang)
         if self.keep_frames:
-            self.refused.extend((c.key, self.reasons.get(c.key, ())) for c in work.claims if c.key not in self.held)
+            self.refused.extend((c.key, self.reasons_of(c.key)) for c in work.claims if c.key not in self.held)
             if first:
                 self.frame(at, event=self.position, first_rejection=True)
 
@@ -309,14 +312,38 @@ class _State:
         for key in self.members.get(_group_key(joins), {}):
             member = self.pods[key]
             assert member.pod is not None
+            held = [c.key for c in member.claims if c.key in self.held]
+            if held:
+                # A pod placed while an earlier PodGroup of this name was present runs on: the gang runs where it
+                # does (the domain of the group's topology key that holds its node).
+                gang.placed.add(key)
+                gang.domain = self._domain_of(group, self.held[held[0]])
+                continue
             # Resolved again: an entry that repeats one of the group's claims now stands for that claim.
             for claim_key in member.owned:
                 self.present.pop(claim_key, None)
                 self.reasons.pop(claim_key, None)
             again = self._pod_work(member.pod)
             member.claims, member.owned, member.problem = again.claims, again.owned, again.problem
-        if self.members.get(_group_key(joins)):
-            self._try_gang(gang, at=at, retry=False)
+        if gang.domain is None:
+            if self.members.get(_group_key(joins)):
+                self._try_gang(gang, at=at, retry=False)
+            return
+        # The gang runs: the pods that waited for it join it one by one, in its domain.
+        for work in self._member_works(gang):
+            if work.key not in gang.placed:
+                waiting = sum(1 for c in work.claims if c.key not in self.held)
+                if not self._try(work, at=at, retry=False):
+                    self._refuse(work, at=at, count=max(waiting, 1))
+
+    def _domain_of(self, group: model.PodGroup, node: str | None) -> tuple[str, ...]:
+        """The nodes of the domain of the group's topology key that holds `node` (every node without a key, or
+        where the node is not known)."""
+        key = group.topology_key
+        value = self.nodes.labels_of(node).get(key) if key and node is not None else None
+        if value is None and key == gang_module.HOSTNAME_LABEL:
+            value = node
+        return gang_module.domain_nodes(self.nodes, f"{key}={value}" if value is not None else None)
 
     def _gang_of_pod(self, pod: model.Pod) -> _Gang | None:
         """The present PodGroup the pod joins, of the API it joins through."""
@@ -345,18 +372,16 @@ class _State:
         """Place a gang that does not run yet: all or nothing (`gang.plan`) once at least its minimum of member
         pods is present; until then its pods wait, which is no rejection. True when it runs (or needs nothing)."""
         group = gang.group
+        # Checked before the members are gathered: a gang of many pods arriving one by one costs a constant per
+        # arrival while it gathers (its pods' reasons are `_gathering`'s, made when they are shown).
+        if self._gathering(gang) is not None:
+            gang.refused = False
+            self.pending.pop(gang.work.key, None)
+            return False
         works = self._member_works(gang)
         for work in works:
             work.claims = [self.present[c.key] for c in work.claims if c.key in self.present]
         gang.work.claims = [c for work in works for c in work.claims if c.key not in self.held]
-        need = group.min_count or 1
-        if len(works) < need:
-            gang.refused = False
-            self.pending.pop(gang.work.key, None)
-            line = f"not allocated: {gang_module.describe(group)}: {len(works)} of {need} member pods have arrived"
-            for claim in gang.work.claims:
-                self.reasons[claim.key] = (line,)
-            return False
         members = []
         for work in works:
             assert work.pod is not None
@@ -410,9 +435,29 @@ class _State:
         return True
 
     def _drop_members(self, key: str) -> None:
-        """Under `Retry.NEVER`, the members of a refused gang are not tried again."""
+        """Under `Retry.NEVER`, the members of a refused gang are not tried again; pods still to come gather anew."""
         gang = self.gangs[key]
+        gang.refused = False
         self.members.pop(_group_key((gang.group.key, gang.group.api)), None)
+
+    def _gathering(self, gang: _Gang) -> str | None:
+        """Why the gang's pods wait while it has fewer member pods than its minimum; None once it has them (or
+        runs)."""
+        if gang.domain is not None:
+            return None
+        count = len(self.members.get(_group_key((gang.group.key, gang.group.api)), {}))
+        need = gang.group.min_count or 1
+        if count >= need:
+            return None
+        return f"not allocated: {gang_module.describe(gang.group)}: {count} of {need} member pods have arrived"
+
+    def reasons_of(self, key: str) -> tuple[str, ...]:
+        """Why the claim `key` is not allocated now: a gathering gang's line for a claim of its pods, else the last
+        attempt's reasons."""
+        group = self.gang_of.get(key)
+        gang = self.gangs.get(group) if group is not None else None
+        line = self._gathering(gang) if gang is not None else None
+        return (line,) if line is not None else self.reasons.get(key, ())
 
     def _pod_work(self, pod: model.Pod) -> _Work:
         uid = claims.pod_uid(pod)
@@ -534,6 +579,11 @@ class _State:
                 self.pending.pop(gang.work.key, None)
                 for key in gang.owned:
                     self._release(key, at=event.at)
+                group_key = _group_key((gang.group.key, gang.group.api))
+                for key in self.members.get(group_key, {}):
+                    if key not in gang.placed:
+                        self.pending.pop(key, None)
+                        self._hold_back(self.pods[key], group_key)
             return
         work = self.pods.pop(f"Pod {event.key}", None)
         self.pending.pop(f"Pod {event.key}", None)
@@ -589,7 +639,7 @@ class _State:
         for work in gathering:
             work.claims = [c for member in self._member_works(self.gangs[work.gang or ""]) for c in member.claims]
         waiting = tuple(
-            (c.key, self.reasons.get(c.key, ()))
+            (c.key, self.reasons_of(c.key))
             for work in (*self.pending.values(), *gathering)
             for c in work.claims
             if c.key not in self.held
@@ -632,7 +682,7 @@ class _State:
                     name=claim.meta.name,
                     claim=claim,
                     node=self.held.get(key),
-                    reasons=() if allocated else self.reasons.get(key, ("not allocated: waiting",)),
+                    reasons=() if allocated else self.reasons_of(key) or ("not allocated: waiting",),
                     status=engine.Status.ALLOCATED if allocated else engine.Status.NOT_ALLOCATED,
                     warnings=check.warnings(claim, allocated=allocated),
                 )

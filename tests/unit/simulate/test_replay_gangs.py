@@ -10,6 +10,7 @@ import yaml
 from support import gang_manifests
 
 from dractl import config, model
+from dractl import gang as gang_module
 from dractl.simulate import metrics, replay, trace
 
 # Rack r1 of two 8-GPU nodes and rack r2 of three.
@@ -298,3 +299,57 @@ def test_json_and_table_count_gangs_admitted_and_refused(tmp_path: Any) -> None:
     out = io.StringIO()
     assert replay.run(settings, out=out, err=err) == 0
     assert "gangs" not in json.loads(out.getvalue())["runs"][0]["metrics"]["time"]
+
+
+def test_a_pod_group_that_departs_and_comes_back_keeps_its_running_pods_and_domain() -> None:
+    """Guards: when a PodGroup departs while its pods run, a pod that joins then waits for the group (saying so);
+    when the group comes back, its running pods keep their places and the new pod goes to their rack."""
+    tr = _trace(
+        [
+            {"at": 0, "arrive": _group("train", 2)},
+            {"at": 0, "arrive": _pod("p0", group="train")},
+            {"at": 0, "arrive": _pod("p1", group="train")},
+            {"at": 1, "depart": _depart("PodGroup", "train")},
+            {"at": 2, "arrive": _pod("p2", group="train")},
+            {"at": 3, "arrive": _group("train", 2)},
+        ],
+        gpus=1,
+    )
+    before = replay.replay(_trace(tr.document["spec"]["events"][:5], gpus=1))
+    (waiting,) = before.pending
+    assert waiting.reasons[0].startswith("not allocated: pod ml/p2 joins PodGroup ml/train")
+    result = replay.replay(tr)
+    placed = _placed(result)
+    assert list(placed) == ["p0", "p1", "p2"]
+    assert _rack(placed["p2"]) == _rack(placed["p0"]) == _rack(placed["p1"])
+    assert [a.at for a in result.actions if a.kind is replay.ActionKind.ALLOCATE] == [0.0, 0.0, 3.0]
+    assert not [a for a in result.actions if a.kind is replay.ActionKind.RELEASE]
+
+
+def test_a_gang_is_planned_once_it_gathers_and_again_only_after_departures(monkeypatch: Any) -> None:
+    """Guards: bounded work for a large gang: while it gathers no plan is made, a refused gang is not planned again
+    when more of its pods arrive (only after a departure), so a gang of many pods arriving one by one costs a plan
+    per departure batch, not per pod."""
+    calls: list[int] = []
+    original = gang_module.plan
+
+    def counting(*args: Any, **kwargs: Any) -> gang_module.Plan:
+        calls.append(len(kwargs["members"]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gang_module, "plan", counting)
+    blocker = _pod("s0", group="none")
+    del blocker["spec"]["schedulingGroup"]
+    blocker["spec"]["nodeSelector"] = {"rack": "r2"}
+    tr = _trace(
+        [
+            {"at": 0, "arrive": blocker},
+            {"at": 1, "arrive": _group("big", 3)},
+            *({"at": 1 + i, "arrive": _pod(f"b{i}", group="big")} for i in range(6)),
+            {"at": 10, "depart": _depart("Pod", "s0")},
+        ]
+    )
+    result = replay.replay(tr)
+    assert calls == [3, 6]
+    assert [a.work for a in result.actions if a.kind is replay.ActionKind.REJECT] == ["PodGroup ml/big"]
+    assert len([pod for pod in _placed(result) if pod.startswith("b")]) == 3
