@@ -230,7 +230,8 @@ def read_gang(reader: Reader, pod: model.Pod) -> GangInput | None:
     try:
         groups = decode.load_documents([resource.with_kind(dict(raws[0]))], file="api").pod_groups
     except decode.DecodeError as error:
-        return GangInput(group=None, problem=f"{what} cannot be explained: dractl cannot decode it: {error}")
+        problems = "; ".join(error.problems)
+        return GangInput(group=None, problem=f"{what} cannot be explained: dractl cannot decode it: {problems}")
     warnings: list[str] = []
     members: list[PodInput] = []
     selector = f"{model.POD_GROUP_LABEL}={ref.name}" if ref.api is model.PodGroupApi.COSCHEDULING else ""

@@ -173,3 +173,19 @@ def test_a_pod_without_a_pod_group_reads_no_pod_groups() -> None:
     code, out, err = _explain(reader)
     assert (code, err) == (0, "")
     assert "gang" not in json.loads(out)["pod"]
+
+
+def test_a_pod_group_dractl_cannot_decode_is_one_line() -> None:
+    """Guards: a PodGroup whose fields dractl refuses (minCount 0, two topology keys) is one line naming it and the
+    fields; the pod is still explained."""
+    group = _group("train", 1)
+    group["spec"]["schedulingPolicy"]["gang"]["minCount"] = 0
+    group["spec"]["schedulingConstraints"]["topology"].append({"key": "zone"})
+    code, out, err = _explain(_reader([_member("p0")], groups=[group]))
+    assert (code, err) == (0, "")
+    reason = json.loads(out)["pod"]["gang"]["reason"]
+    assert reason.startswith(
+        "PodGroup ml/train (scheduling.k8s.io/v1alpha2) cannot be explained: dractl cannot decode it: api: PodGroup "
+        "ml/train: spec.schedulingPolicy.gang.minCount: must be a positive integer"
+    )
+    assert "\n" not in reason
