@@ -298,8 +298,8 @@ class _State:
                 claims_of[entry] = f"{group.meta.namespace}/{entry.resource_claim_name}"
                 continue
             template = self.templates.get((group.meta.namespace, entry.resource_claim_template_name or ""))
-            if template is None:
-                continue  # The trace's validation rules this out for pods; a group's missing template waits alike.
+            if template is None:  # the trace's validation rules this out
+                continue
             name = claims.free_claim_name(as_pod, entry.name, taken=self.present)
             claim = claims.claim_for_group(template, group=group, pod_claim_name=entry.name, name=name)
             self._arrive_claim(claim)

@@ -403,6 +403,8 @@ def _events(raw: object, *, file: str, problems: list[str], cluster: model.Objec
         problems.append(f"{file}: spec.events: required, a list of events (at, and arrive or depart)")
         return ()
     templates = {(t.meta.namespace, t.meta.name) for t in cluster.resource_claim_templates}
+    for group in cluster.pod_groups:
+        problems.extend(_missing_templates(group, where=f"{file}: spec.cluster.objects", templates=templates))
     events: list[Event] = []
     for i, item in enumerate(raw):
         where = f"{file}: events[{i}]"
@@ -475,14 +477,8 @@ def _arrival(
         problems.extend(error.problems)
         return []
     arrival = Arrival(at=at, object=value, index=index)
-    if isinstance(value, model.Pod):
-        for i, claim in enumerate(value.resource_claims):
-            name = claim.resource_claim_template_name
-            if name is not None and (value.meta.namespace, name) not in templates:
-                problems.append(
-                    f"{path}: Pod {arrival.key}: spec.resourceClaims[{i}].resourceClaimTemplateName: no "
-                    f"ResourceClaimTemplate {value.meta.namespace}/{name} in spec.cluster"
-                )
+    if not isinstance(value, model.ResourceClaim):
+        problems.extend(_missing_templates(value, where=path, templates=templates))
     out: list[Event] = [arrival]
     after = value.meta.annotations.get(DEPARTS_AFTER)
     if after is not None:
@@ -503,6 +499,18 @@ def _arrival(
                 )
             )
     return out
+
+
+def _missing_templates(value: model.Pod | model.PodGroup, *, where: str, templates: set[tuple[str, str]]) -> list[str]:
+    """One problem per `spec.resourceClaims` entry of a pod or PodGroup naming a template the cluster lacks."""
+    kind = "Pod" if isinstance(value, model.Pod) else "PodGroup"
+    namespace = value.meta.namespace
+    return [
+        f"{where}: {kind} {namespace}/{value.meta.name}: spec.resourceClaims[{i}].resourceClaimTemplateName: no "
+        f"ResourceClaimTemplate {namespace}/{name} in spec.cluster"
+        for i, entry in enumerate(value.resource_claims)
+        if (name := entry.resource_claim_template_name) is not None and (namespace, name) not in templates
+    ]
 
 
 def _seconds(text: str) -> float | None:

@@ -353,3 +353,39 @@ def test_a_gang_is_planned_once_it_gathers_and_again_only_after_departures(monke
     assert calls == [3, 6]
     assert [a.work for a in result.actions if a.kind is replay.ActionKind.REJECT] == ["PodGroup ml/big"]
     assert len([pod for pod in _placed(result) if pod.startswith("b")]) == 3
+
+
+def test_a_pod_group_naming_a_template_the_cluster_lacks_is_refused_naming_it() -> None:
+    """Guards: a PodGroup's spec.resourceClaims entry naming a template not in spec.cluster is one line naming the
+    event (or the cluster's objects) and the field, as for a pod."""
+    group = _group("train", 2)
+    group["spec"]["resourceClaims"] = [{"name": "shared", "resourceClaimTemplateName": "nowhere"}]
+    document = _trace([]).document
+    document["spec"]["events"] = [{"at": 0, "arrive": group}]
+    document["spec"]["cluster"]["objects"].append({**group, "metadata": {"name": "early", "namespace": "ml"}})
+    try:
+        trace.parse(document, file="t.yaml")
+    except trace.TraceError as error:
+        problems = error.problems
+    else:
+        raise AssertionError("the trace was accepted")
+    assert problems == (
+        "t.yaml: spec.cluster.objects: PodGroup ml/early: spec.resourceClaims[0].resourceClaimTemplateName: no "
+        "ResourceClaimTemplate ml/nowhere in spec.cluster",
+        "t.yaml: events[0].arrive: PodGroup ml/train: spec.resourceClaims[0].resourceClaimTemplateName: no "
+        "ResourceClaimTemplate ml/nowhere in spec.cluster",
+    )
+
+
+def test_topology_levels_place_a_gang_in_the_smallest_rack_that_holds_it() -> None:
+    """Guards: the replay takes --topology-levels: a 3-pod gang without a topology key goes to the one rack that
+    holds all its pods (r2) rather than across racks (a1, a2 and b1 come first in node order)."""
+    events = [
+        {"at": 0, "arrive": _group("train", 3, topology=None)},
+        *({"at": 0, "arrive": _pod(f"p{i}", group="train")} for i in range(3)),
+    ]
+    for policy in config.Policy:
+        across = _placed(replay.replay(_trace(events), policy=policy))
+        assert {_rack(node) for node in across.values()} == {"r1", "r2"}, policy
+        placed = _placed(replay.replay(_trace(events), policy=policy, topology_levels=("rack",)))
+        assert {_rack(node) for node in placed.values()} == {"r2"}, policy
