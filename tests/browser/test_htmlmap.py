@@ -240,9 +240,9 @@ def _without_departures_of_gangs(spec: str) -> trace.Trace:
 def test_map_names_each_gang_and_its_header_follows_the_moment_shown(
     render: Callable[..., Any], tmp_path: pathlib.Path
 ) -> None:
-    """Guards: with gangs, every drawn claim of a gang's pod names its gang (hover title, `data-gang`), a legend lists
-    each gang held at the end and per moment, and the header's summary is that of the moment shown (the one the page
-    opens on, and another one the address asks for)."""
+    """Guards: with gangs, every drawn claim of a gang's pod names its gang (hover title, `data-gang`) in its gang's
+    one colour, a legend lists each gang held at the end and per moment, and the header's summary is that of the
+    moment shown (the one the page opens on, and another one the address asks for)."""
     generated = _without_departures_of_gangs("mix=reference,seed=1,claims=60,a100=4,h100=4,t4=0,gangs=4")
     result = replay.replay(generated, frames=6)
     gang_of = dict(result.gangs)
@@ -267,6 +267,10 @@ def test_map_names_each_gang_and_its_header_follows_the_moment_shown(
     ganged = [a for a in rects if any(claim in gang_of for claim in a["data-claim"].split(" "))]
     assert ganged and all(a.get("data-gang") == gang_of[a["data-claim"].split(" ")[0]] for a in ganged)
     assert all("data-gang" not in a for a in rects if a not in ganged)
+    fills: dict[str, set[str]] = {}
+    for a in ganged:
+        fills.setdefault(a["data-gang"], set()).add(a["fill"])
+    assert all(len(colours) == 1 for colours in fills.values()), fills
     claim, gang = next(iter(gang_of.items()))
     assert f"{html.escape(claim)} (gang {html.escape(gang)})" in text
     cells = {a["data-gang"] for _, a in found.found if "data-cell" in a and "data-gang" in a}
