@@ -103,7 +103,7 @@ def plan(
     allocator holds the placed members' allocations; on failure it holds exactly what it held
     before. Pure apart from the allocator's holdings."""
     need = group.min_count or 1
-    head = _head(group, need)
+    head = describe(group)
     if len(members) < need:
         count = f"{len(members)} member pod{'' if len(members) == 1 else 's'}"
         return _failed(members, f"{head}: {count}, fewer than its minCount")
@@ -146,12 +146,22 @@ def plan(
     return _failed_in(best, members, head=head, need=need, key=key)
 
 
-def _head(group: model.PodGroup, need: int) -> str:
-    facts = [f"minCount {need}"] if group.min_count is not None else []
+def describe(group: model.PodGroup) -> str:
+    """How the gang's lines begin: `gang ml/train (minCount 8, topology rack)`. Pure."""
+    facts = [f"minCount {group.min_count}"] if group.min_count is not None else []
     if group.topology_key:
         facts.append(f"topology {group.topology_key}")
     what = "gang" if group.min_count is not None else "pod group"
     return f"{what} {group.key}" + (f" ({', '.join(facts)})" if facts else "")
+
+
+def domain_nodes(cluster: placement.Cluster, domain: str | None) -> tuple[str, ...]:
+    """The nodes of a `Plan.domain` (`label=value`; None: every node), so that pods joining a gang that runs go
+    where it runs. Pure."""
+    if domain is None:
+        return cluster.names
+    label, _, value = domain.partition("=")
+    return next((d.nodes for d in _domains(cluster, cluster.names, label) if d.value == value), ())
 
 
 def _domains(cluster: placement.Cluster, nodes: Iterable[str], label: str) -> list[_Domain]:

@@ -66,9 +66,15 @@ FEATURE_GATES = ",".join(
         "DRAPartitionableDevices",
         "DRAPrioritizedList",
         "DRAResourceClaimDeviceStatus",
+        # Gang scheduling and topology-aware workload scheduling (alpha in 1.36): the PodGroup API
+        # (scheduling.k8s.io/v1alpha2), its topology and gang cycles in kube-scheduler, and claims of a PodGroup.
+        "GenericWorkload",
+        "GangScheduling",
+        "TopologyAwareWorkloadScheduling",
+        "DRAWorkloadResourceClaims",
     )
 )
-RUNTIME_CONFIG = "resource.k8s.io/v1=true,resource.k8s.io/v1beta2=true"
+RUNTIME_CONFIG = "resource.k8s.io/v1=true,resource.k8s.io/v1beta2=true,scheduling.k8s.io/v1alpha2=true"
 HOW_TO_GET = (
     "needs kube-apiserver and etcd: set KUBEBUILDER_ASSETS to a directory holding them, "
     "or DRACTL_K8S_ARCHIVES to a directory of *.xz archives (see DEVELOPERS.md)"

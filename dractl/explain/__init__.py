@@ -1,7 +1,8 @@
 """`dractl explain claim|pod NS/NAME`: the allocator's reasoning against a live cluster.
 
 What it does: reads the cluster's DeviceClasses, ResourceSlices, Nodes and ResourceClaims (and
-for a pod, the pod and its ResourceClaimTemplates) through `dractl.kube` (`cluster`), builds the
+for a pod, the pod and its ResourceClaimTemplates, and for a member of a gang its PodGroup and the
+other member pods) through `dractl.kube` (`cluster`), builds the
 snapshot `dractl simulate` builds for the API's state, and explains the named claim or the
 pod's claims by actually trying to allocate them against it (`reasoning`): where an allocated
 claim is and who reserves it, the node and devices a pending claim would get now, or the
@@ -19,6 +20,7 @@ malformed target name is the CLI's exit 2 (`parse_target`).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections.abc import Callable
@@ -72,19 +74,42 @@ def explain(settings: config.Explain, reader: cluster.Reader) -> Explained:
         )
         return explained, state.warnings
     pod = cluster.read_pod(reader, settings.namespace, settings.name)
+    gang = cluster.read_gang(reader, pod.pod)
     state = cluster.read_cluster(reader)
     claims = {claim.key: claim for claim in state.objects.resource_claims}
-    pod_claims = reasoning.resolve_pod_claims(
-        pod.pod, claim_statuses=pod.claim_statuses, claims=claims, templates=pod.templates
-    )
+
+    def resolved(member: cluster.PodInput) -> tuple[reasoning.PodClaim, ...]:
+        return reasoning.resolve_pod_claims(
+            member.pod, claim_statuses=member.claim_statuses, claims=claims, templates=member.templates
+        )
+
     explained = reasoning.explain_pod(
         pod.pod,
-        pod_claims=pod_claims,
+        pod_claims=resolved(pod),
         cluster=state.objects,
         policy=settings.policy,
         search_limit=settings.search_limit,
     )
-    return explained, (*pod.warnings, *state.warnings)
+    if gang is None:
+        return explained, (*pod.warnings, *state.warnings)
+    explained_gang = reasoning.explain_gang(
+        pod.pod,
+        group=gang.group,
+        problem=gang.problem,
+        members=[(member.pod, resolved(member)) for member in gang.members],
+        cluster=state.objects,
+        policy=settings.policy,
+        search_limit=settings.search_limit,
+    )
+    explained = dataclasses.replace(explained, gang=explained_gang)
+    refused = explained_gang.fits is False or explained.name in explained_gang.left
+    if refused and explained.state is not reasoning.PodState.BLOCKED:
+        # A member of a gang is placed with its gang (in its domain) or not at all, whatever its claims do alone.
+        explained = dataclasses.replace(
+            explained, state=reasoning.PodState.BLOCKED, node=None, reasons=(explained_gang.line, *explained.reasons)
+        )
+    member_warnings = (w for member in gang.members for w in member.warnings)
+    return explained, (*pod.warnings, *gang.warnings, *dict.fromkeys(member_warnings), *state.warnings)
 
 
 class _Progress:

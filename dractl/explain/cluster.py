@@ -3,8 +3,10 @@
 What it does: through an injected `Reader` (a `dractl.kube.client.Client` in the CLI), lists
 the DeviceClasses, ResourceSlices, Nodes and every ResourceClaim (all namespaces: claims of
 other namespaces hold devices too), gets the claim or pod named on the command line and the
-ResourceClaimTemplates a pod uses, and decodes one object at a time: an object dractl cannot
-decode becomes a warning naming it and is skipped, so one bad slice does not hide the rest.
+ResourceClaimTemplates a pod uses, and for a pod that joins a PodGroup the group (of the API the
+pod joins through, where the server serves it: a 404 on its collection says it does not) and
+the other pods of its namespace that join it, and decodes one object at a time: an object dractl
+cannot decode becomes a warning naming it and is skipped, so one bad slice does not hide the rest.
 Failures become `ReadError` with one line for a person: a missing target names it, an
 unreachable or refusing server names the server and the resource.
 
@@ -20,6 +22,13 @@ from typing import Any, Protocol
 
 from dractl import model
 from dractl.kube import client as kube_client
+from dractl.model import decode
+
+# The resource of each PodGroup API.
+POD_GROUPS = {
+    model.PodGroupApi.WORKLOAD: kube_client.POD_GROUPS,
+    model.PodGroupApi.COSCHEDULING: kube_client.COSCHEDULING_POD_GROUPS,
+}
 
 
 class Reader(Protocol):
@@ -87,9 +96,11 @@ def _failure(reader: Reader, *, verb: str, what: str, error: kube_client.ApiErro
     return ReadError(f"cannot {verb} {what} on the API server {reader.host}: {error}")
 
 
-def _list(reader: Reader, resource: kube_client.Resource, *, namespace: str = "") -> Sequence[dict[str, Any]]:
+def _list(
+    reader: Reader, resource: kube_client.Resource, *, namespace: str = "", label_selector: str = ""
+) -> Sequence[dict[str, Any]]:
     try:
-        return reader.list(resource, namespace=namespace).items
+        return reader.list(resource, namespace=namespace, label_selector=label_selector).items
     except kube_client.ApiError as error:
         raise _failure(reader, verb="list", what=resource.plural, error=error) from error
 
@@ -171,10 +182,66 @@ def read_pod(reader: Reader, namespace: str, name: str) -> PodInput:
     `NotFound` or `ReadError`. Read-only."""
     raw, pod = _target(reader, kube_client.PODS, namespace, name)
     assert isinstance(pod, model.Pod)
+    return _pod_input(reader, raw, pod)
+
+
+def _pod_input(reader: Reader, raw: Mapping[str, Any], pod: model.Pod) -> PodInput:
     warnings: list[str] = []
     templates: dict[str, model.ResourceClaimTemplate] = {}
     for template_name in sorted({e.resource_claim_template_name or "" for e in pod.resource_claims} - {""}):
-        found = _get(reader, kube_client.RESOURCE_CLAIM_TEMPLATES, template_name, namespace=namespace)
+        found = _get(reader, kube_client.RESOURCE_CLAIM_TEMPLATES, template_name, namespace=pod.meta.namespace)
         for template in _decoded((found,) if found is not None else (), model.ResourceClaimTemplate, warnings):
             templates[template_name] = template
     return PodInput(pod=pod, claim_statuses=claim_statuses(raw), templates=templates, warnings=tuple(warnings))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GangInput:
+    """The PodGroup a pod joins and its member pods (the pod itself included, in name order), or, when the group
+    cannot be read, `problem`: why (it does not exist, the server does not serve its API, it does not decode)."""
+
+    group: model.PodGroup | None
+    members: tuple[PodInput, ...] = ()
+    problem: str | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def read_gang(reader: Reader, pod: model.Pod) -> GangInput | None:
+    """The PodGroup `pod` joins (None when it joins none), read through the API it joins by, and the pods of its
+    namespace that join it, each with its recorded claims and templates. Whether the server serves the API is
+    discovered, not assumed: listing the group's collection (by name) answers 404 where it does not. Raises
+    `ReadError`. Read-only."""
+    ref = pod.pod_group
+    if ref is None:
+        return None
+    namespace, resource = pod.meta.namespace, POD_GROUPS[ref.api]
+    what = f"PodGroup {namespace}/{ref.name} ({ref.api.value})"
+    try:
+        found = reader.list(resource, namespace=namespace, field_selector=f"metadata.name={ref.name}").items
+    except kube_client.NotFound:
+        how = (
+            "its API is alpha: kube-apiserver needs --runtime-config=scheduling.k8s.io/v1alpha2=true and the "
+            "GenericWorkload feature gate"
+            if ref.api is model.PodGroupApi.WORKLOAD
+            else "its CustomResourceDefinition (scheduler-plugins' coscheduling) is not installed"
+        )
+        return GangInput(group=None, problem=f"{what}: the API server {reader.host} does not serve it ({how})")
+    except kube_client.ApiError as error:
+        raise _failure(reader, verb="list", what=f"{resource.plural}.{resource.group}", error=error) from error
+    raws = [raw for raw in found if (raw.get("metadata") or {}).get("name") == ref.name]
+    if not raws:
+        return GangInput(group=None, problem=f"{what} does not exist: a scheduler keeps the pod pending until it does")
+    try:
+        groups = decode.load_documents([resource.with_kind(dict(raws[0]))], file="api").pod_groups
+    except decode.DecodeError as error:
+        problems = "; ".join(error.problems)
+        return GangInput(group=None, problem=f"{what} cannot be explained: dractl cannot decode it: {problems}")
+    warnings: list[str] = []
+    members: list[PodInput] = []
+    selector = f"{model.POD_GROUP_LABEL}={ref.name}" if ref.api is model.PodGroupApi.COSCHEDULING else ""
+    pods = _list(reader, kube_client.PODS, namespace=namespace, label_selector=selector)
+    for raw in sorted(pods, key=_name):
+        for member in _decoded((raw,), model.Pod, warnings):
+            if member.pod_group == ref:
+                members.append(_pod_input(reader, raw, member))
+    return GangInput(group=groups[0], members=tuple(members), warnings=tuple(warnings))

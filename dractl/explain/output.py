@@ -67,8 +67,9 @@ def claim_data(claim: reasoning.Claim) -> dict[str, Any]:
 
 
 def pod_data(pod: reasoning.Pod) -> dict[str, Any]:
-    """A pod and its claims as plain data. `candidateNodes` null means any node. Pure."""
-    return {
+    """A pod and its claims as plain data. `candidateNodes` null means any node; `gang` is there only for a pod
+    that joins a PodGroup (`fits` null: the group cannot be read). Pure."""
+    data: dict[str, Any] = {
         "namespace": pod.namespace,
         "name": pod.name,
         "status": pod.state.value,
@@ -77,8 +78,20 @@ def pod_data(pod: reasoning.Pod) -> dict[str, Any]:
         "nodeSelector": dict(pod.node_selector),
         "candidateNodes": None if pod.candidates is None else list(pod.candidates),
         "reasons": list(pod.reasons),
-        "claims": [claim_data(claim) for claim in pod.claims],
     }
+    if pod.gang is not None:
+        g = pod.gang
+        data["gang"] = {
+            "podGroup": g.name,
+            "apiVersion": g.api,
+            "members": list(g.members),
+            "bound": list(g.bound),
+            "fits": g.fits,
+            "left": list(g.left),
+            "reason": g.line,
+        }
+    data["claims"] = [claim_data(claim) for claim in pod.claims]
+    return data
 
 
 # --- Text ----------------------------------------------------------------------------------
@@ -154,6 +167,11 @@ def pod_lines(pod: reasoning.Pod) -> list[str]:
         lines += _item("spec.nodeSelector", ", ".join(f"{k}={v}" for k, v in pod.node_selector.items()), depth=1)
     nodes = "any node" if pod.candidates is None else ", ".join(pod.candidates) or "none"
     lines += _item("nodes it may use", nodes, depth=1)
+    if pod.gang is not None:
+        lines += _item("gang", pod.gang.line, depth=1)
+        if pod.gang.members:
+            bound = f" ({len(pod.gang.bound)} bound)" if pod.gang.bound else ""
+            lines += _item("gang members", ", ".join(pod.gang.members) + bound, depth=2)
     for reason in pod.reasons:
         lines += _item("why", reason, depth=1)
     for claim in pod.claims:

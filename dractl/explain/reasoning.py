@@ -12,7 +12,10 @@ state (every allocated claim holds its devices, trusted as the scheduler trusts 
 - `explain_pod`: the pod's claims, as `resolve_pod_claims` finds them, explained together as
   a scheduler places them: the claims already allocated pin the node, the pod's
   `spec.nodeName` and `spec.nodeSelector` narrow it (`model.placement`, shared with
-  simulate), and the pending claims are allocated jointly on one node.
+  simulate), and the pending claims are allocated jointly on one node;
+- `explain_gang`: the PodGroup a pod joins, with its member pods, placed as one decision by the
+  gang planner (`gang.plan`, as `dractl simulate` places gangs): the gang's line (where it fits,
+  or why no domain of its topology key holds minCount pods), or why its group cannot be read.
 
 Nothing is written anywhere: the allocator's commit lives and dies with this call.
 
@@ -26,7 +29,7 @@ import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
 
-from dractl import alloc, config, model
+from dractl import alloc, config, gang, model
 from dractl.model import limits, placement, podclaims
 
 
@@ -97,10 +100,27 @@ class Claim:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Gang:
+    """The PodGroup a pod joins, explained: its "namespace/name" and apiVersion, its member pods found (names, the
+    pod itself included) and those bound to a node, whether it fits now (`fits`: at least minCount members placed
+    in one domain; None when the group cannot be read), the members that do not fit where it fits (`left`), and
+    its one line: where it fits or runs, why it does not fit (`gang.plan`'s reason), or why the group cannot be
+    read."""
+
+    name: str
+    api: str
+    members: tuple[str, ...]
+    bound: tuple[str, ...]
+    fits: bool | None
+    line: str
+    left: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Pod:
     """A pod's claims explained together. `candidates` are the nodes the pod may use as
     dractl reads them (None: any node); `node` is where its claims are or would be (None
-    when that is not one node)."""
+    when that is not one node); `gang` its PodGroup's explanation when it joins one."""
 
     namespace: str
     name: str
@@ -111,6 +131,7 @@ class Pod:
     node: str | None
     claims: tuple[Claim, ...]
     reasons: tuple[str, ...] = ()
+    gang: Gang | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -464,3 +485,69 @@ def explain_pod(
         claims=tuple(views[item.name] for item in items),
         reasons=tuple(reasons),
     )
+
+
+# --- Gangs ---------------------------------------------------------------------------------
+
+
+def explain_gang(
+    pod: model.Pod,
+    *,
+    group: model.PodGroup | None,
+    problem: str | None = None,
+    members: Sequence[tuple[model.Pod, Sequence[PodClaim]]] = (),
+    cluster: model.Objects,
+    policy: config.Policy = config.Policy.BINPACK,
+    search_limit: int = config.DEFAULT_SEARCH_LIMIT,
+) -> Gang:
+    """Explain the PodGroup `pod` joins (`group`, or None with `problem` saying why it cannot be read) with its
+    member pods (each with its claims as `resolve_pod_claims` finds them). Pure (the allocator is private to the call).
+
+    A gang whose members are all bound to nodes runs, in the domain of its topology key they share. Otherwise the
+    members are placed as one decision (`gang.plan` over the cluster's state, as `dractl simulate` places a gang):
+    a bound member stays on its node, a pending one may use the nodes its claims and node constraints allow (its
+    claims already allocated count as placed), so that pods joining a gang that runs go to its domain.
+    """
+    ref = pod.pod_group
+    assert ref is not None, "explain_gang is for a pod that joins a PodGroup"
+    name = f"{pod.meta.namespace}/{ref.name}"
+    names = tuple(member.meta.name for member, _ in members)
+    bound = tuple(member.meta.name for member, _ in members if member.node_name)
+    if group is None:
+        return Gang(name=name, api=ref.api.value, members=names, bound=bound, fits=None, line=problem or "")
+    head = gang.describe(group)
+    known = placement.known_nodes(cluster)
+    if names and len(bound) == len(names) and len(bound) >= (group.min_count or 1):
+        key = group.topology_key
+        values = {known.labels_of(m.node_name).get(key) for m, _ in members} if key else set()
+        where = f" in {key} {values.pop()}" if len(values) == 1 and None not in values else ""
+        line = f"{head}: runs, {_count(len(bound), 'member pod')} bound{where}"
+        return Gang(name=name, api=ref.api.value, members=names, bound=bound, fits=True, line=line)
+    planned = [_member(member, items, cluster=known) for member, items in members]
+    allocator = _allocator(cluster, policy=policy, search_limit=search_limit)
+    decision = gang.plan(allocator, group, members=planned, cluster=known)
+    if decision.reason is not None:
+        return Gang(name=name, api=ref.api.value, members=names, bound=bound, fits=False, line=decision.reason)
+    label, _, value = (decision.domain or "").partition("=")
+    where = f"{label} {value}" if decision.domain else "the cluster"
+    line = f"{head}: fits, {len(decision.placed)} of {_count(len(planned), 'member pod')} in {where}"
+    left = tuple(member.key.partition("/")[2] for member in decision.left)
+    if left:
+        line += f"; {', '.join(left)} {'does' if len(left) == 1 else 'do'} not fit there"
+    return Gang(name=name, api=ref.api.value, members=names, bound=bound, fits=True, line=line, left=left)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _member(pod: model.Pod, items: Sequence[PodClaim], *, cluster: placement.Cluster) -> gang.Member:
+    """One member pod for the gang planner: its pending claims, the nodes it may use, or what stops it."""
+    key = f"{pod.meta.namespace}/{pod.meta.name}"
+    claims = {f"{pod.meta.namespace}/{item.name}": item.claim for item in items if item.claim is not None}
+    allocated = {k: c.allocation for k, c in claims.items() if c.allocation is not None}
+    missing = [item.problem for item in items if item.problem is not None]
+    where = placement.candidates(pod, allocated=allocated, cluster=cluster)
+    problem = "; ".join([*missing, *([where.problem] if where.problem else [])]) or None
+    pending = tuple(c for c in claims.values() if c.allocation is None)
+    return gang.Member(key=key, claims=pending, nodes=where.nodes, problem=problem)

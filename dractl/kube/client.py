@@ -119,6 +119,10 @@ NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
+# PodGroups of the two APIs (`model.PodGroupApi`): Kubernetes' own, alpha in 1.36 and served only where the server's
+# runtime config turns it on, and scheduler-plugins' coscheduling CRD, served only where it is installed.
+POD_GROUPS = Resource("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup", namespaced=True)
+COSCHEDULING_POD_GROUPS = Resource("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", namespaced=True)
 
 
 # --- Errors --------------------------------------------------------------------------------

@@ -211,7 +211,7 @@ def _group_claims(
                         f"(used by {where})"
                     )
                 else:
-                    claim = _claim_for_group(template, group=group, pod_claim_name=entry.name, name=name)
+                    claim = claim_for_group(template, group=group, pod_claim_name=entry.name, name=name)
                     claims[claim.key] = claim
             resolved[(namespace, group.meta.name, entry)] = PodClaim(
                 pod_claim_name=entry.name, namespace=namespace, name=name, claim=claim, problem=problem, pod_group=group
@@ -219,7 +219,7 @@ def _group_claims(
     return resolved
 
 
-def _claim_for_group(
+def claim_for_group(
     template: model.ResourceClaimTemplate, *, group: model.PodGroup, pod_claim_name: str, name: str
 ) -> model.ResourceClaim:
     """The claim made from `template` for a PodGroup: as for a pod (`claim_from_template`), but owned by the

@@ -29,7 +29,11 @@ rejection when there is one (`#frame=N` in the address opens moment N). Attribut
 moment but the one shown, `data-overview-node`, `data-whole-free` on node tiles, `data-cell`
 (`node/device`), `data-kind` and `data-stranded` (bytes) on GPU cells, `data-waiting` and
 `data-refused` (claim keys) on list items; the script sets `data-frames` and `data-shown` on
-`<html>`.
+`<html>`, and the header's summary (`data-summary-at`: the moment's `data-at`) to the moment shown.
+
+Gangs (`gangs`: the PodGroup of each claim of a gang's pod, and `Frame.gangs`): the claims of one gang
+share its colour, their hover titles and cells name it (`gang ml/train`) and carry `data-gang`, and a
+legend lists each gang held (`data-gang-legend`: its claims, GPUs and nodes), at the end and per moment.
 
 What it must not do: allocate, read or write files (the CLI writes the returned text), or
 fetch anything. Pure: equal inputs give the same text.
@@ -75,6 +79,8 @@ class Frame:
     waiting: tuple[tuple[str, tuple[str, ...]], ...] = ()
     refused: tuple[tuple[str, tuple[str, ...]], ...] = ()
     first_rejection: bool = False
+    gangs: tuple[tuple[str, str], ...] = ()
+    """The held claims of gangs' pods: (claim key, PodGroup "namespace/name")."""
 
 
 _CSS = """
@@ -119,6 +125,9 @@ svg .hl { stroke: #111 !important; stroke-width: 2.5 !important; }
 .side h3 { font-size: 13px; margin: 4px 0; }
 .side ul { margin: 0 0 6px; padding-left: 16px; }
 .side li small { color: #5b6573; }
+.gangs { background: #fff; border: 1px solid #d5dae1; border-radius: 8px; padding: 10px 14px; margin: 0 0 18px;
+  font-size: 13px; }
+.gangs h2 { font-size: 15px; margin: 0 0 6px; }
 """
 
 # Hover highlighting and the readiness flag; errors are recorded on <html> for tests to read.
@@ -149,6 +158,11 @@ _SCRIPT = """
     root.setAttribute('data-shown', String(n));
     var label = document.getElementById('moment-label');
     if (label && frames[n]) { label.textContent = frames[n].getAttribute('data-label'); }
+    var summary = document.getElementById('summary');
+    if (summary && frames[n]) {
+      summary.textContent = frames[n].getAttribute('data-summary');
+      summary.setAttribute('data-summary-at', frames[n].getAttribute('data-at'));
+    }
   }
   if (frames.length) {
     var wanted = /^#frame=([0-9]+)$/.exec(window.location.hash);
@@ -165,18 +179,41 @@ _SCRIPT = """
 """
 
 
-def _colours(gpus: Iterable[metrics.Gpu]) -> dict[str, str]:
+def _colours(gpus: Iterable[metrics.Gpu], gangs: Mapping[str, str]) -> dict[str, str]:
     """A colour per claim, in order of first appearance: hues a golden angle apart, so claims
-    drawn side by side differ, and the same input always gets the same colours."""
+    drawn side by side differ, and the same input always gets the same colours. The claims of one
+    gang share the gang's colour."""
     names: dict[str, str] = {}
+    by_owner: dict[str, str] = {}
     for gpu in gpus:
         for holders in (gpu.holders, *(p.holders for p in gpu.placements)):
             for name in holders:
-                if name not in names:
-                    hue = (len(names) * 137.508 + 200) % 360
-                    light = (48, 58, 66)[len(names) % 3]
-                    names[name] = f"hsl({hue:.0f}, 60%, {light}%)"
+                owner = gangs.get(name, name)
+                if owner not in by_owner:
+                    hue = (len(by_owner) * 137.508 + 200) % 360
+                    light = (48, 58, 66)[len(by_owner) % 3]
+                    by_owner[owner] = f"hsl({hue:.0f}, 60%, {light}%)"
+                names[name] = by_owner[owner]
     return names
+
+
+def _named(holders: Sequence[str], gangs: Mapping[str, str]) -> str:
+    """The holders as a hover title names them, each with its gang."""
+    return ", ".join(f"{name} (gang {gangs[name]})" if name in gangs else name for name in holders)
+
+
+def _gang_attribute(holders: Sequence[str], gangs: Mapping[str, str]) -> str:
+    """` data-gang="..."` with the holders' gangs, or nothing when none is in a gang."""
+    found = sorted({gangs[name] for name in holders if name in gangs})
+    return f' data-gang="{html.escape(" ".join(found))}"' if found else ""
+
+
+def _summary(measured: metrics.Metrics) -> str:
+    c = measured.cluster
+    return (
+        f"{len(measured.nodes)} nodes, {c.gpus} GPUs: {c.full} full, {c.partitioned} partitioned, {c.free} free; "
+        f"GPU memory allocated {_gib(c.memory_allocated)} of {_gib(c.memory)}."
+    )
 
 
 def _gib(value: int) -> str:
@@ -199,10 +236,14 @@ def render(
     series: metrics.TimeMetrics | Sequence[tuple[float, float]] | None = None,
     frames: Sequence[Frame] = (),
     title: str = "dractl allocation map",
+    gangs: Iterable[tuple[str, str]] = (),
 ) -> str:
     """The whole page for the claims' allocations over the slices, with the utilisation chart
-    when `series` (a `metrics.TimeMetrics` or (seconds, share 0..1) points) has points and the
-    overview of `frames` when there are any and at most `OVERVIEW_NODES` nodes. Pure."""
+    when `series` (a `metrics.TimeMetrics` or (seconds, share 0..1) points) has points, the
+    overview of `frames` when there are any and at most `OVERVIEW_NODES` nodes, and the gangs of
+    `gangs` ((claim key, PodGroup) of the claims held by gangs' pods). Pure."""
+    claims = tuple(claims)
+    gang_of = dict(gangs)
     measured = metrics.measure(slices, claims, label=title)
     points = series.points if isinstance(series, metrics.TimeMetrics) else tuple(series or ())
     c = measured.cluster
@@ -216,11 +257,7 @@ def render(
         "</head>",
         f'<body data-gpus-total="{c.gpus}">',
         f"<h1>{html.escape(title)}</h1>",
-        (
-            f'<p class="summary">{len(measured.nodes)} nodes, {c.gpus} GPUs: '
-            f"{c.full} full, {c.partitioned} partitioned, {c.free} free; "
-            f"GPU memory allocated {_gib(c.memory_allocated)} of {_gib(c.memory)}.</p>"
-        ),
+        f'<p class="summary" id="summary">{html.escape(_summary(measured))}</p>',
         (
             '<p class="legend">Each bar is one GPU\'s memory, divided into its MIG memory slices where it has them.'
             '<i style="background:#9aa5b4"></i>claim (hover for its name)'
@@ -234,14 +271,42 @@ def render(
     by_node: dict[str, list[metrics.Gpu]] = {}
     for gpu in measured.gpus:
         by_node.setdefault(gpu.node, []).append(gpu)
-    colours = _colours(measured.gpus)
+    if gang_of:
+        parts.append(
+            f'<section class="gangs"><h2>Gangs at the end</h2>{_gang_legend(claims, measured.gpus, gang_of)}</section>'
+        )
+    colours = _colours(measured.gpus, gang_of)
     for node in measured.nodes:
-        parts.append(_node(node, sorted(by_node[node.node], key=_order), colours=colours))
+        parts.append(_node(node, sorted(by_node[node.node], key=_order), colours=colours, gangs=gang_of))
     parts += [f"<script>{_SCRIPT}</script>", "</body>", "</html>", ""]
     return "\n".join(parts)
 
 
-def _node(node: metrics.NodeMetrics, gpus: Sequence[metrics.Gpu], *, colours: Mapping[str, str]) -> str:
+def _gang_legend(claims: Iterable[model.ResourceClaim], gpus: Iterable[metrics.Gpu], gangs: Mapping[str, str]) -> str:
+    """Each gang held: its claims, the GPUs (or MIG devices) they hold and the nodes, as a list; empty without gangs."""
+    nodes: dict[str, set[str]] = {}
+    for gpu in gpus:
+        for name in (*gpu.holders, *(n for p in gpu.placements for n in p.holders)):
+            if name in gangs:
+                nodes.setdefault(gangs[name], set()).add(gpu.node)
+    held: dict[str, list[int]] = {}
+    for claim in claims:
+        gang = gangs.get(claim.key)
+        if gang is not None:
+            count = held.setdefault(gang, [0, 0])
+            count[0] += 1
+            count[1] += len(claim.allocation.results) if claim.allocation is not None else 0
+    items = [
+        f'<li data-gang-legend="{html.escape(gang)}">gang {html.escape(gang)}: {_count(count[0], "claim")}, '
+        f"{_count(count[1], 'device')} on {html.escape(', '.join(sorted(nodes.get(gang, ()), key=_natural)))}</li>"
+        for gang, count in sorted(held.items())
+    ]
+    return f"<ul>{''.join(items)}</ul>" if items else ""
+
+
+def _node(
+    node: metrics.NodeMetrics, gpus: Sequence[metrics.Gpu], *, colours: Mapping[str, str], gangs: Mapping[str, str]
+) -> str:
     products = sorted({g.product for g in gpus if g.product})
     detail = (
         f"{', '.join(products)} · {node.gpus} GPUs: {node.full} full, {node.partitioned} partitioned, "
@@ -252,13 +317,13 @@ def _node(node: metrics.NodeMetrics, gpus: Sequence[metrics.Gpu], *, colours: Ma
         f"<h2>{html.escape(node.node)}<small>{html.escape(detail)}</small></h2>",
         f'<div class="gpus" style="--columns:{max(len(gpus), 1)}">',
     ]
-    out.extend(_gpu(gpu, column=i + 1, colours=colours) for i, gpu in enumerate(gpus))
+    out.extend(_gpu(gpu, column=i + 1, colours=colours, gangs=gangs) for i, gpu in enumerate(gpus))
     out.extend(_partitions(gpus))
     out += ["</div>", "</section>"]
     return "\n".join(out)
 
 
-def _gpu(gpu: metrics.Gpu, *, column: int, colours: Mapping[str, str]) -> str:
+def _gpu(gpu: metrics.Gpu, *, column: int, colours: Mapping[str, str], gangs: Mapping[str, str]) -> str:
     label = (
         f'<div class="label"><span>{html.escape(gpu.device)}</span>'
         f"<span>{_gib(gpu.allocated_memory)} / {_gib(gpu.memory)}</span></div>"
@@ -275,10 +340,10 @@ def _gpu(gpu: metrics.Gpu, *, column: int, colours: Mapping[str, str]) -> str:
         )
     if gpu.holders:
         names = " ".join(gpu.holders)
-        tip = f"{', '.join(gpu.holders)} · full GPU · {_gib(gpu.memory)}"
+        tip = f"{_named(gpu.holders, gangs)} · full GPU · {_gib(gpu.memory)}"
         bar.append(
             f'<rect class="whole" x="0" y="0" width="{_BAR_WIDTH}" height="{_BAR_HEIGHT}" rx="3" '
-            f'fill="{colours[gpu.holders[0]]}" data-claim="{html.escape(names)}">'
+            f'fill="{colours[gpu.holders[0]]}" data-claim="{html.escape(names)}"{_gang_attribute(gpu.holders, gangs)}>'
             f"<title>{html.escape(tip)}</title></rect>"
         )
     elif gpu.slices:
@@ -287,12 +352,13 @@ def _gpu(gpu: metrics.Gpu, *, column: int, colours: Mapping[str, str]) -> str:
             if not p.holders:
                 continue
             last = p.start + p.size - 1
-            tip = f"{', '.join(p.holders)} · {p.profile} · slices {p.start}-{last} · {_gib(p.memory)} · {p.device}"
+            tip = f"{_named(p.holders, gangs)} · {p.profile} · slices {p.start}-{last} · {_gib(p.memory)} · {p.device}"
             bar.append(
                 f'<rect class="slice" x="{p.start * step:.2f}" y="0" width="{p.size * step:.2f}" '
                 f'height="{_BAR_HEIGHT}" rx="2" fill="{colours[p.holders[0]]}" '
                 f'data-slice-start="{p.start}" data-slice-size="{p.size}" data-profile="{html.escape(p.profile)}" '
-                f'data-claim="{html.escape(" ".join(p.holders))}"><title>{html.escape(tip)}</title></rect>'
+                f'data-claim="{html.escape(" ".join(p.holders))}"{_gang_attribute(p.holders, gangs)}>'
+                f"<title>{html.escape(tip)}</title></rect>"
             )
         if gpu.largest is not None and gpu.state is metrics.State.PARTITIONED:
             p = gpu.largest
@@ -376,8 +442,11 @@ def _frame(slices: Sequence[model.ResourceSlice], index: int, frame: Frame, *, h
     label = f"t={frame.at:g}s, after event {frame.event} of {frame.events}" + (
         " (first rejection)" if frame.first_rejection else ""
     )
+    summary = f"At {label}: {_summary(measured)} The nodes below show the end of the trace."
+    gangs = dict(frame.gangs)
     out = [
         f'<div class="frame" data-frame="{index}" data-at="{frame.at:g}" data-label="{html.escape(label)}"'
+        f' data-summary="{html.escape(summary)}"'
         + (' data-first-rejection="1"' if frame.first_rejection else "")
         + (" hidden" if hidden else "")
         + '><div class="tiles">'
@@ -385,19 +454,19 @@ def _frame(slices: Sequence[model.ResourceSlice], index: int, frame: Frame, *, h
     for node in measured.nodes:
         gpus = sorted(by_node[node.node], key=_order)
         whole = " data-whole-free" if all(g.state is metrics.State.FREE for g in gpus) else ""
-        cells = "".join(_cell(g, kinds) for g in gpus)
+        cells = "".join(_cell(g, kinds, gangs) for g in gpus)
         out.append(
             f'<div class="tile" data-overview-node="{html.escape(node.node)}"{whole}>'
             f"{html.escape(node.node)} · {node.free}/{node.gpus} free"
             f'<div class="cells">{cells}</div></div>'
         )
     out.append("</div>")
-    out.append(_side(frame, kinds))
+    out.append(_side(frame, kinds, _gang_legend(frame.claims, measured.gpus, gangs)))
     out.append("</div>")
     return "".join(out)
 
 
-def _cell(gpu: metrics.Gpu, kinds: Mapping[str, str]) -> str:
+def _cell(gpu: metrics.Gpu, kinds: Mapping[str, str], gangs: Mapping[str, str]) -> str:
     """One GPU of the overview: filled by its whole-GPU holder, or by its MIG devices to scale."""
     tip = [f"{gpu.key} · {gpu.product} · {gpu.state.value}"]
     fill = ""
@@ -405,27 +474,30 @@ def _cell(gpu: metrics.Gpu, kinds: Mapping[str, str]) -> str:
     if gpu.holders:
         kind = kinds.get(gpu.holders[0], "")
         fill = f' style="background:{_KINDS.get(kind, _OTHER_KIND)}"'
-        tip.append(f"{', '.join(gpu.holders)} ({kind})")
+        tip.append(f"{_named(gpu.holders, gangs)} ({kind})")
     parts = []
     if gpu.slices and not gpu.holders:
         for p in gpu.placements:
             if p.holders:
                 top, height = p.start * _CELL_HEIGHT / gpu.slices, p.size * _CELL_HEIGHT / gpu.slices
                 parts.append(f'<i style="top:{top:.1f}px;height:{height:.1f}px;background:{_KINDS["MIG"]}"></i>')
-                tip.append(f"{', '.join(p.holders)}: {p.profile} at slice {p.start}")
+                tip.append(f"{_named(p.holders, gangs)}: {p.profile} at slice {p.start}")
         kind = "MIG" if parts else ""
     stranded = ""
     if gpu.stranded:
         stranded = f' data-stranded="{gpu.stranded}"'
         tip.append(f"stranded {_gib(gpu.stranded)}: no request shape seen can use it")
+    holders = (*gpu.holders, *(n for p in gpu.placements for n in p.holders))
     return (
-        f'<div class="cell" data-cell="{html.escape(gpu.key)}" data-kind="{html.escape(kind)}"{stranded}{fill} '
+        f'<div class="cell" data-cell="{html.escape(gpu.key)}" data-kind="{html.escape(kind)}"{stranded}{fill}'
+        f"{_gang_attribute(holders, gangs)} "
         f'title="{html.escape(" · ".join(tip))}">{"".join(parts)}</div>'
     )
 
 
-def _side(frame: Frame, kinds: Mapping[str, str]) -> str:
-    """The claim kinds held, the claims waiting and the claims refused since the previous moment."""
+def _side(frame: Frame, kinds: Mapping[str, str], gangs: str) -> str:
+    """The claim kinds held, the gangs held (`gangs`, a `_gang_legend`), the claims waiting and the claims refused
+    since the previous moment."""
     held: dict[str, list[int]] = {}
     for claim in frame.claims:
         count = held.setdefault(kinds[claim.key], [0, 0])
@@ -439,6 +511,8 @@ def _side(frame: Frame, kinds: Mapping[str, str]) -> str:
         if k in held
     ]
     out = ['<div class="side">', f"<h3>Held: {_count(len(frame.claims), 'claim')}</h3><ul>{''.join(rows)}</ul>"]
+    if gangs:
+        out.append(f"<h3>Gangs</h3>{gangs}")
     for title, entries, attribute in (
         ("Waiting", frame.waiting, "data-waiting"),
         ("Refused since the previous moment", frame.refused, "data-refused"),

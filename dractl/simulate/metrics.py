@@ -536,16 +536,27 @@ class NodeMetrics:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class GangCounts:
+    """Gangs (PodGroups placed all or nothing) admitted, and refused (each time a gang that had gathered its
+    minimum was first refused: a gang refused and admitted on a later retry counts in both)."""
+
+    admitted: int = 0
+    refused: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TimeMetrics:
     """What the replay's `Series` accumulated: claims admitted before the first rejection (all
     admitted claims when none was rejected), admitted and rejected in all, and utilisation (the
-    allocated share of GPU memory) weighted by time between the first and the last sample."""
+    allocated share of GPU memory) weighted by time between the first and the last sample; and
+    the gangs admitted and refused, None for a trace without PodGroups."""
 
     admitted_before_first_rejection: int
     admitted: int
     rejections: int
     utilisation: float
     points: tuple[tuple[float, float], ...] = ()
+    gangs: GangCounts | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -637,9 +648,10 @@ class Series:
     called at any point and any number of times.
     """
 
-    __slots__ = ("_admitted", "_area", "_before_first", "_last", "_points", "_rejected")
+    __slots__ = ("_admitted", "_area", "_before_first", "_gangs", "_last", "_points", "_rejected")
 
-    def __init__(self) -> None:
+    def __init__(self, *, gangs: bool = False) -> None:
+        self._gangs = GangCounts() if gangs else None
         self._admitted = 0
         self._before_first: int | None = None
         self._rejected = 0
@@ -665,6 +677,13 @@ class Series:
             self._before_first = self._admitted
         self._rejected += count
 
+    def gang(self, at: float, *, admitted: bool) -> None:
+        """A gang was admitted (or refused) at `at`; counted only by a series made with `gangs`."""
+        self._at(at)
+        if self._gangs is not None:
+            counts = self._gangs
+            self._gangs = GangCounts(admitted=counts.admitted + admitted, refused=counts.refused + (not admitted))
+
     def sample(self, at: float, *, used: int, total: int) -> None:
         """From `at` on, `used` of `total` (bytes of GPU memory, say) are allocated."""
         self._at(at)
@@ -688,6 +707,7 @@ class Series:
             rejections=self._rejected,
             utilisation=utilisation,
             points=tuple(self._points),
+            gangs=self._gangs,
         )
 
 
@@ -732,6 +752,8 @@ def as_dict(metrics: Metrics) -> dict[str, Any]:
             "rejections": t.rejections,
             "utilisation": t.utilisation,
         }
+        if t.gangs is not None:
+            out["time"]["gangs"] = {"admitted": t.gangs.admitted, "refused": t.gangs.refused}
     return out
 
 
@@ -796,6 +818,8 @@ def compare_rows(metrics: Metrics) -> list[tuple[str, str]]:
             ("rejections", str(t.rejections)),
             ("time-weighted utilisation", f"{t.utilisation:.1%}"),
         ]
+        if t.gangs is not None:
+            rows += [("gangs admitted", str(t.gangs.admitted)), ("gangs refused", str(t.gangs.refused))]
     return rows
 
 

@@ -14,6 +14,18 @@ departure (`Retry.ON_DEPARTURE`, as a scheduler retries pending pods; departures
 time are one batch, retried once) or dropped (`Retry.NEVER`). After every event the share of
 GPU memory allocated is sampled, so utilisation is weighted by time.
 
+Gangs: a PodGroup (either API; in `spec.cluster.objects`, present from the start, or arriving)
+gathers the pods that join it as they arrive. Once it and at least its minCount member pods are
+present, they are placed as one decision (`gang.plan`: all or nothing, in one domain of its
+topology key, the smallest domain of `topology_levels` first); until then they wait, which is no
+rejection. A gang that does not fit is refused as one (one REJECT action for `PodGroup ns/name`
+with the gang's line, its claims counted as rejected once) and waits for a departure (or is
+dropped with `Retry.NEVER`). A pod joining a gang that runs is placed on its own in the gang's
+domain. A gang stops running when its last placed pod departs (pods still to come gather anew);
+a v1alpha2 PodGroup's own claims (`spec.resourceClaims`, shared by the pods whose entry repeats
+it) are made when it arrives and released when it departs. `metrics.TimeMetrics.gangs` counts
+gangs admitted and refused (None for a trace without PodGroups).
+
 Metrics: `metrics.Series` counts admitted claims (at arrival or on a retry), rejections (each
 claim once, when it is first refused), and admitted before the first rejection. Stranded
 memory is judged against every request shape the trace has asked for so far (the claims'
@@ -38,6 +50,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from dractl import alloc, config, model
+from dractl import gang as gang_module
 from dractl.model import placement
 from dractl.simulate import claims, engine, htmlmap, metrics, report, timing, trace
 
@@ -82,7 +95,8 @@ class Result:
     """One policy's replay: the metrics at the end (with the time series) and at the first
     rejection (None when nothing was rejected), every claim present at the end (allocated or
     pending, with reasons, in arrival order), every step (`actions`), the allocations present at
-    the end, the moments kept for the map (`frames`), and timings: `seconds` for the whole
+    the end, the moments kept for the map (`frames`), the PodGroup of each held claim of a gang's pod
+    (`gangs`: claim key, group "namespace/name"), and timings: `seconds` for the whole
     replay, `index_seconds` for building the allocator."""
 
     policy: config.Policy
@@ -96,6 +110,7 @@ class Result:
     seconds: float
     index_seconds: float
     frames: tuple[htmlmap.Frame, ...] = ()
+    gangs: tuple[tuple[str, str], ...] = ()
 
     @property
     def pending(self) -> tuple[engine.ClaimOutcome, ...]:
@@ -104,21 +119,53 @@ class Result:
 
 @dataclasses.dataclass(slots=True)
 class _Work:
-    """Something that waits for devices: a standalone claim, or a pod with its claims."""
+    """Something that waits for devices: a standalone claim, a pod with its claims, or a gang (`gang` its
+    PodGroup's key; `claims` then the unallocated claims of its member pods)."""
 
     key: str  # "Kind namespace/name" of the arriving object
     claims: list[model.ResourceClaim]
     pod: model.Pod | None = None
     owned: tuple[str, ...] = ()  # claim keys made from the pod's templates
     problem: str | None = None
+    gang: str | None = None
+
+
+def _group_key(group: tuple[str, model.PodGroupApi]) -> str:
+    """How `_State.members` names a PodGroup: its "namespace/name" and API (pods join through one API)."""
+    key, api = group
+    return f"{key} {api.value}"
+
+
+def _joins(pod: model.Pod) -> str | None:
+    """The `_group_key` of the PodGroup the pod joins, or None."""
+    ref = pod.pod_group
+    return None if ref is None else _group_key((f"{pod.meta.namespace}/{ref.name}", ref.api))
+
+
+@dataclasses.dataclass(slots=True)
+class _Gang:
+    """A PodGroup present in the replay: its own claims (entry -> claim key; `owned`: those made from its
+    templates, released when it departs), the work that stands for it while it waits, and, once it runs, the
+    nodes of its domain and the member pods placed there (it runs while one of them is present)."""
+
+    group: model.PodGroup
+    claims: dict[model.PodResourceClaim, str]
+    owned: tuple[str, ...]
+    work: _Work
+    domain: tuple[str, ...] | None = None
+    placed: set[str] = dataclasses.field(default_factory=set)
+    refused: bool = False  # refused since it last gathered its minimum: counted once
 
 
 class _State:
     """The replay's bookkeeping around the allocator: what is held, pending and present."""
 
-    def __init__(self, tr: trace.Trace, *, policy: config.Policy, retry: Retry, search_limit: int) -> None:
+    def __init__(
+        self, tr: trace.Trace, *, policy: config.Policy, retry: Retry, search_limit: int, levels: Sequence[str]
+    ) -> None:
         cluster = tr.cluster
         self.retry = retry
+        self.levels = tuple(levels)
         self.slices = cluster.resource_slices
         self.nodes = placement.known_nodes(cluster)
         self.templates = {(t.meta.namespace, t.meta.name): t for t in cluster.resource_claim_templates}
@@ -138,7 +185,10 @@ class _State:
         self.memory = metrics.device_memory(cluster.resource_slices)
         # Counts here; (time, bytes allocated) samples become a utilisation series at the end,
         # when the final measurement gives the cluster's GPU memory (one measurement, not two).
-        self.series = metrics.Series()
+        with_gangs = bool(cluster.pod_groups) or any(
+            isinstance(e, trace.Arrival) and isinstance(e.object, model.PodGroup) for e in tr.events
+        )
+        self.series = metrics.Series(gangs=with_gangs)
         self.samples: list[tuple[float, int]] = []
         self.actions: list[Action] = []
         # Claims present, by key, in arrival order: the claim (with its allocation when held).
@@ -147,6 +197,11 @@ class _State:
         self.reasons: dict[str, tuple[str, ...]] = {}
         self.pending: dict[str, _Work] = {}
         self.pods: dict[str, _Work] = {}
+        # PodGroups present by "namespace/name", and the member pods present of each group by its key, in arrival
+        # order, whether the group has arrived or not.
+        self.gangs: dict[str, _Gang] = {}
+        self.members: dict[str, dict[str, None]] = {}
+        self.gang_of: dict[str, str] = {}  # claim key -> the PodGroup of the pod (or group) it was made for
         self.shapes: dict[metrics.RequestShape, None] = {}
         self.used = 0
         self.first_rejection: metrics.Metrics | None = None
@@ -187,27 +242,222 @@ class _State:
 
     def arrive(self, event: trace.Arrival) -> None:
         value = event.object
+        if isinstance(value, model.PodGroup):
+            self._arrive_group(value, at=event.at)
+            return
         if isinstance(value, model.ResourceClaim):
             self._arrive_claim(value)
             work = _Work(key=f"ResourceClaim {value.key}", claims=[value])
         else:
             work = self._pod_work(value)
             self.pods[work.key] = work
+            joins = _joins(value)
+            if joins is not None:
+                self.members.setdefault(joins, {})[work.key] = None
+                gang = self._gang_of_pod(value)
+                if gang is None:
+                    self._hold_back(work, joins)
+                    return
+                if gang.domain is None:
+                    # A gang refused already waits for departures, as pending pods do; one still gathering is
+                    # tried once it has its minimum.
+                    if not gang.refused:
+                        self._try_gang(gang, at=event.at, retry=False)
+                    return
         waiting = sum(1 for c in work.claims if c.key not in self.held)
         if not self._try(work, at=event.at, retry=False):
-            count = max(waiting, 1)
-            first = self.first_rejection is None
+            self._refuse(work, at=event.at, count=max(waiting, 1))
+
+    def _refuse(self, work: _Work, *, at: float, count: int) -> None:
+        """Count the work's claims refused: it waits for a departure, or is dropped."""
+        first = self.first_rejection is None
+        if first:
+            self.first_rejection = self.measure(label="at first rejection")
+        self.series.rejected(at, count=count)
+        if self.retry is Retry.ON_DEPARTURE:
+            self.pending[work.key] = work
+        else:
+            self.actions.append(Action(at=at, kind=ActionKind.DROP, work=work.key, claims=tuple(work.claims)))
+            if work.gang is not None:
+                self._drop_members(work.gang)
+        if self.keep_frames:
+            self.refused.extend((c.key, self.reasons_of(c.key)) for c in work.claims if c.key not in self.held)
             if first:
-                self.first_rejection = self.measure(label="at first rejection")
-            self.series.rejected(event.at, count=count)
-            if self.retry is Retry.ON_DEPARTURE:
-                self.pending[work.key] = work
-            else:
-                self.actions.append(Action(at=event.at, kind=ActionKind.DROP, work=work.key, claims=tuple(work.claims)))
-            if self.keep_frames:
-                self.refused.extend((c.key, self.reasons.get(c.key, ())) for c in work.claims if c.key not in self.held)
-                if first:
-                    self.frame(event.at, event=self.position, first_rejection=True)
+                self.frame(at, event=self.position, first_rejection=True)
+
+    # --- gangs ---------------------------------------------------------------------------
+
+    def _arrive_group(self, group: model.PodGroup, *, at: float) -> None:
+        """A PodGroup arrives: its own claims are made, the pods that came before it now use them, and the gang is
+        tried once it has its minimum of pods."""
+        owned: list[str] = []
+        claims_of: dict[model.PodResourceClaim, str] = {}
+        as_pod = model.Pod(meta=group.meta)
+        for entry in group.resource_claims:
+            if entry.resource_claim_name is not None:
+                claims_of[entry] = f"{group.meta.namespace}/{entry.resource_claim_name}"
+                continue
+            template = self.templates.get((group.meta.namespace, entry.resource_claim_template_name or ""))
+            if template is None:  # the trace's validation rules this out
+                continue
+            name = claims.free_claim_name(as_pod, entry.name, taken=self.present)
+            claim = claims.claim_for_group(template, group=group, pod_claim_name=entry.name, name=name)
+            self._arrive_claim(claim)
+            self.gang_of[claim.key] = group.key
+            claims_of[entry] = claim.key
+            owned.append(claim.key)
+        work = _Work(key=f"PodGroup {group.key}", claims=[], gang=group.key)
+        gang = self.gangs[group.key] = _Gang(group=group, claims=claims_of, owned=tuple(owned), work=work)
+        joins = (group.key, group.api)
+        for key in self.members.get(_group_key(joins), {}):
+            member = self.pods[key]
+            assert member.pod is not None
+            held = [c.key for c in member.claims if c.key in self.held]
+            if held:
+                # A pod placed while an earlier PodGroup of this name was present runs on: the gang runs where it
+                # does (the domain of the group's topology key that holds its node).
+                gang.placed.add(key)
+                gang.domain = self._domain_of(group, self.held[held[0]])
+                continue
+            # Resolved again: an entry that repeats one of the group's claims now stands for that claim.
+            for claim_key in member.owned:
+                self.present.pop(claim_key, None)
+                self.reasons.pop(claim_key, None)
+            again = self._pod_work(member.pod)
+            member.claims, member.owned, member.problem = again.claims, again.owned, again.problem
+        if gang.domain is None:
+            if self.members.get(_group_key(joins)):
+                self._try_gang(gang, at=at, retry=False)
+            return
+        # The gang runs: the pods that waited for it join it one by one, in its domain.
+        for work in self._member_works(gang):
+            if work.key not in gang.placed:
+                waiting = sum(1 for c in work.claims if c.key not in self.held)
+                if not self._try(work, at=at, retry=False):
+                    self._refuse(work, at=at, count=max(waiting, 1))
+
+    def _domain_of(self, group: model.PodGroup, node: str | None) -> tuple[str, ...]:
+        """The nodes of the domain of the group's topology key that holds `node` (every node without a key, or
+        where the node is not known)."""
+        key = group.topology_key
+        value = self.nodes.labels_of(node).get(key) if key and node is not None else None
+        if value is None and key == gang_module.HOSTNAME_LABEL:
+            value = node
+        return gang_module.domain_nodes(self.nodes, f"{key}={value}" if value is not None else None)
+
+    def _gang_of_pod(self, pod: model.Pod) -> _Gang | None:
+        """The present PodGroup the pod joins, of the API it joins through."""
+        ref = pod.pod_group
+        if ref is None:
+            return None
+        gang = self.gangs.get(f"{pod.meta.namespace}/{ref.name}")
+        return gang if gang is not None and gang.group.api is ref.api else None
+
+    def _hold_back(self, work: _Work, joins: str) -> None:
+        """A pod whose PodGroup has not arrived waits for it, as a scheduler holds it; that is no rejection."""
+        assert work.pod is not None and work.pod.pod_group is not None
+        ref = work.pod.pod_group
+        reason = (
+            f"not allocated: pod {work.key.partition(' ')[2]} joins PodGroup {joins.partition(' ')[0]} "
+            f"({ref.api.value}), which has not arrived: it waits for its PodGroup"
+        )
+        for claim in work.claims:
+            if claim.key not in self.held:
+                self.reasons[claim.key] = (reason,)
+
+    def _member_works(self, gang: _Gang) -> list[_Work]:
+        return [self.pods[key] for key in self.members.get(_group_key((gang.group.key, gang.group.api)), {})]
+
+    def _try_gang(self, gang: _Gang, *, at: float, retry: bool) -> bool:
+        """Place a gang that does not run yet: all or nothing (`gang.plan`) once at least its minimum of member
+        pods is present; until then its pods wait, which is no rejection. True when it runs (or needs nothing)."""
+        group = gang.group
+        # Checked before the members are gathered: a gang of many pods arriving one by one costs a constant per
+        # arrival while it gathers (its pods' reasons are `_gathering`'s, made when they are shown).
+        if self._gathering(gang) is not None:
+            gang.refused = False
+            self.pending.pop(gang.work.key, None)
+            return False
+        works = self._member_works(gang)
+        for work in works:
+            work.claims = [self.present[c.key] for c in work.claims if c.key in self.present]
+        gang.work.claims = [c for work in works for c in work.claims if c.key not in self.held]
+        members = []
+        for work in works:
+            assert work.pod is not None
+            allocated = {c.key: c.allocation for c in work.claims if c.key in self.held and c.allocation is not None}
+            where = placement.candidates(work.pod, allocated=allocated, cluster=self.nodes)
+            problem = work.problem or where.problem
+            pending = tuple(c for c in work.claims if c.key not in self.held)
+            members.append(gang_module.Member(key=work.key, claims=pending, nodes=where.nodes, problem=problem))
+        decision = gang_module.plan(self.allocator, group, members=members, cluster=self.nodes, levels=self.levels)
+        if not decision.ok:
+            for left in decision.left:
+                for claim in self.pods[left.key].claims:
+                    if claim.key not in self.held:
+                        self.reasons[claim.key] = left.reasons
+            if not retry:
+                self.actions.append(
+                    Action(
+                        at=at,
+                        kind=ActionKind.REJECT,
+                        work=gang.work.key,
+                        claims=tuple(gang.work.claims),
+                        reasons=(decision.reason or "",),
+                    )
+                )
+            if not gang.refused:
+                gang.refused = True
+                self.series.gang(at, admitted=False)
+                self._refuse(gang.work, at=at, count=max(len(gang.work.claims), 1))
+            return False
+        gang.refused = False
+        gang.domain = gang_module.domain_nodes(self.nodes, decision.domain)
+        self.pending.pop(gang.work.key, None)
+        self.series.gang(at, admitted=True)
+        for member in decision.placed:
+            work = self.pods[member.key]
+            gang.placed.add(work.key)
+            allocations = dict((claim.key, allocation) for claim, allocation in member.allocations)
+            self._record(
+                work,
+                [c for c in work.claims if c.key in allocations],
+                allocations,
+                node=member.node,
+                at=at,
+                retry=retry,
+            )
+        for left in decision.left:
+            work = self.pods[left.key]
+            todo = [c for c in work.claims if c.key not in self.held]
+            self._reject(work, todo, at=at, retry=retry, reasons=left.reasons)
+            self._refuse(work, at=at, count=max(len(todo), 1))
+        return True
+
+    def _drop_members(self, key: str) -> None:
+        """Under `Retry.NEVER`, the members of a refused gang are not tried again; pods still to come gather anew."""
+        gang = self.gangs[key]
+        gang.refused = False
+        self.members.pop(_group_key((gang.group.key, gang.group.api)), None)
+
+    def _gathering(self, gang: _Gang) -> str | None:
+        """Why the gang's pods wait while it has fewer member pods than its minimum; None once it has them (or
+        runs)."""
+        if gang.domain is not None:
+            return None
+        count = len(self.members.get(_group_key((gang.group.key, gang.group.api)), {}))
+        need = gang.group.min_count or 1
+        if count >= need:
+            return None
+        return f"not allocated: {gang_module.describe(gang.group)}: {count} of {need} member pods have arrived"
+
+    def reasons_of(self, key: str) -> tuple[str, ...]:
+        """Why the claim `key` is not allocated now: a gathering gang's line for a claim of its pods, else the last
+        attempt's reasons."""
+        group = self.gang_of.get(key)
+        gang = self.gangs.get(group) if group is not None else None
+        line = self._gathering(gang) if gang is not None else None
+        return (line,) if line is not None else self.reasons.get(key, ())
 
     def _pod_work(self, pod: model.Pod) -> _Work:
         uid = claims.pod_uid(pod)
@@ -215,8 +465,16 @@ class _State:
         found: list[model.ResourceClaim] = []
         owned: list[str] = []
         problem = None
+        gang = self._gang_of_pod(pod)
         for entry in pod.resource_claims:
-            if entry.resource_claim_name is not None:
+            # An entry that repeats one of its PodGroup's claims exactly stands for the group's claim.
+            shared = gang.claims.get(entry) if gang is not None else None
+            if shared is not None:
+                claim = self.present.get(shared)
+                if claim is None:
+                    problem = f"ResourceClaim {shared} of the pod's PodGroup is not present"
+                    continue
+            elif entry.resource_claim_name is not None:
                 claim = self.present.get(f"{namespace}/{entry.resource_claim_name}")
                 if claim is None:
                     problem = f"ResourceClaim {namespace}/{entry.resource_claim_name} is not present"
@@ -232,6 +490,9 @@ class _State:
                 owned.append(claim.key)
             if all(c.key != claim.key for c in found):
                 found.append(claim)
+        if pod.pod_group is not None:
+            for claim in found:
+                self.gang_of[claim.key] = f"{namespace}/{pod.pod_group.name}"
         return _Work(key=f"Pod {namespace}/{pod.meta.name}", claims=found, pod=pod, owned=tuple(owned), problem=problem)
 
     def _try(self, work: _Work, *, at: float, retry: bool) -> bool:
@@ -245,6 +506,13 @@ class _State:
             allocated = {c.key: c.allocation for c in work.claims if c.key in self.held and c.allocation is not None}
             where = placement.candidates(work.pod, allocated=allocated, cluster=self.nodes)
             problem, nodes = where.problem, where.nodes
+            gang = self._gang_of_pod(work.pod)
+            if problem is None and gang is not None and gang.domain is not None:
+                # A pod joining a gang that runs goes where the gang runs.
+                domain = set(gang.domain)
+                nodes = tuple(n for n in (nodes if nodes is not None else gang.domain) if n in domain)
+                if not nodes:
+                    problem = f"no node of the domain of {gang_module.describe(gang.group)} is one the pod may use"
         if problem is not None:
             self._reject(work, todo, at=at, retry=retry, reasons=(f"not allocated: {problem}",))
             return False
@@ -255,20 +523,37 @@ class _State:
             texts = tuple(f"{r.request}: {r.message}" if r.request else r.message for r in outcome.reasons)
             self._reject(work, todo, at=at, retry=retry, reasons=texts)
             return False
+        allocations = {claim.key: allocation for claim, allocation in zip(todo, outcome.allocations, strict=True)}
+        self._record(work, todo, allocations, node=outcome.node, at=at, retry=retry)
+        if work.pod is not None and (gang := self._gang_of_pod(work.pod)) is not None:
+            gang.placed.add(work.key)
+        return True
+
+    def _record(
+        self,
+        work: _Work,
+        todo: Sequence[model.ResourceClaim],
+        allocations: dict[str, model.AllocationResult],
+        *,
+        node: str | None,
+        at: float,
+        retry: bool,
+    ) -> None:
+        """The allocator made (and holds) `allocations` for the work's claims `todo`, on `node`."""
         done: list[model.ResourceClaim] = []
-        for claim, allocation in zip(todo, outcome.allocations, strict=True):
+        for claim in todo:
+            allocation = allocations[claim.key]
             claim = dataclasses.replace(claim, allocation=allocation)
             self.present[claim.key] = claim
-            self.held[claim.key] = outcome.node
+            self.held[claim.key] = node
             self.reasons.pop(claim.key, None)
             self.used += self._memory(allocation)
             done.append(claim)
         work.claims = [self.present[c.key] for c in work.claims]
         self.series.admitted(at, count=len(done))
         self.actions.append(
-            Action(at=at, kind=ActionKind.ALLOCATE, work=work.key, claims=tuple(done), node=outcome.node, retry=retry)
+            Action(at=at, kind=ActionKind.ALLOCATE, work=work.key, claims=tuple(done), node=node, retry=retry)
         )
-        return True
 
     def _reject(
         self, work: _Work, todo: Sequence[model.ResourceClaim], *, at: float, retry: bool, reasons: tuple[str, ...]
@@ -287,10 +572,36 @@ class _State:
             self.pending.pop(f"ResourceClaim {event.key}", None)
             self._release(event.key, at=event.at)
             return
+        if event.kind == "PodGroup":
+            gang = self.gangs.pop(event.key, None)
+            if gang is not None:
+                # The group ends: the claims made for it go with it; its pods stay until they depart themselves.
+                self.pending.pop(gang.work.key, None)
+                for key in gang.owned:
+                    self._release(key, at=event.at)
+                group_key = _group_key((gang.group.key, gang.group.api))
+                for key in self.members.get(group_key, {}):
+                    if key not in gang.placed:
+                        self.pending.pop(key, None)
+                        self._hold_back(self.pods[key], group_key)
+            return
         work = self.pods.pop(f"Pod {event.key}", None)
         self.pending.pop(f"Pod {event.key}", None)
         for key in work.owned if work is not None else ():
             self._release(key, at=event.at)
+        pod = work.pod if work is not None else None
+        joins = _joins(pod) if pod is not None else None
+        if work is None or pod is None or joins is None:
+            return
+        self.members.get(joins, {}).pop(work.key, None)
+        gang = self._gang_of_pod(pod)
+        if gang is not None:
+            gang.placed.discard(work.key)
+            if not gang.placed and gang.domain is not None:
+                # The gang's last placed pod left: the gang departed, and pods still to come gather anew.
+                gang.domain = None
+            if gang.domain is None and self.members.get(joins):
+                self.pending.setdefault(gang.work.key, gang.work)
 
     def _release(self, key: str, *, at: float) -> None:
         claim = self.present.pop(key, None)
@@ -304,18 +615,32 @@ class _State:
         self.actions.append(Action(at=at, kind=ActionKind.RELEASE, work=f"ResourceClaim {key}", claims=(claim,)))
 
     def retry_pending(self, at: float) -> None:
-        """Try every waiting work item once, in arrival order."""
+        """Try every waiting work item once, in arrival order; a gang as one."""
         for key, work in list(self.pending.items()):
-            if self._try(work, at=at, retry=True):
+            member_of = self._gang_of_pod(work.pod) if work.pod is not None else None
+            if member_of is not None and member_of.domain is None:
+                # Its gang stopped running while it waited: the gang's own work places it with the others.
+                self.pending.pop(key, None)
+                self.pending.setdefault(member_of.work.key, member_of.work)
+            elif work.gang is not None:
+                gang = self.gangs.get(work.gang)
+                if gang is None or gang.domain is not None:
+                    self.pending.pop(key, None)
+                elif self._try_gang(gang, at=at, retry=True):
+                    self.pending.pop(key, None)
+            elif self._try(work, at=at, retry=True):
                 del self.pending[key]
 
     # --- results -------------------------------------------------------------------------
 
     def frame(self, at: float, *, event: int, first_rejection: bool = False) -> None:
         """Keep the present moment for the map (see `htmlmap.Frame`); `event` counts from 0."""
+        gathering = [g.work for g in self.gangs.values() if g.domain is None and g.work.key not in self.pending]
+        for work in gathering:
+            work.claims = [c for member in self._member_works(self.gangs[work.gang or ""]) for c in member.claims]
         waiting = tuple(
-            (c.key, self.reasons.get(c.key, ()))
-            for work in self.pending.values()
+            (c.key, self.reasons_of(c.key))
+            for work in (*self.pending.values(), *gathering)
             for c in work.claims
             if c.key not in self.held
         )
@@ -329,9 +654,14 @@ class _State:
                 waiting=waiting,
                 refused=tuple(self.refused),
                 first_rejection=first_rejection,
+                gangs=self.gangs_held(),
             )
         )
         self.refused = []
+
+    def gangs_held(self) -> tuple[tuple[str, str], ...]:
+        """The held claims of gangs' pods (and groups): (claim key, PodGroup "namespace/name")."""
+        return tuple((key, self.gang_of[key]) for key in self.present if key in self.held and key in self.gang_of)
 
     def held_claims(self) -> tuple[model.ResourceClaim, ...]:
         return tuple(c for key, c in self.present.items() if key in self.held and c.allocation is not None)
@@ -352,7 +682,7 @@ class _State:
                     name=claim.meta.name,
                     claim=claim,
                     node=self.held.get(key),
-                    reasons=() if allocated else self.reasons.get(key, ("not allocated: waiting",)),
+                    reasons=() if allocated else self.reasons_of(key) or ("not allocated: waiting",),
                     status=engine.Status.ALLOCATED if allocated else engine.Status.NOT_ALLOCATED,
                     warnings=check.warnings(claim, allocated=allocated),
                 )
@@ -367,12 +697,13 @@ def replay(
     retry: Retry = Retry.ON_DEPARTURE,
     search_limit: int = config.DEFAULT_SEARCH_LIMIT,
     frames: int = 0,
+    topology_levels: Sequence[str] = (),
 ) -> Result:
     """Replay the trace's events against one allocator and measure the outcome; keep `frames`
     moments for the map (see the module docstring). Deterministic; no I/O. Departures at one
     time form a batch: the pending work is retried once after it."""
     start = time.perf_counter()
-    state = _State(tr, policy=policy, retry=retry, search_limit=search_limit)
+    state = _State(tr, policy=policy, retry=retry, search_limit=search_limit, levels=topology_levels)
     indexed = time.perf_counter()
     events = tr.events
     state.events = len(events)
@@ -384,6 +715,9 @@ def replay(
     for index, claim in enumerate(tr.cluster.resource_claims):
         if claim.allocation is None:
             state.arrive(trace.Arrival(at=start_at, object=claim, index=-1 - index))
+    # So do the cluster's PodGroups, present from the start like its claims.
+    for index, group in enumerate(tr.cluster.pod_groups):
+        state.arrive(trace.Arrival(at=start_at, object=group, index=-1 - index))
     for i, event in enumerate(events):
         state.position = i
         if isinstance(event, trace.Arrival):
@@ -411,6 +745,7 @@ def replay(
         seconds=time.perf_counter() - start,
         index_seconds=indexed - start,
         frames=tuple(state.frames),
+        gangs=state.gangs_held(),
     )
 
 
@@ -504,6 +839,7 @@ def _replay_and_report(
             retry=settings.retry,
             search_limit=settings.search_limit,
             frames=MAP_FRAMES if settings.html is not None else 0,
+            topology_levels=settings.topology_levels,
         )
         results.append(result)
         if timer is not None:
@@ -517,6 +853,7 @@ def _replay_and_report(
             series=shown.metrics.time,
             frames=shown.frames,
             title=f"dractl allocation map: trace {tr.name or tr.file}, policy {shown.policy.value}",
+            gangs=shown.gangs,
         )
         try:
             settings.html.write_text(page, encoding="utf-8")

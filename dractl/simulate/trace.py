@@ -4,7 +4,8 @@ What it does: reads and validates a trace file into ordered events whose objects
 values (`load`, `parse`), writes one (`write`), and generates traces for a named claim mix
 (`generate`, `parse_spec` for `--generate mix=reference,seed=1,claims=200`; `write_generated`
 writes one as it is generated, in memory that does not grow with the claims; at most
-`MAX_GENERATED_CLAIMS` claims on `MAX_GENERATED_NODES` nodes). What it must not
+`MAX_GENERATED_CLAIMS` claims on `MAX_GENERATED_NODES` nodes, and optionally up to
+`MAX_GENERATED_GANGS` gangs: `gangs=N`). What it must not
 do: allocate or replay (the replay consumes `Trace.events`), evaluate CEL, or talk to a
 cluster. Pure apart from `load`, `write` and `write_generated`, which read and write the one file
 or stream they are given.
@@ -34,14 +35,16 @@ included, read as `simulate -f` reads manifests: `decode.documents`), at most 64
       - at: 60
         depart: {kind: ResourceClaim, name: c-00001, namespace: default}
 
-An event has `at` and exactly one of `arrive` (a ResourceClaim or Pod manifest, decoded by
-`dractl.model.decode` exactly as `simulate -f` decodes it) and `depart` (`kind`, `name`, and
-`namespace`, default `default`). An arriving object annotated `dractl.io/departs-after:
+An event has `at` and exactly one of `arrive` (a ResourceClaim, Pod or PodGroup manifest, of
+either PodGroup API, decoded by `dractl.model.decode` exactly as `simulate -f` decodes it) and
+`depart` (`kind`, `name`, and `namespace`, default `default`). PodGroups of the two APIs share
+one set of names in a trace. An arriving object annotated `dractl.io/departs-after:
 "<seconds>"` departs that long after it arrives, as if a `depart` event said so. An example
 node (`cluster.examples`) is one of the files `20-*.yaml`, `21-*.yaml`, `22-*.yaml` of the
 built-in examples with the node's name replaced everywhere (node, pool, slice names) and its
 GPU uuids replaced by uuids derived from the new name, plus its Node object from
-`10-nodes.yaml`, renamed alike; the DeviceClasses of `00-deviceclasses.yaml` come with them.
+`10-nodes.yaml`, renamed alike, with the example's optional `labels` added (a rack, say);
+the DeviceClasses of `00-deviceclasses.yaml` come with them.
 
 Order: events are sorted by time; at equal times departures come before arrivals (what
 leaves frees room for what comes), and otherwise file order holds. Validation collects every
@@ -85,7 +88,7 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE_NODES = {"a100": "20-dgx-a100-01.yaml", "h100": "21-dgx-h100-01.yaml", "t4": "22-t4-node-01.yaml"}
 _NODE_FILE = "10-nodes.yaml"
 _CLASS_FILE = "00-deviceclasses.yaml"
-_ARRIVING_KINDS = ("ResourceClaim", "Pod")
+_ARRIVING_KINDS = ("ResourceClaim", "Pod", "PodGroup")
 _EVENT_KEYS = frozenset({"at", "arrive", "depart"})
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -94,6 +97,11 @@ _UUID_NAMESPACE = uuid.UUID("6b1d3f52-59b3-4a4c-9a7e-2f4a1c0d8e11")
 # `--trace` reads (`decode.read_text`) whatever the mix; Kubernetes supports clusters of up to 5,000 nodes.
 MAX_GENERATED_CLAIMS = 50_000
 MAX_GENERATED_NODES = 5_000
+# A gang is a PodGroup and up to 4 pods, about 2.5 KB of YAML: 2,000 gangs keep the largest trace within 64 MiB.
+MAX_GENERATED_GANGS = 2_000
+RACK_LABEL = "dractl.io/rack"
+"""The node label of the racks a generated trace with gangs puts its example nodes in (`_RACK_NODES` a rack)."""
+_MAX_LABELS = 64  # extra labels of one example node; a Node rarely has more than a few dozen
 # A trace longer than a century of seconds is a typo, and so is a time Python cannot order.
 _MAX_SECONDS = 100 * 365 * 24 * 3600
 
@@ -111,12 +119,14 @@ class Arrival:
     """`object` arrives at `at` seconds; `index` is its event's index in the file."""
 
     at: float
-    object: model.ResourceClaim | model.Pod
+    object: model.ResourceClaim | model.Pod | model.PodGroup
     index: int
 
     @property
     def kind(self) -> str:
-        return "ResourceClaim" if isinstance(self.object, model.ResourceClaim) else "Pod"
+        if isinstance(self.object, model.ResourceClaim):
+            return "ResourceClaim"
+        return "Pod" if isinstance(self.object, model.Pod) else "PodGroup"
 
     @property
     def key(self) -> str:
@@ -145,10 +155,11 @@ Event = Arrival | Departure
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ExampleNode:
-    """One built-in example node file, reused under the name `node`."""
+    """One built-in example node file, reused under the name `node`, its Node with `labels` added (a rack, say)."""
 
     file: str
     node: str
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -241,10 +252,13 @@ def _cluster(raw: object, *, file: str, problems: list[str]) -> model.Objects:
     seen: set[str] = set()
     for i, item in enumerate(examples):
         where = f"{file}: spec.cluster.examples[{i}]"
-        if not isinstance(item, dict) or set(item) != {"file", "node"}:
-            problems.append(f"{where}: must be a mapping with exactly file and node")
+        if not isinstance(item, dict) or not {"file", "node"} <= set(item) <= {"file", "node", "labels"}:
+            problems.append(f"{where}: must be a mapping with file and node (and optionally labels)")
             continue
         example, node = item["file"], item["node"]
+        labels = _labels(item.get("labels", {}), where=f"{where}.labels", problems=problems)
+        if labels is None:
+            continue
         if example not in EXAMPLE_NODES.values():
             choices = ", ".join(sorted(EXAMPLE_NODES.values()))
             problems.append(f"{where}.file: must be one of the example nodes ({choices}), got {_shown(example)}")
@@ -254,7 +268,7 @@ def _cluster(raw: object, *, file: str, problems: list[str]) -> model.Objects:
             problems.append(f"{where}.node: {node} is already used by an earlier example")
         else:
             seen.add(node)
-            nodes.append(ExampleNode(file=example, node=node))
+            nodes.append(ExampleNode(file=example, node=node, labels=labels))
     objects = raw.get("objects", [])
     if not isinstance(objects, list):
         problems.append(f"{file}: spec.cluster.objects: must be a list of manifests")
@@ -265,6 +279,19 @@ def _cluster(raw: object, *, file: str, problems: list[str]) -> model.Objects:
         problems.extend(error.problems)
         given = model.Objects()
     return _merge(example_cluster(nodes), given)
+
+
+def _labels(raw: object, *, where: str, problems: list[str]) -> tuple[tuple[str, str], ...] | None:
+    """An example node's extra labels (label key -> value, as a Node's metadata.labels holds them), or None when
+    they are not."""
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: must be a mapping of label keys to values")
+        return None
+    bad = next((k for k, v in raw.items() if not isinstance(k, str) or not isinstance(v, str) or not k), None)
+    if bad is not None or len(raw) > _MAX_LABELS:
+        problems.append(f"{where}: must map at most {_MAX_LABELS} label keys to string values, got {_shown(raw)}")
+        return None
+    return tuple(sorted(raw.items()))
 
 
 def _merge(*parts: model.Objects) -> model.Objects:
@@ -361,7 +388,7 @@ def _renamed(node: ExampleNode) -> model.Objects:
         )
         for s, keys in zip(plan.slices, plan.uuid_keys, strict=True)
     )
-    labels = {k: name(v) for k, v in plan.template.meta.labels.items()}
+    labels = {**{k: name(v) for k, v in plan.template.meta.labels.items()}, **dict(node.labels)}
     meta = dataclasses.replace(plan.template.meta, name=node.node, labels=labels)
     return model.Objects(resource_slices=renamed, nodes=(model.Node(meta=meta, source=source),))
 
@@ -376,6 +403,8 @@ def _events(raw: object, *, file: str, problems: list[str], cluster: model.Objec
         problems.append(f"{file}: spec.events: required, a list of events (at, and arrive or depart)")
         return ()
     templates = {(t.meta.namespace, t.meta.name) for t in cluster.resource_claim_templates}
+    for group in cluster.pod_groups:
+        problems.extend(_missing_templates(group, where=f"{file}: spec.cluster.objects", templates=templates))
     events: list[Event] = []
     for i, item in enumerate(raw):
         where = f"{file}: events[{i}]"
@@ -387,7 +416,7 @@ def _events(raw: object, *, file: str, problems: list[str], cluster: model.Objec
             problems.append(f"{where}.{unknown[0]}: unknown field (an event has at, and arrive or depart)")
         at = _time(item.get("at"), where=f"{where}.at", problems=problems)
         if ("arrive" in item) == ("depart" in item):
-            problems.append(f"{where}: needs exactly one of arrive (a ResourceClaim or Pod) and depart")
+            problems.append(f"{where}: needs exactly one of arrive (a ResourceClaim, Pod or PodGroup) and depart")
             continue
         if at is None:
             continue
@@ -421,28 +450,35 @@ def _arrival(
 ) -> list[Event]:
     path = f"{where}.arrive"
     if not isinstance(raw, dict):
-        problems.append(f"{path}: must be a ResourceClaim or Pod manifest")
+        problems.append(f"{path}: must be a ResourceClaim, Pod or PodGroup manifest")
         return []
     kind = raw.get("kind")
     if kind not in _ARRIVING_KINDS:
         got = "no kind" if kind is None else f"kind {_shown(kind)}"
-        problems.append(f"{path}.kind: only a ResourceClaim or a Pod arrives, got {got}")
+        problems.append(f"{path}.kind: only a ResourceClaim, a Pod or a PodGroup arrives, got {got}")
         return []
+    value: model.ResourceClaim | model.Pod | model.PodGroup
     try:
-        value = decode.load_object(raw, source=path)
+        if kind == "PodGroup":
+            # `load_object` decodes the kinds a watch delivers; a PodGroup of either API decodes as a manifest does.
+            groups = decode.load_documents([raw], file=path).pod_groups
+            if not groups:
+                problems.append(
+                    f"{path}.apiVersion: a PodGroup is scheduling.k8s.io/v1alpha2 or scheduling.x-k8s.io/v1alpha1, "
+                    f"got {_shown(raw.get('apiVersion'))}"
+                )
+                return []
+            value = groups[0]
+        else:
+            decoded = decode.load_object(raw, source=path)
+            assert isinstance(decoded, model.ResourceClaim | model.Pod)  # guaranteed by the kind checked above
+            value = decoded
     except decode.DecodeError as error:
         problems.extend(error.problems)
         return []
-    assert isinstance(value, model.ResourceClaim | model.Pod)  # guaranteed by the kind checked above
     arrival = Arrival(at=at, object=value, index=index)
-    if isinstance(value, model.Pod):
-        for i, claim in enumerate(value.resource_claims):
-            name = claim.resource_claim_template_name
-            if name is not None and (value.meta.namespace, name) not in templates:
-                problems.append(
-                    f"{path}: Pod {arrival.key}: spec.resourceClaims[{i}].resourceClaimTemplateName: no "
-                    f"ResourceClaimTemplate {value.meta.namespace}/{name} in spec.cluster"
-                )
+    if not isinstance(value, model.ResourceClaim):
+        problems.extend(_missing_templates(value, where=path, templates=templates))
     out: list[Event] = [arrival]
     after = value.meta.annotations.get(DEPARTS_AFTER)
     if after is not None:
@@ -465,6 +501,18 @@ def _arrival(
     return out
 
 
+def _missing_templates(value: model.Pod | model.PodGroup, *, where: str, templates: set[tuple[str, str]]) -> list[str]:
+    """One problem per `spec.resourceClaims` entry of a pod or PodGroup naming a template the cluster lacks."""
+    kind = "Pod" if isinstance(value, model.Pod) else "PodGroup"
+    namespace = value.meta.namespace
+    return [
+        f"{where}: {kind} {namespace}/{value.meta.name}: spec.resourceClaims[{i}].resourceClaimTemplateName: no "
+        f"ResourceClaimTemplate {namespace}/{name} in spec.cluster"
+        for i, entry in enumerate(value.resource_claims)
+        if (name := entry.resource_claim_template_name) is not None and (namespace, name) not in templates
+    ]
+
+
 def _seconds(text: str) -> float | None:
     try:
         value = float(text)
@@ -482,7 +530,7 @@ def _departure(raw: object, *, at: float, index: int, where: str, problems: list
         problems.append(f"{where}.{unknown[0]}: unknown field (expected kind, name, namespace)")
     kind, name, namespace = raw.get("kind"), raw.get("name"), raw.get("namespace", "default")
     if kind not in _ARRIVING_KINDS:
-        problems.append(f"{where}.kind: must be ResourceClaim or Pod, got {_shown(kind)}")
+        problems.append(f"{where}.kind: must be ResourceClaim, Pod or PodGroup, got {_shown(kind)}")
         return None
     if not isinstance(name, str) or not name:
         problems.append(f"{where}.name: required, the name of an object that arrived earlier")
@@ -553,8 +601,8 @@ def write(trace: Trace, path: str | pathlib.Path) -> None:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Spec:
     """What `generate` makes: a mix, a seed, how many claims, how many nodes of each example
-    kind (`a100`, `h100`, `t4`), claims per round and the share of present claims that depart
-    at the start of each later round."""
+    kind (`a100`, `h100`, `t4`), claims per round, the share of present claims that depart
+    at the start of each later round, and how many gangs (PodGroups and their pods) arrive among them."""
 
     mix: str
     seed: int = 1
@@ -562,15 +610,18 @@ class Spec:
     nodes: Mapping[str, int] = dataclasses.field(default_factory=lambda: {"a100": 8, "h100": 8, "t4": 4})
     round: int = 10
     departures: float = 0.3
+    gangs: int = 0
 
     def __str__(self) -> str:
         parts = [f"mix={self.mix}", f"seed={self.seed}", f"claims={self.claims}"]
         parts += [f"{kind}={count}" for kind, count in self.nodes.items()]
-        return ",".join([*parts, f"round={self.round}", f"departures={self.departures:g}"])
+        # Written only when there are gangs: a spec without them reads as it did before gangs existed.
+        gangs = [f"gangs={self.gangs}"] if self.gangs else []
+        return ",".join([*parts, f"round={self.round}", f"departures={self.departures:g}", *gangs])
 
 
 def parse_spec(text: str) -> Spec:
-    """`mix=reference,seed=1,claims=200[,a100=8,h100=8,t4=4][,round=10][,departures=0.3]` -> Spec.
+    """`mix=reference,seed=1,claims=200[,a100=8,h100=8,t4=4][,round=10][,departures=0.3][,gangs=0]` -> Spec.
 
     Raises ValueError with one message naming the spec and the key. Pure.
     """
@@ -591,11 +642,13 @@ def parse_spec(text: str) -> Spec:
     nodes = dict(defaults.nodes) if not values.keys() & EXAMPLE_NODES.keys() else {}
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
-        if key in ("seed", "claims", "round", *EXAMPLE_NODES):
+        if key in ("seed", "claims", "round", "gangs", *EXAMPLE_NODES):
             number = _integer(value)
-            least = 0 if key in (*EXAMPLE_NODES, "seed") else 1
+            least = 0 if key in (*EXAMPLE_NODES, "seed", "gangs") else 1
             if number is None or number < least:
                 raise ValueError(f"--generate {text!r}: {key} must be an integer >= {least}, got {value!r}")
+            if key == "gangs" and number > MAX_GENERATED_GANGS:
+                raise ValueError(f"--generate {text!r}: gangs must be at most {MAX_GENERATED_GANGS}, got {number}")
             if key in EXAMPLE_NODES:
                 nodes[key] = number
             else:
@@ -606,7 +659,7 @@ def parse_spec(text: str) -> Spec:
                 raise ValueError(f"--generate {text!r}: departures must be a share from 0 to 1, got {value!r}")
             kwargs[key] = share
         else:
-            keys = ", ".join(["mix", "seed", "claims", *EXAMPLE_NODES, "round", "departures"])
+            keys = ", ".join(["mix", "seed", "claims", *EXAMPLE_NODES, "round", "departures", "gangs"])
             raise ValueError(f"--generate {text!r}: unknown key {key!r} (known: {keys})")
     if not any(nodes.values()):
         raise ValueError(f"--generate {text!r}: the cluster has no node (give a100=, h100= or t4= above 0)")
@@ -667,6 +720,7 @@ def generate(
     nodes: Mapping[str, int] | None = None,
     claims_per_round: int = 10,
     departures: float = 0.3,
+    gangs: int = 0,
 ) -> Trace:
     """A trace for `spec` (a `Spec`, its spec string, or else the keyword arguments): the
     example-node cluster and a claim stream.
@@ -675,7 +729,11 @@ def generate(
     source of choices). Claims arrive in rounds of `spec.round`, one round a minute, spread
     evenly over it; at the start of every round after the first, `departures` of the claims
     then present (rounded to the nearest whole claim, chosen by the seeded generator) depart.
-    Pure; raises ValueError for a bad spec string.
+    With `gangs`, the nodes are put in racks of 4 (label `RACK_LABEL`) and that many gangs arrive
+    spread evenly over the rounds, each at the start of its round: a v1alpha2 PodGroup (minCount its
+    size, 2 to 4 pods, topology key the rack) and then its pods a second apart, each with 1, 2, 4 or 8
+    GPUs from a template of the cluster, the whole gang leaving 2 to 5 rounds later. The claim stream is
+    the same as without gangs. Pure; raises ValueError for a bad spec string.
     """
     if isinstance(spec, str):
         spec = parse_spec(spec)
@@ -687,6 +745,7 @@ def generate(
             nodes=dict(nodes or Spec(mix=mix).nodes),
             round=claims_per_round,
             departures=departures,
+            gangs=gangs,
         )
     header, events = _generated(spec)
     document = {**header, "spec": {**header["spec"], "events": list(events)}}
@@ -725,25 +784,37 @@ def _generated(spec: Spec) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     """The document of `spec`'s trace without its events, and the events, made as they are iterated. Raises
     ValueError for a spec out of bounds."""
     _check(spec)
-    examples = [
+    examples: list[dict[str, Any]] = [
         {"file": EXAMPLE_NODES[kind], "node": f"{kind}-{i:02d}"}
         for kind, count in spec.nodes.items()
         for i in range(1, count + 1)
     ]
+    cluster: dict[str, Any] = {"examples": examples}
+    if spec.gangs:
+        # Gangs are placed in one rack: the nodes are put in racks in order, and the members' claims come from the
+        # templates of the cluster.
+        for n, example in enumerate(examples):
+            example["labels"] = {RACK_LABEL: f"r{n // _RACK_NODES + 1:02d}"}
+        cluster["objects"] = [_gang_template(gpus) for gpus in _GANG_GPUS]
     header = {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {"name": f"{spec.mix}-seed-{spec.seed}"},
-        "spec": {"generator": str(spec), "cluster": {"examples": examples}},
+        "spec": {"generator": str(spec), "cluster": cluster},
     }
     return header, _events_of(spec)
 
 
 def _events_of(spec: Spec) -> Iterator[dict[str, Any]]:
     rng = random.Random(spec.seed)
+    # The gangs draw from a generator of their own, so that the claim stream is that of the same spec without gangs.
+    gang_rng = random.Random(f"gangs/{spec.seed}")
     shares = MIXES[spec.mix]
     present: dict[str, None] = {}  # in arrival order; a dict, so that a departure is not a scan
     width = max(5, len(str(spec.claims)))
+    rounds = -(-spec.claims // spec.round)
+    gangs = iter(range(spec.gangs))
+    gang = next(gangs, None)
     for number in range(spec.claims):
         in_round, round_index = number % spec.round, number // spec.round
         start = round_index * _ROUND_SECONDS
@@ -752,11 +823,75 @@ def _events_of(spec: Spec) -> Iterator[dict[str, Any]]:
             for name in sorted(leaving):
                 yield {"at": start, "depart": {"kind": "ResourceClaim", "name": name, "namespace": "default"}}
                 del present[name]
+        # The gangs arrive spread evenly over the rounds, at the start of theirs.
+        while in_round == 0 and gang is not None and gang * rounds // spec.gangs == round_index:
+            yield from _gang_events(gang, width=len(str(spec.gangs)), start=start, rng=gang_rng)
+            gang = next(gangs, None)
         name = f"c-{number + 1:0{width}d}"
         share = rng.choices(shares, weights=[s.weight for s in shares])[0]
         at = start + round(in_round * _ROUND_SECONDS / spec.round, 3)
         yield {"at": at, "arrive": _claim(share.name, name=name, rng=rng)}
         present[name] = None
+
+
+# Gangs: pods per gang (the gang's minCount: all or nothing), GPUs per pod, and how many rounds a gang runs.
+_GANG_SIZES = (2, 3, 4)
+_GANG_GPUS = (1, 2, 4, 8)
+_GANG_ROUNDS = (2, 3, 4, 5)
+_RACK_NODES = 4
+
+
+def _gang_template(gpus: int) -> dict[str, Any]:
+    """The ResourceClaimTemplate of a gang member with `gpus` GPUs, its claims' shapes annotated."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"gang-gpus-{gpus}", "namespace": "default"},
+        "spec": {
+            "metadata": {"annotations": {SHAPES: ",".join(["gpu"] * gpus)}},
+            "spec": {"devices": {"requests": [_request("gpus", "gpu.nvidia.com", count=gpus)]}},
+        },
+    }
+
+
+def _gang_events(number: int, *, width: int, start: float, rng: random.Random) -> Iterator[dict[str, Any]]:
+    """Gang `number`: its PodGroup (minCount its size, placed in one rack) at `start`, then its pods one second
+    apart (the gang is placed once the last has come), all leaving together some rounds after `start`."""
+    name = f"g-{number + 1:0{width}d}"
+    size, gpus, runs = rng.choice(_GANG_SIZES), rng.choice(_GANG_GPUS), rng.choice(_GANG_ROUNDS) * _ROUND_SECONDS
+    yield {
+        "at": start,
+        "arrive": {
+            "apiVersion": "scheduling.k8s.io/v1alpha2",
+            "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "default", "annotations": {DEPARTS_AFTER: f"{runs:g}"}},
+            "spec": {
+                "schedulingPolicy": {"gang": {"minCount": size}},
+                "schedulingConstraints": {"topology": [{"key": RACK_LABEL}]},
+            },
+        },
+    }
+    for member in range(size):
+        yield {
+            "at": start + member,
+            "arrive": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{name}-{member}",
+                    "namespace": "default",
+                    "labels": {"dractl.io/mix": "gang"},
+                    "annotations": {DEPARTS_AFTER: f"{runs - member:g}"},
+                },
+                "spec": {
+                    "schedulingGroup": {"podGroupName": name},
+                    "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": f"gang-gpus-{gpus}"}],
+                    "containers": [
+                        {"name": "trainer", "image": "trainer", "resources": {"claims": [{"name": "gpus"}]}}
+                    ],
+                },
+            },
+        }
 
 
 def _check(spec: Spec) -> None:
@@ -765,6 +900,8 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"generate: mix {spec.mix!r} is unknown (one of {', '.join(MIXES)})")
     if spec.seed < 0 or spec.claims < 1 or spec.round < 1:
         raise ValueError(f"generate {spec}: seed must be >= 0, claims and round >= 1")
+    if not 0 <= spec.gangs <= MAX_GENERATED_GANGS:
+        raise ValueError(f"generate {spec}: gangs must be from 0 to {MAX_GENERATED_GANGS}")
     if not 0 <= spec.departures <= 1:
         raise ValueError(f"generate {spec}: departures must be a share from 0 to 1")
     unknown = sorted(set(spec.nodes) - EXAMPLE_NODES.keys())

@@ -225,3 +225,68 @@ def test_overview_shows_the_cluster_at_the_first_rejection_and_moves_with_the_sl
     again = _parse(render(page_file, "frame=0").dom)
     assert again.root.get("data-shown") == "0"
     assert [a["data-frame"] for a in _frames(again) if "hidden" not in a] == ["0"]
+
+
+def _without_departures_of_gangs(spec: str) -> trace.Trace:
+    """The generated trace of `spec` with its gangs staying to the end (their departs-after annotations dropped)."""
+    document = trace.generate(spec).document
+    for event in document["spec"]["events"]:
+        arriving = event.get("arrive", {})
+        if arriving.get("kind") in ("Pod", "PodGroup"):
+            arriving["metadata"]["annotations"].pop(trace.DEPARTS_AFTER)
+    return trace.parse(document, file="gangs.yaml")
+
+
+def test_map_names_each_gang_and_its_header_follows_the_moment_shown(
+    render: Callable[..., Any], tmp_path: pathlib.Path
+) -> None:
+    """Guards: with gangs, every drawn claim of a gang's pod names its gang (hover title, `data-gang`) in its gang's
+    one colour, a legend lists each gang held at the end and per moment, and the header's summary is that of the
+    moment shown (the one the page opens on, and another one the address asks for)."""
+    generated = _without_departures_of_gangs("mix=reference,seed=1,claims=60,a100=4,h100=4,t4=0,gangs=4")
+    result = replay.replay(generated, frames=6)
+    gang_of = dict(result.gangs)
+    assert set(gang_of.values()) == {"default/g-1", "default/g-2", "default/g-3", "default/g-4"}
+    text = htmlmap.render(
+        generated.cluster.resource_slices, result.held, frames=result.frames, gangs=result.gangs, title="gangs"
+    )
+    page_file = tmp_path / "gangs.html"
+    page_file.write_text(text, encoding="utf-8")
+
+    page = render(page_file)
+    assert page.console == []
+    found = _parse(page.dom)
+    assert found.root.get("data-ready") == "1" and "data-errors" not in found.root
+    legend = [a["data-gang-legend"] for _, a in found.found if "data-gang-legend" in a]
+    end = text.split('<section class="gangs">', 1)[1].split("</section>", 1)[0]
+    assert [a["data-gang-legend"] for _, a in _parse(end).found if "data-gang-legend" in a] == sorted(
+        set(gang_of.values())
+    )
+    assert set(legend) == set(gang_of.values())
+    rects = [a for t, a in found.found if t == "rect" and "data-claim" in a]
+    ganged = [a for a in rects if any(claim in gang_of for claim in a["data-claim"].split(" "))]
+    assert ganged and all(a.get("data-gang") == gang_of[a["data-claim"].split(" ")[0]] for a in ganged)
+    assert all("data-gang" not in a for a in rects if a not in ganged)
+    fills: dict[str, set[str]] = {}
+    for a in ganged:
+        fills.setdefault(a["data-gang"], set()).add(a["fill"])
+    assert all(len(colours) == 1 for colours in fills.values()), fills
+    claim, gang = next(iter(gang_of.items()))
+    assert f"{html.escape(claim)} (gang {html.escape(gang)})" in text
+    cells = {a["data-gang"] for _, a in found.found if "data-cell" in a and "data-gang" in a}
+    assert cells <= set(gang_of.values()) and cells
+
+    frames = _frames(found)
+    shown = int(found.root["data-shown"])
+
+    def summary(dom: str) -> tuple[str, str]:
+        match = re.search(r'<p [^>]*id="summary"[^>]*data-summary-at="([^"]*)"[^>]*>([^<]*)</p>', dom)
+        assert match is not None, "no summary for the moment shown"
+        return match.group(1), html.unescape(match.group(2))
+
+    assert summary(page.dom) == (frames[shown]["data-at"], frames[shown]["data-summary"])
+    assert frames[shown]["data-summary"].startswith(f"At {frames[shown]['data-label']}: ")
+    again = render(page_file, "frame=0")
+    first = _frames(_parse(again.dom))[0]
+    assert summary(again.dom) == (first["data-at"], first["data-summary"])
+    assert first["data-summary"] != frames[shown]["data-summary"]

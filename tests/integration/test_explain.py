@@ -282,3 +282,149 @@ def test_a_server_that_refuses_a_list_is_one_line_naming_it_and_the_resource(
         f"dractl explain: the API server https://127.0.0.1:{fault_proxy.port} refuses to list resourceslices: 403 "
     )
     assert err.count("\n") == 1
+
+
+CRDS = client.Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False)
+# scheduler-plugins' coscheduling PodGroup, as far as `dractl explain` reads it: the seed article's API.
+COSCHEDULING_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podgroups.scheduling.x-k8s.io"},
+    "spec": {
+        "group": "scheduling.x-k8s.io",
+        "scope": "Namespaced",
+        "names": {"plural": "podgroups", "singular": "podgroup", "kind": "PodGroup", "listKind": "PodGroupList"},
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "properties": {
+                                    "minMember": {"type": "integer", "format": "int32"},
+                                    "scheduleTimeoutSeconds": {"type": "integer", "format": "int32"},
+                                },
+                            },
+                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def _gang_pods(gpus: Gpus, count: int, *, join: dict[str, Any]) -> None:
+    """`count` pods of one GPU each (template one-gpu), joining a PodGroup as `join` says (a schedulingGroup field
+    or labels)."""
+    gpus.kube.create(
+        client.RESOURCE_CLAIM_TEMPLATES,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-gpu", "namespace": gpus.namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": gpus.driver}}]}}},
+        },
+    )
+    for i in range(count):
+        spec: dict[str, Any] = {
+            "schedulerName": NO_SCHEDULER,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+            **join.get("spec", {}),
+        }
+        meta = {"name": f"worker-{i}", "namespace": gpus.namespace, **join.get("metadata", {})}
+        gpus.kube.create(client.PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+
+
+def test_a_member_of_a_v1alpha2_gang_is_explained_with_its_gang(
+    control_plane: controlplane.ControlPlane, gpus: Gpus
+) -> None:
+    """Guards: the test control plane serves scheduling.k8s.io/v1alpha2; `explain pod` of a member of a 3-pod gang
+    (one GPU each, topology key the pool label: 2 GPUs per pool) reads the PodGroup and the other members and prints
+    the gang planner's line; the pod cannot be scheduled though its own claim would fit alone."""
+    gpus.kube.create(
+        client.POD_GROUPS,
+        {
+            "apiVersion": "scheduling.k8s.io/v1alpha2",
+            "kind": "PodGroup",
+            "metadata": {"name": "train", "namespace": gpus.namespace},
+            "spec": {
+                "schedulingPolicy": {"gang": {"minCount": 3}},
+                "schedulingConstraints": {"topology": [{"key": gpus.pool_label}]},
+            },
+        },
+    )
+    _gang_pods(gpus, 3, join={"spec": {"schedulingGroup": {"podGroupName": "train"}}})
+    code, out, err = _explain(control_plane.kubeconfig, "pod", f"{gpus.namespace}/worker-0", "-o", "json")
+    assert (code, err) == (0, "")
+    pod = json.loads(out)["pod"]
+    line = (
+        f"gang {gpus.namespace}/train (minCount 3, topology {gpus.pool_label}): no {gpus.pool_label} fits 3 pods; "
+        f"best large fits 2: 1 pod short, 1 device of class {gpus.driver}"
+    )
+    assert pod["gang"] == {
+        "podGroup": f"{gpus.namespace}/train",
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "members": ["worker-0", "worker-1", "worker-2"],
+        "bound": [],
+        "fits": False,
+        "left": [],
+        "reason": line,
+    }
+    assert (pod["status"], pod["reasons"]) == ("cannot be scheduled", [line])
+    code, out, err = _explain(control_plane.kubeconfig, "pod", f"{gpus.namespace}/worker-2")
+    assert (code, err) == (0, "")
+    assert f"  gang: {line}" in out.splitlines()
+
+
+def test_a_coscheduling_gang_is_read_once_its_crd_is_installed(
+    control_plane: controlplane.ControlPlane, kube_client: client.Client, gpus: Gpus
+) -> None:
+    """Guards: a pod labelled scheduling.x-k8s.io/pod-group is explained as not served while the coscheduling CRD
+    is missing (discovered from the server, not assumed), and with its gang (minMember) once the CRD is installed."""
+    _gang_pods(gpus, 2, join={"metadata": {"labels": {"scheduling.x-k8s.io/pod-group": "seed"}}})
+    code, out, err = _explain(control_plane.kubeconfig, "pod", f"{gpus.namespace}/worker-0", "-o", "json")
+    assert (code, err) == (0, "")
+    assert json.loads(out)["pod"]["gang"]["reason"] == (
+        f"PodGroup {gpus.namespace}/seed (scheduling.x-k8s.io/v1alpha1): the API server {control_plane.url} does not "
+        "serve it (its CustomResourceDefinition (scheduler-plugins' coscheduling) is not installed)"
+    )
+    groups = client.COSCHEDULING_POD_GROUPS
+    kube_client.create(CRDS, COSCHEDULING_CRD)
+    try:
+
+        def served() -> bool:
+            try:
+                kube_client.list(groups, namespace=gpus.namespace)
+            except client.NotFound:
+                return False
+            return True
+
+        controlplane.wait_until(served, what="the coscheduling PodGroup CRD is served", timeout=60)
+        kube_client.create(
+            groups,
+            {
+                "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+                "kind": "PodGroup",
+                "metadata": {"name": "seed", "namespace": gpus.namespace},
+                "spec": {"minMember": 2, "scheduleTimeoutSeconds": 300},
+            },
+        )
+        code, out, err = _explain(control_plane.kubeconfig, "pod", f"{gpus.namespace}/worker-1", "-o", "json")
+        assert (code, err) == (0, "")
+        gang = json.loads(out)["pod"]["gang"]
+        assert (gang["apiVersion"], gang["members"], gang["fits"]) == (
+            "scheduling.x-k8s.io/v1alpha1",
+            ["worker-0", "worker-1"],
+            True,
+        )
+        assert gang["reason"] == f"gang {gpus.namespace}/seed (minCount 2): fits, 2 of 2 member pods in the cluster"
+    finally:
+        kube_client.delete(CRDS, COSCHEDULING_CRD["metadata"]["name"])

@@ -75,7 +75,7 @@ def test_a_bad_generator_spec_is_one_line_and_exit_1() -> None:
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [
         "dractl simulate: --generate 'mix=reference,seeds=3': unknown key 'seeds' (known: mix, seed, claims, a100, "
-        "h100, t4, round, departures)"
+        "h100, t4, round, departures, gangs)"
     ]
 
 

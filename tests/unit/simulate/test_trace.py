@@ -224,22 +224,22 @@ def test_departs_after_annotation_implies_a_departure_ordered_before_arrivals() 
         ),
         pytest.param(
             "- at: 0\n  arrive: {apiVersion: v1, metadata: {name: a}}\n",
-            "t.yaml: events[0].arrive.kind: only a ResourceClaim or a Pod arrives, got no kind",
+            "t.yaml: events[0].arrive.kind: only a ResourceClaim, a Pod or a PodGroup arrives, got no kind",
             id="missing-kind",
         ),
         pytest.param(
             "- at: 0\n  arrive: {apiVersion: v1, kind: Service, metadata: {name: a}}\n",
-            't.yaml: events[0].arrive.kind: only a ResourceClaim or a Pod arrives, got kind "Service"',
+            't.yaml: events[0].arrive.kind: only a ResourceClaim, a Pod or a PodGroup arrives, got kind "Service"',
             id="wrong-kind",
         ),
         pytest.param(
             "- at: 0\n  depart: {name: a}\n",
-            "t.yaml: events[0].depart.kind: must be ResourceClaim or Pod, got nothing",
+            "t.yaml: events[0].depart.kind: must be ResourceClaim, Pod or PodGroup, got nothing",
             id="departure-without-kind",
         ),
         pytest.param(
             f"- at: 0\n  arrive: {CLAIM % 'a'}\n  depart: {{kind: ResourceClaim, name: a}}\n",
-            "t.yaml: events[0]: needs exactly one of arrive (a ResourceClaim or Pod) and depart",
+            "t.yaml: events[0]: needs exactly one of arrive (a ResourceClaim, Pod or PodGroup) and depart",
             id="arrive-and-depart",
         ),
         pytest.param(
