@@ -64,7 +64,7 @@ from typing import Any, Protocol
 import prometheus_client
 
 from dractl import alloc, daemon, model
-from dractl.controller import claims, loop, nodefit, schedplan
+from dractl.controller import claims, loop, nodefit, schedplan, schedqueue
 from dractl.kube import client as kube_client
 from dractl.kube import events, finalizers, informer, workqueue
 
@@ -423,12 +423,9 @@ class Scheduler:
         self._fits: dict[Hashable, _ShapeFit] = {}
         self._node_infos: tuple[nodefit.NodeInfo, ...] | None = None
         self._info_by_name: dict[str, nodefit.NodeInfo] = {}
-        self._unschedulable: set[str] = set()  # pod keys retried when the cluster changes
-        self._refused: set[str] = set()  # pod keys refused until they change
-        self._waiting: dict[str, str] = {}  # pod key -> the claim key it waits for ("": its own status)
-        self._bad_claims: dict[str, str] = {}  # claim key -> why the model refuses it
+        self._pending = schedqueue.Pending(self.queue)
         self.metrics.depth.set_function(lambda: float(len(self.queue)))
-        self.metrics.unschedulable.set_function(self._unschedulable_count)
+        self.metrics.unschedulable.set_function(lambda: float(self._pending.count()))
 
         self.pods: informer.Informer[schedplan.PodInfo] = informer.Informer(
             client,
@@ -482,10 +479,6 @@ class Scheduler:
             workers=workers,
         )
 
-    def _unschedulable_count(self) -> float:
-        with self._lock:
-            return float(len(self._unschedulable | self._refused))
-
     # --- Running ---------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -522,7 +515,7 @@ class Scheduler:
             if old is None or schedplan.scheduling_changed(old, pod):
                 self.queue.add(pod.key)
         else:
-            self._forget_pending(pod.key)
+            self._pending.forget(pod.key)
         with self._lock:
             placed = self._placed.get(pod.key)
             if pod.uses_node and pod.needs is not None:
@@ -536,14 +529,14 @@ class Scheduler:
                 # counted while the cache still shows it unbound.
                 self._unplace(pod.key)
         if old is not None and old.uses_node and not pod.uses_node:
-            self._requeue_unschedulable()  # A pod finished: its node has room again.
+            self._pending.requeue_unschedulable()  # A pod finished: its node has room again.
 
     def _pod_deleted(self, pod: schedplan.PodInfo) -> None:
-        self._forget_pending(pod.key)
+        self._pending.forget(pod.key)
         with self._lock:
             self._unplace(pod.key)
         if pod.uses_node:
-            self._requeue_unschedulable()
+            self._pending.requeue_unschedulable()
 
     def _bump(self, node: str) -> None:
         """The node's usage or object changed: the node filter's answers for it are stale. Under `_lock`."""
@@ -577,26 +570,18 @@ class Scheduler:
             self._node_pods.pop(node, None)
             self._node_used.pop(node, None)
 
-    def _forget_pending(self, key: str) -> None:
-        with self._lock:
-            self._unschedulable.discard(key)
-            self._refused.discard(key)
-            self._waiting.pop(key, None)
-
     def _decode_claim(self, raw: dict[str, Any]) -> model.ResourceClaim | None:
         """The claim, or None when the model refuses it; the reason is kept so a pod using it is told why."""
         value = kube_client.decode(raw)
         key = informer.key_of(raw)
         if isinstance(value, model.ResourceClaim):
-            with self._lock:
-                self._bad_claims.pop(key, None)
+            self._pending.claim_readable(key)
             return value
         try:
             kube_client.decode(raw, strict=True)
         except kube_client.BadObject as error:
-            with self._lock:
-                self._bad_claims[key] = str(error)
-            self._requeue_users(key, name=key.partition("/")[2])
+            self._pending.claim_refused(key, str(error))
+            self._pending.requeue_users(key, name=key.partition("/")[2], pods=self.pods.store)
         return None
 
     def _hold(self, claim: model.ResourceClaim) -> None:
@@ -627,18 +612,18 @@ class Scheduler:
                     self.allocator.release(claim_id)
             if claim.allocation is None:
                 self._consider(claim)
-        self._requeue_users(claim.key, name=claim.meta.name)
+        self._pending.requeue_users(claim.key, name=claim.meta.name, pods=self.pods.store)
         if freed:
-            self._requeue_unschedulable()
+            self._pending.requeue_unschedulable()
 
     def _claim_deleted(self, claim: model.ResourceClaim) -> None:
+        self._pending.claim_readable(claim.key)
         with self._lock:
-            self._bad_claims.pop(claim.key, None)
             if self._ledger_open and alloc.claim_id(claim) not in self._in_flight:
                 self.allocator.release(alloc.claim_id(claim))
-        self._requeue_users(claim.key, name=claim.meta.name)
+        self._pending.requeue_users(claim.key, name=claim.meta.name, pods=self.pods.store)
         if claim.allocation is not None:
-            self._requeue_unschedulable()
+            self._pending.requeue_unschedulable()
 
     def _node_changed(self, state: NodeState) -> None:
         with self._lock:
@@ -649,26 +634,7 @@ class Scheduler:
     def _inventory_changed(self, _: object) -> None:
         with self._inventory_lock:
             self._inventory_dirty = True
-        self._requeue_unschedulable()
-
-    def _requeue_unschedulable(self) -> None:
-        with self._lock:
-            keys = sorted(self._unschedulable)
-        for key in keys:
-            self.queue.add(key)
-
-    def _requeue_users(self, claim_key: str, *, name: str) -> None:
-        """Queue the pods that wait for this claim, and the unschedulable pods that use it."""
-        namespace = claim_key.partition("/")[0]
-        with self._lock:
-            keys = {key for key, waited in self._waiting.items() if waited == claim_key}
-            users = [key for key in self._unschedulable if key.partition("/")[0] == namespace]
-        for key in users:
-            pod = self.pods.store.get(key)
-            if pod is not None and name in claims.claim_names(pod.state):
-                keys.add(key)
-        for key in sorted(keys):
-            self.queue.add(key)
+        self._pending.requeue_unschedulable()
 
     def _refresh_inventory(self) -> None:
         """Hand the allocator the current slices, classes and nodes if any changed since the last time."""
@@ -699,7 +665,7 @@ class Scheduler:
         key = f"{namespace}/{name}"
         pod = self.pods.store.get(key)
         if pod is None or not pod.pending_for(self.scheduler_name):
-            self._forget_pending(key)
+            self._pending.forget(key)
             return
         with self._lock:
             placed = self._placed.get(key)
@@ -710,12 +676,7 @@ class Scheduler:
         if refusal is not None:
             self._refuse(pod, Refusal(refusal, retry=False), started=started)
             return
-        with self._lock:
-            bad = {
-                claim_key.partition("/")[2]: reason
-                for claim_key, reason in self._bad_claims.items()
-                if claim_key.partition("/")[0] == namespace
-            }
+        bad = self._pending.bad_claims(namespace)
         resolved = schedplan.resolve_claims(pod, _ClaimView(self.claims.store, namespace), bad=bad)
         if resolved.problem is not None:
             self._refuse(pod, Refusal(resolved.problem), started=started)
@@ -739,7 +700,7 @@ class Scheduler:
         except Exception:
             self.metrics.attempts.labels(result="error").inc()
             raise
-        self._forget_pending(key)
+        self._pending.forget(key)
         ref = events.ObjectRef.of(pod.state.pod.meta, api_version="v1", kind="Pod")
         self.recorder.event(
             ref, type=events.NORMAL, reason=schedplan.SCHEDULED, message=schedplan.scheduled_message(pod, decided.node)
@@ -1092,14 +1053,7 @@ class Scheduler:
 
     def _refuse(self, pod: schedplan.PodInfo, refusal: Refusal, *, started: float) -> None:
         """Report on the pod why it is not scheduled (condition and Event, only when the message changed)."""
-        with self._lock:
-            self._waiting.pop(pod.key, None)
-            if refusal.retry:
-                self._unschedulable.add(pod.key)
-                self._refused.discard(pod.key)
-            else:
-                self._refused.add(pod.key)
-                self._unschedulable.discard(pod.key)
+        self._pending.refuse(pod.key, retry=refusal.retry)
         self.metrics.attempts.labels(result="unschedulable").inc()
         self.metrics.latency.labels(result="unschedulable").observe(time.monotonic() - started)
         patch = schedplan.condition_patch(pod, refusal.message, now=_now())
@@ -1142,8 +1096,7 @@ class Scheduler:
         log.info("pod %s: it kept changing while the scheduler wrote why scheduling failed", pod.key)
 
     def _wait(self, pod: schedplan.PodInfo, wait: Wait) -> None:
-        with self._lock:
-            self._waiting[pod.key] = wait.claim
+        self._pending.wait(pod.key, claim=wait.claim)
         log.debug("pod %s: %s", pod.key, wait.reason)
 
     def _warn(self, pod: schedplan.PodInfo, message: str) -> None:
