@@ -58,13 +58,13 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import prometheus_client
 
 from dractl import alloc, daemon, model
-from dractl.controller import claims, loop, nodefit, schedplan, schedqueue
+from dractl.controller import claims, loop, nodefit, schedfit, schedplan, schedqueue
 from dractl.kube import client as kube_client
 from dractl.kube import events, finalizers, informer, workqueue
 
@@ -77,11 +77,6 @@ WAIT_RETRY = 1.0
 """Seconds before a pod waiting for a claim that another decision is writing is tried again."""
 ROLLBACK_ATTEMPTS = 5
 """How often taking back one claim's writes is tried when the claim keeps changing underneath (409)."""
-FIT_CACHE_LIMIT = 200_000
-"""Remembered node-filter answers (pod shapes x nodes); past this the cache starts over."""
-CHANGE_LOG_LIMIT = 100_000
-"""Node changes remembered for bringing the node filter's answers up to date; past this the log starts over (and
-every pod shape's answers are computed afresh once)."""
 CONFIRM_TIMEOUT = 10.0
 """Seconds a decision waits for the claim cache to deliver its own claim writes (finalizers, then allocations); past
 it the decision is taken back and the pod retried."""
@@ -129,20 +124,7 @@ class AllocatorService(Protocol):
 # --- Values --------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class NodeState:
-    """A node as the scheduler sees it: the model's node (for the allocator) and what the node filter reads.
-
-    `info` is None when the node filter cannot read the node; `invalid` then says why (the node
-    is left out of scheduling and logged).
-    """
-
-    node: model.Node
-    info: nodefit.NodeInfo | None = None
-    invalid: str | None = None
-
-
-def decode_node(raw: Mapping[str, Any]) -> NodeState | None:
+def decode_node(raw: Mapping[str, Any]) -> schedfit.NodeState | None:
     """One raw node as a `NodeState`, or None when the model refuses it (logged by the kube layer). Pure apart from
     logging."""
     value = kube_client.decode(raw)
@@ -152,10 +134,10 @@ def decode_node(raw: Mapping[str, Any]) -> NodeState | None:
     # equal, so the allocator's inventory is not rebuilt for it.
     node = model.Node(meta=model.ObjectMeta(name=value.meta.name, labels=value.meta.labels))
     try:
-        return NodeState(node=node, info=nodefit.NodeInfo.from_raw(raw))
+        return schedfit.NodeState(node=node, info=nodefit.NodeInfo.from_raw(raw))
     except nodefit.Invalid as error:
         log.warning("node %s is left out of scheduling: %s", value.meta.name, error)
-        return NodeState(node=node, invalid=str(error))
+        return schedfit.NodeState(node=node, invalid=str(error))
 
 
 def _decode_slice(raw: Mapping[str, Any]) -> model.ResourceSlice | None:
@@ -194,15 +176,6 @@ class Wait:
     claim: str = ""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Placed:
-    """A pod counted on a node: seen bound in the cache, or `assumed` (bound by this scheduler, cache behind)."""
-
-    uid: str
-    needs: nodefit.PodNeeds  # with node_name set to the node
-    assumed: bool
-
-
 class _ClaimView(Mapping[str, model.ResourceClaim]):
     """One namespace's claims by name, read through from the claim cache (no copy per decision)."""
 
@@ -222,17 +195,6 @@ class _ClaimView(Mapping[str, model.ResourceClaim]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
-
-
-@dataclasses.dataclass(slots=True)
-class _ShapeFit:
-    """The node filter's answers for one pod shape over `infos`, current up to change number `epoch`: the nodes
-    that fail with their reasons, and the others in `infos` order."""
-
-    infos: tuple[nodefit.NodeInfo, ...]
-    epoch: int
-    unfit: dict[str, str]
-    feasible: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -302,20 +264,6 @@ def _build_metrics(registry: prometheus_client.CollectorRegistry) -> _Metrics:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _shape(needs: nodefit.PodNeeds) -> Hashable:
-    """Everything of a pod that the node filter reads, as a key: pods of one Deployment share it. Pure."""
-    return (
-        needs.node_name,
-        tuple(sorted(needs.node_selector.items())),
-        needs.required_terms,
-        needs.tolerations,
-        needs.cpu_milli,
-        needs.memory,
-        needs.pods,
-        needs.host_ports,
-    )
 
 
 def _version(stored: Mapping[str, Any], fallback: str) -> str:
@@ -408,21 +356,6 @@ class Scheduler:
         # Claims (by id) whose rollback could not confirm the API's state: they stay held until a
         # sync reads them (`_settle_doubts`), so a hold is never dropped while its allocation may exist.
         self._doubtful: dict[str, model.ResourceClaim] = {}
-        # Pods counted on nodes, by pod key, and per node (with the node's summed usage, kept current
-        # per change so a decision does not add up every pod of the cluster).
-        self._placed: dict[str, _Placed] = {}
-        self._node_pods: dict[str, dict[str, nodefit.PodNeeds]] = {}
-        self._node_used: dict[str, nodefit.Usage] = {}
-        # The node filter's answers per pod shape (`_ShapeFit`), brought up to date by re-checking only the
-        # nodes changed since: `_changes` logs the name of each node whose usage or object changed, change
-        # number `_epoch` being the last (`_changes[i]` is change number `_changes_base + i + 1`). A burst of
-        # pods of one shape then costs one `nodefit` check per placed pod, not one per node per pod.
-        self._epoch = 0
-        self._changes: list[str] = []
-        self._changes_base = 0
-        self._fits: dict[Hashable, _ShapeFit] = {}
-        self._node_infos: tuple[nodefit.NodeInfo, ...] | None = None
-        self._info_by_name: dict[str, nodefit.NodeInfo] = {}
         self._pending = schedqueue.Pending(self.queue)
         self.metrics.depth.set_function(lambda: float(len(self.queue)))
         self.metrics.unschedulable.set_function(lambda: float(self._pending.count()))
@@ -453,7 +386,7 @@ class Scheduler:
             on_update=lambda _, new: self._inventory_changed(new),
             on_delete=self._inventory_changed,
         )
-        self.nodes: informer.Informer[NodeState] = informer.Informer(
+        self.nodes: informer.Informer[schedfit.NodeState] = informer.Informer(
             client,
             kube_client.NODES,
             decode=decode_node,
@@ -463,6 +396,7 @@ class Scheduler:
                 on_delete=self._node_changed,
             ),
         )
+        self._fit = schedfit.NodeFit(self.nodes.store)
         self.slices: informer.Informer[model.ResourceSlice] = informer.Informer(
             client, kube_client.RESOURCE_SLICES, decode=_decode_slice, handlers=inventory
         )
@@ -516,59 +450,15 @@ class Scheduler:
                 self.queue.add(pod.key)
         else:
             self._pending.forget(pod.key)
-        with self._lock:
-            placed = self._placed.get(pod.key)
-            if pod.uses_node and pod.needs is not None:
-                seen = _Placed(uid=pod.uid, needs=pod.needs, assumed=False)
-                if placed != seen:
-                    self._place(pod.key, seen)
-            elif placed is not None and not (
-                placed.assumed and placed.uid == pod.uid and pod.pending_for(self.scheduler_name)
-            ):
-                # Finished, or replaced by a pod of the same name. A pod this scheduler bound stays
-                # counted while the cache still shows it unbound.
-                self._unplace(pod.key)
+        self._fit.pod_seen(pod, scheduler_name=self.scheduler_name)
         if old is not None and old.uses_node and not pod.uses_node:
             self._pending.requeue_unschedulable()  # A pod finished: its node has room again.
 
     def _pod_deleted(self, pod: schedplan.PodInfo) -> None:
         self._pending.forget(pod.key)
-        with self._lock:
-            self._unplace(pod.key)
+        self._fit.pod_gone(pod.key)
         if pod.uses_node:
             self._pending.requeue_unschedulable()
-
-    def _bump(self, node: str) -> None:
-        """The node's usage or object changed: the node filter's answers for it are stale. Under `_lock`."""
-        if len(self._changes) >= CHANGE_LOG_LIMIT:
-            self._changes.clear()
-            self._changes_base = self._epoch
-        self._epoch += 1
-        self._changes.append(node)
-
-    def _place(self, key: str, placed: _Placed) -> None:
-        """Count a pod on its node (replacing how it was counted before). Under `_lock`."""
-        self._unplace(key)
-        node = placed.needs.node_name
-        self._bump(node)
-        self._placed[key] = placed
-        self._node_pods.setdefault(node, {})[key] = placed.needs
-        self._node_used[node] = self._node_used.get(node, nodefit.EMPTY).plus(placed.needs)
-
-    def _unplace(self, key: str) -> None:
-        """Stop counting a pod on its node. Under `_lock`."""
-        placed = self._placed.pop(key, None)
-        if placed is None:
-            return
-        node = placed.needs.node_name
-        self._bump(node)
-        pods = self._node_pods.get(node, {})
-        pods.pop(key, None)
-        if pods:
-            self._node_used[node] = nodefit.usage(pods.values())
-        else:
-            self._node_pods.pop(node, None)
-            self._node_used.pop(node, None)
 
     def _decode_claim(self, raw: dict[str, Any]) -> model.ResourceClaim | None:
         """The claim, or None when the model refuses it; the reason is kept so a pod using it is told why."""
@@ -625,10 +515,8 @@ class Scheduler:
         if claim.allocation is not None:
             self._pending.requeue_unschedulable()
 
-    def _node_changed(self, state: NodeState) -> None:
-        with self._lock:
-            self._bump(state.node.meta.name)
-            self._node_infos = None
+    def _node_changed(self, state: schedfit.NodeState) -> None:
+        self._fit.node_changed(state.node.meta.name)
         self._inventory_changed(state)
 
     def _inventory_changed(self, _: object) -> None:
@@ -667,9 +555,7 @@ class Scheduler:
         if pod is None or not pod.pending_for(self.scheduler_name):
             self._pending.forget(key)
             return
-        with self._lock:
-            placed = self._placed.get(key)
-        if placed is not None and placed.assumed and placed.uid == pod.uid:
+        if self._fit.assumed(key, pod.uid):
             return  # Bound by an earlier sync; the cache has not seen it yet.
         started = time.monotonic()
         refusal = schedplan.unsupported_message(pod)
@@ -716,52 +602,6 @@ class Scheduler:
             len(decided.reserve),
         )
 
-    def _filter(self, needs: nodefit.PodNeeds) -> tuple[Sequence[str], dict[str, str], tuple[nodefit.NodeInfo, ...]]:
-        """`nodefit` over every node: the feasible names (in node order), the reasons of the rest (a fresh dict the
-        caller may change), the nodes. Answers are remembered per pod shape and brought up to date by checking again
-        only the nodes whose usage or object changed since (all of them when the nodes themselves changed). Usage
-        counts the pods bound to each node and the pods this scheduler bound that the cache still shows unbound."""
-        shape = _shape(needs)
-        with self._lock:
-            infos = self._node_infos
-            if infos is None:
-                infos = self._node_infos = tuple(
-                    state.info for state in self.nodes.store.values() if state.info is not None
-                )
-                self._info_by_name = {info.name: info for info in infos}
-            fit = self._fits.get(shape)
-            if fit is None or fit.infos is not infos or fit.epoch < self._changes_base:
-                if fit is None and (len(self._fits) + 1) * len(infos) > FIT_CACHE_LIMIT:
-                    self._fits.clear()
-                unfit: dict[str, str] = {}
-                for info in infos:
-                    reason = nodefit.fit(needs, info, self._node_used.get(info.name, nodefit.EMPTY))
-                    if reason is not None:
-                        unfit[info.name] = reason
-                fit = self._fits[shape] = _ShapeFit(
-                    infos=infos,
-                    epoch=self._epoch,
-                    unfit=unfit,
-                    feasible=tuple(info.name for info in infos if info.name not in unfit),
-                )
-            elif fit.epoch != self._epoch:
-                flipped = False
-                for name in set(self._changes[fit.epoch - self._changes_base :]):
-                    changed = self._info_by_name.get(name)
-                    if changed is None:
-                        continue  # Not a node the filter reads (gone, or left out as invalid).
-                    reason = nodefit.fit(needs, changed, self._node_used.get(name, nodefit.EMPTY))
-                    was = fit.unfit.get(name)
-                    if reason is None:
-                        fit.unfit.pop(name, None)
-                    else:
-                        fit.unfit[name] = reason
-                    flipped = flipped or (was is None) != (reason is None)
-                if flipped:
-                    fit.feasible = tuple(info.name for info in infos if info.name not in fit.unfit)
-                fit.epoch = self._epoch
-            return fit.feasible, dict(fit.unfit), infos
-
     def _decide(self, pod: schedplan.PodInfo, resolved: Sequence[model.ResourceClaim]) -> Decision | Refusal | Wait:
         """Pick the node and the devices, and assume them (allocator holds, pod counted on the node). Under the
         decide lock."""
@@ -776,7 +616,7 @@ class Scheduler:
                     # Another decision is writing it, or wrote it and the cache is behind: its allocation
                     # will show up as an event that queues this pod again.
                     return Wait(f"ResourceClaim {claim.key} is being allocated", claim=claim.key)
-        feasible, reasons, infos = self._filter(pod.needs)
+        feasible, reasons, infos = self._fit.filter(pod.needs)
         if split.allocated:
             labels = {info.name: info.labels for info in infos}
             feasible, reasons = schedplan.pin(feasible, reasons, labels=labels, allocated=split.allocated)
@@ -796,9 +636,7 @@ class Scheduler:
                 node = outcome.node
         with self._lock:
             self._in_flight.update(alloc.claim_id(claim) for claim in split.allocate)
-            self._place(
-                pod.key, _Placed(uid=pod.uid, needs=dataclasses.replace(pod.needs, node_name=node), assumed=True)
-            )
+        self._fit.assume(pod.key, uid=pod.uid, needs=dataclasses.replace(pod.needs, node_name=node))
         return Decision(node=node, allocate=tuple(zip(split.allocate, allocations, strict=True)), reserve=split.reserve)
 
     # --- Writes -----------------------------------------------------------------------------
@@ -962,9 +800,7 @@ class Scheduler:
                     self._doubtful[claim_id] = claim
                 else:
                     self.allocator.release(claim_id)
-            placed = self._placed.get(pod.key)
-            if placed is not None and placed.assumed and placed.uid == pod.uid:
-                self._unplace(pod.key)
+        self._fit.unassume(pod.key, pod.uid)
 
     def _settle_doubts(self, resolved: Sequence[model.ResourceClaim]) -> None:
         """Read the claims whose rollback left their state unknown and make the allocator match the API.

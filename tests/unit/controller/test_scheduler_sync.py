@@ -308,8 +308,8 @@ def test_the_node_filters_remembered_answers_follow_every_change_of_usage_and_no
 
     def agrees() -> None:
         for size, probe in needs.items():
-            feasible, reasons, infos = cluster.scheduler._filter(probe)
-            fresh = nodefit.filter_nodes(probe, infos, cluster.scheduler._node_used)
+            feasible, reasons, infos = cluster.scheduler._fit.filter(probe)
+            fresh = nodefit.filter_nodes(probe, infos, cluster.scheduler._fit.usage())
             assert (sorted(feasible), reasons) == fresh, size
             assert list(feasible) == sorted(feasible)
 
