@@ -56,15 +56,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import prometheus_client
 
 from dractl import alloc, daemon, model
-from dractl.controller import claims, loop, nodefit, schedfit, schedplan, schedqueue
+from dractl.controller import claims, loop, nodefit, scheddecide, schedfit, schedledger, schedplan, schedqueue
 from dractl.kube import client as kube_client
 from dractl.kube import events, finalizers, informer, workqueue
 
@@ -81,44 +80,6 @@ CONFIRM_TIMEOUT = 10.0
 """Seconds a decision waits for the claim cache to deliver its own claim writes (finalizers, then allocations); past
 it the decision is taken back and the pod retried."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-class AllocatorService(Protocol):
-    """The long-lived allocator the scheduler uses (`alloc.Allocator`): thread-safe, holds devices per claim id."""
-
-    def allocate(self, claims: Sequence[model.ResourceClaim], *, nodes: Sequence[str] | None = None) -> alloc.Outcome:
-        """Allocate `claims` together on one of `nodes`; on success each claim holds its devices."""
-        ...
-
-    def release(self, claim_id: str) -> bool:
-        """Give back what the claim holds; False when it held nothing."""
-        ...
-
-    def hold(self, claim: model.ResourceClaim) -> None:
-        """Record an allocation that exists in the API (idempotent)."""
-        ...
-
-    def held(self, claim_id: str) -> model.AllocationResult | None:
-        """What the claim holds, if anything."""
-        ...
-
-    def contested(self, claim_id: str) -> str | None:
-        """Why another claim holds what this claim holds (an allocation held unchecked overlaps it), or None."""
-        ...
-
-    def consider(self, claims: Sequence[model.ResourceClaim]) -> None:
-        """Make the request shapes of pending claims known, without allocating."""
-        ...
-
-    def update(
-        self,
-        *,
-        device_classes: Sequence[model.DeviceClass] | None = None,
-        resource_slices: Sequence[model.ResourceSlice] | None = None,
-        nodes: Sequence[model.Node] | None = None,
-    ) -> None:
-        """Replace the given sets of the inventory (None leaves one as it is); held claims survive."""
-        ...
 
 
 # --- Values --------------------------------------------------------------------------------
@@ -148,32 +109,6 @@ def _decode_slice(raw: Mapping[str, Any]) -> model.ResourceSlice | None:
 def _decode_class(raw: Mapping[str, Any]) -> model.DeviceClass | None:
     value = kube_client.decode(raw)
     return value if isinstance(value, model.DeviceClass) else None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Decision:
-    """A pod assumed on `node`: the claims to allocate with their allocations, the allocated claims to reserve."""
-
-    node: str
-    allocate: tuple[tuple[model.ResourceClaim, model.AllocationResult], ...] = ()
-    reserve: tuple[model.ResourceClaim, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Refusal:
-    """The pod cannot be scheduled now: `message` goes on the pod. `retry`: try again when the cluster changes."""
-
-    message: str
-    retry: bool = True
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Wait:
-    """The pod waits for something that will happen by itself: a change of `claim` (`namespace/name`), or of the
-    pod itself when `claim` is ""."""
-
-    reason: str
-    claim: str = ""
 
 
 class _ClaimView(Mapping[str, model.ResourceClaim]):
@@ -329,7 +264,7 @@ class Scheduler:
         workers: int = 2,
         namespace: str = "",
         queue: workqueue.WorkQueue | None = None,
-        allocator: AllocatorService | None = None,
+        allocator: schedledger.AllocatorService | None = None,
         sync_timeout: float = 60.0,
         confirm_timeout: float = CONFIRM_TIMEOUT,
     ) -> None:
@@ -342,20 +277,12 @@ class Scheduler:
         self.queue = queue if queue is not None else workqueue.WorkQueue()
         self.registry = prometheus_client.CollectorRegistry() if registry is None else registry
         self.metrics = _metrics_for(self.registry)
-        self.allocator: AllocatorService = (
+        self.allocator: schedledger.AllocatorService = (
             allocator
             if allocator is not None
             else alloc.Allocator(alloc.Snapshot(device_classes=(), resource_slices=()), policy=policy)
         )
-        self._lock = threading.Lock()  # guards the sets and maps below
-        self._decide_lock = threading.Lock()  # one decision at a time: filter, allocate, assume
-        self._inventory_lock = threading.Lock()
-        self._inventory_dirty = True
-        self._ledger_open = False  # claim events reach the allocator only once start() held the API's claims
-        self._in_flight: set[str] = set()  # claim ids whose writes a decision is making
-        # Claims (by id) whose rollback could not confirm the API's state: they stay held until a
-        # sync reads them (`_settle_doubts`), so a hold is never dropped while its allocation may exist.
-        self._doubtful: dict[str, model.ResourceClaim] = {}
+        self._ledger = schedledger.Ledger(self.allocator)
         self._pending = schedqueue.Pending(self.queue)
         self.metrics.depth.set_function(lambda: float(len(self.queue)))
         self.metrics.unschedulable.set_function(lambda: float(self._pending.count()))
@@ -403,6 +330,10 @@ class Scheduler:
         self.classes: informer.Informer[model.DeviceClass] = informer.Informer(
             client, kube_client.DEVICE_CLASSES, decode=_decode_class, handlers=inventory
         )
+        self._inventory = schedledger.Inventory(
+            self.allocator, classes=self.classes.store, slices=self.slices.store, nodes=self.nodes.store
+        )
+        self._planner = scheddecide.Planner(allocator=self.allocator, ledger=self._ledger, fit=self._fit)
         self._loop = loop.Loop(
             name="the scheduler",
             thread_name="scheduler",
@@ -435,12 +366,8 @@ class Scheduler:
     def open_ledger(self) -> None:
         """Give the allocator the current inventory and hold every allocated claim in the cache; from now on claim
         events reach the allocator. Idempotent. `start()` calls it before the first pod is scheduled."""
-        self._refresh_inventory()
-        with self._lock:
-            for claim in self.claims.store.values():
-                if claim.allocation is not None:
-                    self._hold(claim)
-            self._ledger_open = True
+        self._inventory.refresh()
+        self._ledger.open(self.claims.store.values())
 
     # --- Event handlers: they enqueue keys and keep the allocator's ledger ----------------------
 
@@ -474,43 +401,15 @@ class Scheduler:
             self._pending.requeue_users(key, name=key.partition("/")[2], pods=self.pods.store)
         return None
 
-    def _hold(self, claim: model.ResourceClaim) -> None:
-        """Hold an allocation the API shows. Never raises: a claim the allocator cannot hold is logged."""
-        try:
-            self.allocator.hold(claim)
-        except Exception:  # noqa: BLE001 (one odd claim must not stop the informer's other events)
-            log.exception("ResourceClaim %s: the allocator could not record its allocation", claim.key)
-
-    def _consider(self, claim: model.ResourceClaim) -> None:
-        """Tell the allocator a pending claim's request shapes, so that binpack's choices depend on the claims
-        pending now (the same after a restart, whose first list has them all), not on the order pods came in.
-        Never raises."""
-        try:
-            self.allocator.consider([claim])
-        except Exception:  # noqa: BLE001 (one odd claim must not stop the informer's other events)
-            log.exception("ResourceClaim %s: the allocator could not read its requests", claim.key)
-
     def _claim_changed(self, old: model.ResourceClaim | None, claim: model.ResourceClaim) -> None:
-        claim_id = alloc.claim_id(claim)
-        freed = old is not None and old.allocation is not None and claim.allocation is None
-        with self._lock:
-            if self._ledger_open and claim_id not in self._in_flight:
-                # Transitions only: an event older than a decision's own write must not drop its hold.
-                if claim.allocation is not None:
-                    self._hold(claim)
-                elif freed:
-                    self.allocator.release(claim_id)
-            if claim.allocation is None:
-                self._consider(claim)
+        freed = self._ledger.claim_changed(old, claim)
         self._pending.requeue_users(claim.key, name=claim.meta.name, pods=self.pods.store)
         if freed:
             self._pending.requeue_unschedulable()
 
     def _claim_deleted(self, claim: model.ResourceClaim) -> None:
         self._pending.claim_readable(claim.key)
-        with self._lock:
-            if self._ledger_open and alloc.claim_id(claim) not in self._in_flight:
-                self.allocator.release(alloc.claim_id(claim))
+        self._ledger.claim_deleted(claim)
         self._pending.requeue_users(claim.key, name=claim.meta.name, pods=self.pods.store)
         if claim.allocation is not None:
             self._pending.requeue_unschedulable()
@@ -520,21 +419,8 @@ class Scheduler:
         self._inventory_changed(state)
 
     def _inventory_changed(self, _: object) -> None:
-        with self._inventory_lock:
-            self._inventory_dirty = True
+        self._inventory.changed()
         self._pending.requeue_unschedulable()
-
-    def _refresh_inventory(self) -> None:
-        """Hand the allocator the current slices, classes and nodes if any changed since the last time."""
-        with self._inventory_lock:
-            if not self._inventory_dirty:
-                return
-            self._inventory_dirty = False
-            self.allocator.update(
-                device_classes=self.classes.store.values(),
-                resource_slices=self.slices.store.values(),
-                nodes=[state.node for state in self.nodes.store.values()],
-            )
 
     # --- Syncs ------------------------------------------------------------------------------
 
@@ -560,25 +446,24 @@ class Scheduler:
         started = time.monotonic()
         refusal = schedplan.unsupported_message(pod)
         if refusal is not None:
-            self._refuse(pod, Refusal(refusal, retry=False), started=started)
+            self._refuse(pod, scheddecide.Refusal(refusal, retry=False), started=started)
             return
         bad = self._pending.bad_claims(namespace)
         resolved = schedplan.resolve_claims(pod, _ClaimView(self.claims.store, namespace), bad=bad)
         if resolved.problem is not None:
-            self._refuse(pod, Refusal(resolved.problem), started=started)
+            self._refuse(pod, scheddecide.Refusal(resolved.problem), started=started)
             return
         if resolved.waiting is not None:
-            self._wait(pod, Wait(resolved.waiting, claim=resolved.claim))
+            self._wait(pod, scheddecide.Wait(resolved.waiting, claim=resolved.claim))
             return
         self._settle_doubts(resolved.claims)
-        self._refresh_inventory()
-        with self._decide_lock:
-            decided = self._decide(pod, resolved.claims)
-        if isinstance(decided, Wait):
+        self._inventory.refresh()
+        decided = self._planner.decide(pod, resolved.claims)
+        if isinstance(decided, scheddecide.Wait):
             self._wait(pod, decided)
             self.queue.add_after(key, WAIT_RETRY)
             return
-        if isinstance(decided, Refusal):
+        if isinstance(decided, scheddecide.Refusal):
             self._refuse(pod, decided, started=started)
             return
         try:
@@ -602,46 +487,9 @@ class Scheduler:
             len(decided.reserve),
         )
 
-    def _decide(self, pod: schedplan.PodInfo, resolved: Sequence[model.ResourceClaim]) -> Decision | Refusal | Wait:
-        """Pick the node and the devices, and assume them (allocator holds, pod counted on the node). Under the
-        decide lock."""
-        assert pod.needs is not None  # unsupported_message refused pods without needs
-        split = schedplan.split_claims(pod, resolved)
-        if split.problem is not None:
-            return Refusal(split.problem)
-        with self._lock:
-            for claim in split.allocate:
-                claim_id = alloc.claim_id(claim)
-                if claim_id in self._in_flight or self.allocator.held(claim_id) is not None:
-                    # Another decision is writing it, or wrote it and the cache is behind: its allocation
-                    # will show up as an event that queues this pod again.
-                    return Wait(f"ResourceClaim {claim.key} is being allocated", claim=claim.key)
-        feasible, reasons, infos = self._fit.filter(pod.needs)
-        if split.allocated:
-            labels = {info.name: info.labels for info in infos}
-            feasible, reasons = schedplan.pin(feasible, reasons, labels=labels, allocated=split.allocated)
-        if not feasible:
-            return Refusal(schedplan.unschedulable_message(node_reasons=reasons, total=len(infos)))
-        node = feasible[0]
-        allocations: tuple[model.AllocationResult, ...] = ()
-        if split.allocate:
-            outcome = self.allocator.allocate(split.allocate, nodes=feasible)
-            if not outcome.ok or outcome.allocations is None:
-                reasons.update((name, schedplan.CANNOT_ALLOCATE) for name in feasible)
-                return Refusal(
-                    schedplan.unschedulable_message(node_reasons=reasons, total=len(infos), outcome=outcome.reasons)
-                )
-            allocations = outcome.allocations
-            if outcome.node is not None:
-                node = outcome.node
-        with self._lock:
-            self._in_flight.update(alloc.claim_id(claim) for claim in split.allocate)
-        self._fit.assume(pod.key, uid=pod.uid, needs=dataclasses.replace(pod.needs, node_name=node))
-        return Decision(node=node, allocate=tuple(zip(split.allocate, allocations, strict=True)), reserve=split.reserve)
-
     # --- Writes -----------------------------------------------------------------------------
 
-    def _commit(self, pod: schedplan.PodInfo, decision: Decision) -> None:
+    def _commit(self, pod: schedplan.PodInfo, decision: scheddecide.Decision) -> None:
         """Write the decision: the finalizer of each claim to allocate, then (`_confirm`: no allocation written
         before them holds the same devices) their allocations, reservations, then (`_confirm` again, for allocations
         written meanwhile) the binding, which the API server accepts only while the pod records the claims the
@@ -651,7 +499,6 @@ class Scheduler:
         Warning Event say which step failed and why, and the error is raised.
         """
         attempts: list[_Attempt] = []
-        ids = {alloc.claim_id(claim) for claim, _ in decision.allocate}
         step = ""
         checking = "checking that no other scheduler allocated the same devices first"
         written = ""  # the resourceVersion of the last claim write
@@ -723,10 +570,9 @@ class Scheduler:
             self._report_failure(pod, f"scheduling on node {decision.node} failed while {step}: {error}")
             raise
         finally:
-            with self._lock:
-                self._in_flight.difference_update(ids)
+            self._ledger.end(claim for claim, _ in decision.allocate)
 
-    def _confirm(self, decision: Decision, *, written: str) -> None:
+    def _confirm(self, decision: scheddecide.Decision, *, written: str) -> None:
         """Make sure no other scheduler gave away a device of the decision before its allocations were written.
 
         Waits (at most `confirm_timeout`) until the claim cache has delivered every claim write up to `written`, the
@@ -783,7 +629,7 @@ class Scheduler:
                     raise PodChanged(problem) from error
                 version = str(meta.get("resourceVersion") or "")
 
-    def _roll_back(self, pod: schedplan.PodInfo, decision: Decision, attempts: Sequence[_Attempt]) -> None:
+    def _roll_back(self, pod: schedplan.PodInfo, decision: scheddecide.Decision, attempts: Sequence[_Attempt]) -> None:
         """Take back the claim writes of a failed decision and give back the devices no longer allocated in the API.
 
         A claim whose allocation could not be taken back keeps its hold (the API still says its
@@ -793,24 +639,13 @@ class Scheduler:
         for attempt in reversed(attempts):
             if not self._undo(pod, attempt) and attempt.allocated_here:
                 still_allocated.add(alloc.claim_id(attempt.claim))
-        with self._lock:
-            for claim, _ in decision.allocate:
-                claim_id = alloc.claim_id(claim)
-                if claim_id in still_allocated:
-                    self._doubtful[claim_id] = claim
-                else:
-                    self.allocator.release(claim_id)
+        self._ledger.taken_back((claim for claim, _ in decision.allocate), still_allocated=still_allocated)
         self._fit.unassume(pod.key, pod.uid)
 
     def _settle_doubts(self, resolved: Sequence[model.ResourceClaim]) -> None:
-        """Read the claims whose rollback left their state unknown and make the allocator match the API.
-
-        Such a claim is held and not in flight, so no decision can be allocating it meanwhile:
-        releasing it here cannot drop a hold a decision relies on.
-        """
-        with self._lock:
-            doubtful = [claim for claim in resolved if alloc.claim_id(claim) in self._doubtful]
-        for claim in doubtful:
+        """Read the claims whose rollback left their state unknown and make the allocator match the API
+        (`Ledger.settle`)."""
+        for claim in self._ledger.doubtful(resolved):
             try:
                 raw = self.client.get(kube_client.RESOURCE_CLAIMS, claim.meta.name, namespace=claim.meta.namespace)
             except kube_client.NotFound:
@@ -822,16 +657,7 @@ class Scheduler:
             if raw is not None:
                 decoded = kube_client.decode(raw)
                 live = decoded if isinstance(decoded, model.ResourceClaim) else None
-            claim_id = alloc.claim_id(claim)
-            with self._lock:
-                if self._doubtful.pop(claim_id, None) is None or claim_id in self._in_flight:
-                    continue
-                if raw is not None and live is None:
-                    continue  # It exists but does not decode: keep holding what it may use.
-                if live is not None and live.meta.uid == claim.meta.uid and live.allocation is not None:
-                    self._hold(live)
-                else:
-                    self.allocator.release(claim_id)
+            self._ledger.settle(claim, live=live, exists=raw is not None)
 
     def _undo(self, pod: schedplan.PodInfo, attempt: _Attempt) -> bool:
         """Take back one claim's writes, from the claim as it is now. True when the claim holds no allocation made
@@ -887,7 +713,7 @@ class Scheduler:
         log.error("ResourceClaim %s: it kept changing while pod %s's writes were taken back", claim.key, pod.key)
         return False
 
-    def _refuse(self, pod: schedplan.PodInfo, refusal: Refusal, *, started: float) -> None:
+    def _refuse(self, pod: schedplan.PodInfo, refusal: scheddecide.Refusal, *, started: float) -> None:
         """Report on the pod why it is not scheduled (condition and Event, only when the message changed)."""
         self._pending.refuse(pod.key, retry=refusal.retry)
         self.metrics.attempts.labels(result="unschedulable").inc()
@@ -931,7 +757,7 @@ class Scheduler:
                 return
         log.info("pod %s: it kept changing while the scheduler wrote why scheduling failed", pod.key)
 
-    def _wait(self, pod: schedplan.PodInfo, wait: Wait) -> None:
+    def _wait(self, pod: schedplan.PodInfo, wait: scheddecide.Wait) -> None:
         self._pending.wait(pod.key, claim=wait.claim)
         log.debug("pod %s: %s", pod.key, wait.reason)
 
