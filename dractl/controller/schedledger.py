@@ -155,6 +155,11 @@ class Ledger:
                     return claim
         return None
 
+    def contested(self, claim: model.ResourceClaim) -> str | None:
+        """Why another claim holds what `claim` holds (another scheduler's allocation, held unchecked, overlaps
+        it), or None."""
+        return self._allocator.contested(alloc.claim_id(claim))
+
     def begin(self, claims: Iterable[model.ResourceClaim]) -> None:
         """A decision holds these claims' devices and starts writing them: their events leave the holds alone."""
         with self._lock:

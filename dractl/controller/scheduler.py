@@ -54,18 +54,17 @@ Binding and Events about it; schedule before the claims already allocated in the
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import prometheus_client
 
 from dractl import alloc, daemon, model
-from dractl.controller import claims, loop, nodefit, scheddecide, schedfit, schedledger, schedplan, schedqueue
+from dractl.controller import loop, nodefit, schedcommit, scheddecide, schedfit, schedledger, schedplan, schedqueue
 from dractl.kube import client as kube_client
-from dractl.kube import events, finalizers, informer, workqueue
+from dractl.kube import events, informer, workqueue
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +73,6 @@ UNSCHEDULABLE_RETRY = 300.0
 podMaxInUnschedulablePodsDuration)."""
 WAIT_RETRY = 1.0
 """Seconds before a pod waiting for a claim that another decision is writing is tried again."""
-ROLLBACK_ATTEMPTS = 5
-"""How often taking back one claim's writes is tried when the claim keeps changing underneath (409)."""
-CONFIRM_TIMEOUT = 10.0
-"""Seconds a decision waits for the claim cache to deliver its own claim writes (finalizers, then allocations); past
-it the decision is taken back and the pod retried."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -130,15 +124,6 @@ class _ClaimView(Mapping[str, model.ResourceClaim]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Attempt:
-    """A claim this decision started writing: whether it allocated it and whether it added the finalizer."""
-
-    claim: model.ResourceClaim
-    allocated_here: bool
-    finalizer_added: bool
 
 
 # --- Metrics -------------------------------------------------------------------------------
@@ -197,27 +182,9 @@ def _build_metrics(registry: prometheus_client.CollectorRegistry) -> _Metrics:
     )
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _version(stored: Mapping[str, Any], fallback: str) -> str:
-    return str((stored.get("metadata") or {}).get("resourceVersion") or fallback)
-
-
-class Contested(Exception):
-    """A claim this decision allocated holds a device (or counter) that another scheduler's allocation holds too,
-    or the claim cache could not confirm in time that none does: the decision is taken back and the pod retried."""
-
-
-class PodChanged(Exception):
-    """The pod, read live when its Binding was refused, is not the one the decision was made for (another claim
-    recorded, replaced, bound, being deleted): the decision is taken back and the pod retried."""
-
-
 def _failed(key: str, error: Exception) -> None:
     """Log a scheduling attempt that raised; the loop retries the pod with backoff."""
-    if isinstance(error, (kube_client.ApiError, PodChanged, Contested)):
+    if isinstance(error, (kube_client.ApiError, schedcommit.PodChanged, schedcommit.Contested)):
         log.info("pod %s: %s; retrying with backoff", key, error)
     else:
         log.exception("pod %s: scheduling failed; retrying with backoff", key)
@@ -266,12 +233,11 @@ class Scheduler:
         queue: workqueue.WorkQueue | None = None,
         allocator: schedledger.AllocatorService | None = None,
         sync_timeout: float = 60.0,
-        confirm_timeout: float = CONFIRM_TIMEOUT,
+        confirm_timeout: float = schedcommit.CONFIRM_TIMEOUT,
     ) -> None:
         self.client = client
         self.scheduler_name = scheduler_name
         self.sync_timeout = sync_timeout
-        self.confirm_timeout = confirm_timeout
         self.recorder = recorder if recorder is not None else events.Recorder(client)
         # Not `queue or ...`: an empty queue has length 0 and is falsy.
         self.queue = queue if queue is not None else workqueue.WorkQueue()
@@ -334,6 +300,16 @@ class Scheduler:
             self.allocator, classes=self.classes.store, slices=self.slices.store, nodes=self.nodes.store
         )
         self._planner = scheddecide.Planner(allocator=self.allocator, ledger=self._ledger, fit=self._fit)
+        self._committer = schedcommit.Committer(
+            client,
+            recorder=self.recorder,
+            claim_cache=self.claims,
+            ledger=self._ledger,
+            fit=self._fit,
+            contested=self.metrics.contested,
+            scheduler_name=scheduler_name,
+            confirm_timeout=confirm_timeout,
+        )
         self._loop = loop.Loop(
             name="the scheduler",
             thread_name="scheduler",
@@ -456,7 +432,7 @@ class Scheduler:
         if resolved.waiting is not None:
             self._wait(pod, scheddecide.Wait(resolved.waiting, claim=resolved.claim))
             return
-        self._settle_doubts(resolved.claims)
+        self._committer.settle_doubts(resolved.claims)
         self._inventory.refresh()
         decided = self._planner.decide(pod, resolved.claims)
         if isinstance(decided, scheddecide.Wait):
@@ -467,15 +443,12 @@ class Scheduler:
             self._refuse(pod, decided, started=started)
             return
         try:
-            self._commit(pod, decided)
+            self._committer.commit(pod, decided)
         except Exception:
             self.metrics.attempts.labels(result="error").inc()
             raise
         self._pending.forget(key)
-        ref = events.ObjectRef.of(pod.state.pod.meta, api_version="v1", kind="Pod")
-        self.recorder.event(
-            ref, type=events.NORMAL, reason=schedplan.SCHEDULED, message=schedplan.scheduled_message(pod, decided.node)
-        )
+        self._committer.scheduled(pod, decided.node)
         self.metrics.attempts.labels(result="scheduled").inc()
         self.metrics.latency.labels(result="scheduled").observe(time.monotonic() - started)
         self.metrics.claims_allocated.inc(len(decided.allocate))
@@ -489,278 +462,15 @@ class Scheduler:
 
     # --- Writes -----------------------------------------------------------------------------
 
-    def _commit(self, pod: schedplan.PodInfo, decision: scheddecide.Decision) -> None:
-        """Write the decision: the finalizer of each claim to allocate, then (`_confirm`: no allocation written
-        before them holds the same devices) their allocations, reservations, then (`_confirm` again, for allocations
-        written meanwhile) the binding, which the API server accepts only while the pod records the claims the
-        decision used (`_bind`).
-
-        On any failure everything written is taken back (`_roll_back`), the pod's `PodScheduled` condition and a
-        Warning Event say which step failed and why, and the error is raised.
-        """
-        attempts: list[_Attempt] = []
-        step = ""
-        checking = "checking that no other scheduler allocated the same devices first"
-        written = ""  # the resourceVersion of the last claim write
-        try:
-            versions: list[str] = []
-            for claim, _ in decision.allocate:
-                added = schedplan.needs_finalizer(claim)
-                attempts.append(_Attempt(claim, allocated_here=True, finalizer_added=added))
-                version = claim.meta.resource_version
-                if added:
-                    step = f"adding the finalizer to ResourceClaim {claim.key}"
-                    if schedplan.finalizer_by_patch(claim):
-                        stored = finalizers.add_with_patch(
-                            self.client,
-                            kube_client.RESOURCE_CLAIMS,
-                            claim.meta.name,
-                            namespace=claim.meta.namespace,
-                            resource_version=version,
-                            finalizers=claim.meta.finalizers,
-                            add=claims.DELETE_PROTECTION_FINALIZER,
-                        )
-                    else:
-                        stored = finalizers.change(
-                            self.client,
-                            kube_client.RESOURCE_CLAIMS,
-                            claim.meta.name,
-                            namespace=claim.meta.namespace,
-                            resource_version=version,
-                            add=claims.DELETE_PROTECTION_FINALIZER,
-                        )
-                    if stored is None:  # Someone else added it meanwhile: it is not ours to take back.
-                        attempts[-1] = _Attempt(claim, allocated_here=True, finalizer_added=False)
-                    else:
-                        version = written = _version(stored, version)
-                versions.append(version)
-            if written:
-                # An overlap with what was written before the finalizers is found before any allocation is written:
-                # taking back an allocation of a device kube-scheduler holds too makes kube-scheduler forget that
-                # device (it tracks allocated devices as a set), and it may then give the device a third time.
-                step = checking
-                self._confirm(decision, written=written)
-            for (claim, allocation), version in zip(decision.allocate, versions, strict=True):
-                step = f"writing the allocation of ResourceClaim {claim.key}"
-                stored = self.client.patch(
-                    kube_client.RESOURCE_CLAIMS,
-                    claim.meta.name,
-                    namespace=claim.meta.namespace,
-                    subresource="status",
-                    patch=schedplan.allocation_patch(claim, allocation, pod, resource_version=version),
-                )
-                written = _version(stored, "")
-            for claim in decision.reserve:
-                attempts.append(_Attempt(claim, allocated_here=False, finalizer_added=False))
-                step = f"reserving ResourceClaim {claim.key}"
-                self.client.patch(
-                    kube_client.RESOURCE_CLAIMS,
-                    claim.meta.name,
-                    namespace=claim.meta.namespace,
-                    subresource="status",
-                    patch=schedplan.reservation_patch(claim, pod),
-                )
-            if decision.allocate:
-                step = checking
-                self._confirm(decision, written=written)
-            step = f"binding to node {decision.node}"
-            self._bind(pod, decision.node)
-        except Exception as error:
-            self._roll_back(pod, decision, attempts)
-            self._report_failure(pod, f"scheduling on node {decision.node} failed while {step}: {error}")
-            raise
-        finally:
-            self._ledger.end(claim for claim, _ in decision.allocate)
-
-    def _confirm(self, decision: scheddecide.Decision, *, written: str) -> None:
-        """Make sure no other scheduler gave away a device of the decision before its allocations were written.
-
-        Waits (at most `confirm_timeout`) until the claim cache has delivered every claim write up to `written`, the
-        resourceVersion of the decision's last claim write (its finalizers, then its allocations): a watch delivers
-        a resource's writes in the store's order, so every allocation written before it is then held by the
-        allocator (`_claim_changed`), which tells whether one overlaps what the decision's claims hold. Raises
-        `Contested` when one does (whichever was written first: kube-scheduler never takes its allocation back, so
-        dractl's goes), or when the cache did not catch up in time. A version that is not an integer (the API's
-        contract calls them opaque; etcd-backed servers give integers) cannot be ordered: then only what the cache
-        holds already is checked.
-        """
-        if written.isdigit() and not self.claims.wait_past(written, timeout=self.confirm_timeout):
-            self.metrics.contested.inc()
-            raise Contested(
-                f"the claim cache did not show the write at resourceVersion {written} within "
-                f"{self.confirm_timeout:g}s, so another scheduler's allocation written before it may hold its devices"
-            )
-        for claim, _ in decision.allocate:
-            problem = self.allocator.contested(alloc.claim_id(claim))
-            if problem is not None:
-                self.metrics.contested.inc()
-                raise Contested(f"ResourceClaim {claim.key}: {problem} (allocated by another scheduler)")
-
-    def _bind(self, pod: schedplan.PodInfo, node: str) -> None:
-        """Bind the pod at the resourceVersion the decision was made from, so the API server refuses the Binding if
-        the pod changed since (a claim recorded anew by kube-controller-manager, for one): no extra read when
-        nothing changed. When the Binding is refused, the pod is read live: bound to `node` already (a Binding whose
-        answer was lost), done; refused as a conflict (the pod changed), the Binding is sent once more at the live
-        version if the pod is still the same, unbound, not being deleted and records exactly the claims the
-        decision used, else `PodChanged` is raised. Raises `ApiError` otherwise."""
-        version = pod.state.pod.meta.resource_version
-        for retry in (False, True):
-            try:
-                self.client.create(
-                    kube_client.PODS,
-                    schedplan.binding(pod, node, resource_version=version),
-                    namespace=pod.namespace,
-                    name=pod.name,
-                    subresource="binding",
-                )
-                return
-            except kube_client.ApiError as error:
-                try:
-                    live = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
-                except kube_client.ApiError:
-                    live = {}
-                meta, spec = live.get("metadata") or {}, live.get("spec") or {}
-                if meta.get("uid") == pod.uid and spec.get("nodeName") == node:
-                    return
-                if retry or not live or not isinstance(error, kube_client.Conflict):
-                    raise
-                problem = schedplan.changed_since(pod.state, claims.decode_pod(live))
-                if problem is not None:
-                    raise PodChanged(problem) from error
-                version = str(meta.get("resourceVersion") or "")
-
-    def _roll_back(self, pod: schedplan.PodInfo, decision: scheddecide.Decision, attempts: Sequence[_Attempt]) -> None:
-        """Take back the claim writes of a failed decision and give back the devices no longer allocated in the API.
-
-        A claim whose allocation could not be taken back keeps its hold (the API still says its
-        devices are used); the claim lifecycle controller or a later sync of the pod resolves it.
-        """
-        still_allocated: set[str] = set()
-        for attempt in reversed(attempts):
-            if not self._undo(pod, attempt) and attempt.allocated_here:
-                still_allocated.add(alloc.claim_id(attempt.claim))
-        self._ledger.taken_back((claim for claim, _ in decision.allocate), still_allocated=still_allocated)
-        self._fit.unassume(pod.key, pod.uid)
-
-    def _settle_doubts(self, resolved: Sequence[model.ResourceClaim]) -> None:
-        """Read the claims whose rollback left their state unknown and make the allocator match the API
-        (`Ledger.settle`)."""
-        for claim in self._ledger.doubtful(resolved):
-            try:
-                raw = self.client.get(kube_client.RESOURCE_CLAIMS, claim.meta.name, namespace=claim.meta.namespace)
-            except kube_client.NotFound:
-                raw = None
-            except kube_client.ApiError as error:
-                log.info("ResourceClaim %s: still cannot read it: %s", claim.key, error)
-                continue
-            live = None
-            if raw is not None:
-                decoded = kube_client.decode(raw)
-                live = decoded if isinstance(decoded, model.ResourceClaim) else None
-            self._ledger.settle(claim, live=live, exists=raw is not None)
-
-    def _undo(self, pod: schedplan.PodInfo, attempt: _Attempt) -> bool:
-        """Take back one claim's writes, from the claim as it is now. True when the claim holds no allocation made
-        for this pod any more (undone, never written, or gone); False when it may still."""
-        claim = attempt.claim
-        for _ in range(ROLLBACK_ATTEMPTS):
-            try:
-                raw = self.client.get(kube_client.RESOURCE_CLAIMS, claim.meta.name, namespace=claim.meta.namespace)
-            except kube_client.NotFound:
-                return True
-            except kube_client.ApiError as error:
-                log.error("ResourceClaim %s: could not read it to take back pod %s: %s", claim.key, pod.key, error)
-                return False
-            live = kube_client.decode(raw)
-            if not isinstance(live, model.ResourceClaim):
-                log.error("ResourceClaim %s: it no longer decodes; pod %s's writes stay", claim.key, pod.key)
-                return False
-            if live.meta.uid != claim.meta.uid:
-                return True  # The claim written to is gone; one made again under its name holds nothing of ours.
-            plan = schedplan.undo(
-                live, pod.uid, allocated_here=attempt.allocated_here, finalizer_added=attempt.finalizer_added
-            )
-            version = live.meta.resource_version
-            try:
-                if plan.status is not None:
-                    stored = self.client.patch(
-                        kube_client.RESOURCE_CLAIMS,
-                        claim.meta.name,
-                        namespace=claim.meta.namespace,
-                        subresource="status",
-                        patch={"metadata": {"resourceVersion": version}, "status": plan.status},
-                    )
-                    version = _version(stored, version)
-            except kube_client.Conflict:
-                continue  # Changed underneath: read it again and decide again.
-            except kube_client.ApiError as error:
-                log.error("ResourceClaim %s: could not take back pod %s: %s", claim.key, pod.key, error)
-                return False
-            if plan.remove_finalizer:
-                try:
-                    finalizers.change(
-                        self.client,
-                        kube_client.RESOURCE_CLAIMS,
-                        claim.meta.name,
-                        namespace=claim.meta.namespace,
-                        resource_version=version,
-                        remove=claims.DELETE_PROTECTION_FINALIZER,
-                    )
-                except kube_client.ApiError as error:
-                    # The finalizer alone blocks nothing but deletion, and the claim controller removes it then.
-                    log.warning("ResourceClaim %s: could not remove the finalizer again: %s", claim.key, error)
-            return live.allocation is None or plan.deallocates
-        log.error("ResourceClaim %s: it kept changing while pod %s's writes were taken back", claim.key, pod.key)
-        return False
-
     def _refuse(self, pod: schedplan.PodInfo, refusal: scheddecide.Refusal, *, started: float) -> None:
         """Report on the pod why it is not scheduled (condition and Event, only when the message changed)."""
         self._pending.refuse(pod.key, retry=refusal.retry)
         self.metrics.attempts.labels(result="unschedulable").inc()
         self.metrics.latency.labels(result="unschedulable").observe(time.monotonic() - started)
-        patch = schedplan.condition_patch(pod, refusal.message, now=_now())
-        if patch is not None:
-            self.client.patch(kube_client.PODS, pod.name, namespace=pod.namespace, subresource="status", patch=patch)
-            self._warn(pod, refusal.message)
-            log.info("pod %s is unschedulable: %s", pod.key, refusal.message)
+        self._committer.unschedulable(pod, refusal.message)
         if refusal.retry:
             self.queue.add_after(pod.key, UNSCHEDULABLE_RETRY)
-
-    def _report_failure(self, pod: schedplan.PodInfo, message: str) -> None:
-        """Say on the pod why this attempt failed: `PodScheduled=False, SchedulerError` and a Warning Event, replacing
-        what an earlier attempt said. The condition is written at the cached pod's version, else (409: the pod
-        changed, as it often has when an attempt fails) once more at the version a live read gives. Never raises:
-        the attempt's own error is what the loop retries on."""
-        self._warn(pod, message)
-        current = pod
-        for _ in range(2):
-            patch = schedplan.condition_patch(current, message, now=_now(), reason=schedplan.SCHEDULER_ERROR)
-            if patch is None:
-                return
-            try:
-                self.client.patch(
-                    kube_client.PODS, pod.name, namespace=pod.namespace, subresource="status", patch=patch
-                )
-                return
-            except kube_client.Conflict:
-                try:
-                    raw = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
-                except kube_client.ApiError as error:
-                    log.info("pod %s: could not read it to say why scheduling failed: %s", pod.key, error)
-                    return
-                live = schedplan.decode_pod(raw, scheduler_name=self.scheduler_name)
-                if live is None or live.uid != pod.uid or live.node_name:
-                    return  # Replaced or bound meanwhile: nothing to say on it.
-                current = live
-            except kube_client.ApiError as error:
-                log.info("pod %s: could not write why scheduling failed: %s", pod.key, error)
-                return
-        log.info("pod %s: it kept changing while the scheduler wrote why scheduling failed", pod.key)
 
     def _wait(self, pod: schedplan.PodInfo, wait: scheddecide.Wait) -> None:
         self._pending.wait(pod.key, claim=wait.claim)
         log.debug("pod %s: %s", pod.key, wait.reason)
-
-    def _warn(self, pod: schedplan.PodInfo, message: str) -> None:
-        ref = events.ObjectRef.of(pod.state.pod.meta, api_version="v1", kind="Pod")
-        self.recorder.event(ref, type=events.WARNING, reason=schedplan.FAILED_SCHEDULING, message=message)
