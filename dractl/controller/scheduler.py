@@ -2,36 +2,23 @@
 
 What it does: watches Pods, Nodes, ResourceSlices, DeviceClasses and ResourceClaims through
 informers and feeds one work queue with the keys (`namespace/name`) of unbound pods of this
-scheduler. One long-lived `alloc.Allocator` holds the cluster's devices: the slices, classes
-and nodes are handed to it (`update`) before a decision when they changed, and every claim the
-API shows allocated, by dractl or by kube-scheduler, is held in it (`hold`; `release` when it is
-deallocated or deleted), so nothing is given twice. Per pod (`sync_pod`):
+scheduler; per pod (`sync_pod`) it resolves the claims (every claim must exist, named directly
+or made from a template and recorded in `pod.status.resourceClaimStatuses`; otherwise the pod
+waits, and is queued again when the claim it waits for changes, or the pod itself when its
+record is missing), has the planner decide, has the decision written, and counts the outcome.
+This module is the shell that wires the parts, each of which owns its state and its lock:
 
-1. every claim must exist (named directly, or made from a template and recorded in
-   `pod.status.resourceClaimStatuses`); otherwise the pod waits, and is queued again when the
-   claim it waits for changes (or the pod itself, when its record is missing);
-2. nodes are filtered by `nodefit` (pods bound to a node use its allocatable) and by the node
-   selectors of claims already allocated; the claims without an allocation are allocated
-   together on one of the remaining nodes with the configured policy;
-3. the decision is held in memory (the allocator holds the devices, the pod counts on its
-   node: "assumed"), then written: per claim the delete-protection finalizer, then
-   `status.allocation` with the pod in `status.reservedFor`, each with a resourceVersion
-   precondition (the finalizer through `kube.finalizers`, which leaves the claim's spec as
-   stored); allocated claims get the pod added to `reservedFor`. Twice, after the finalizers and
-   after the allocations, the claim cache is waited for until it delivered the last of those
-   writes (so every claim write made before it is held by the allocator) and the allocator asked
-   whether another scheduler's allocation holds one of the same devices: if so (or if the cache
-   does not catch up within `confirm_timeout`) the decision is taken back as below. Then the pod
-   is bound (`pods/binding`) at the resourceVersion the decision was made from, so the API server
-   refuses the Binding if the pod changed since; if it did, the pod is read live and bound at that
-   version only if it still records exactly the claims the decision used. If any write fails or
-   the pod no longer matches, what was written is taken back (the pod's entry, the allocation and
-   the finalizer this attempt added), the
-   allocator gives the devices back, the pod's `PodScheduled` condition (`SchedulerError`) and a
-   Warning Event say which step failed, and the pod is retried with backoff: no claim stays
-   allocated for a pod that was not bound, and no pod is bound with a claim it does not record.
-   A bound pod gets kube-scheduler's Normal Event `Scheduled` ("Successfully assigned ns/pod to
-   node"), so `kubectl describe pod` shows the binding whichever scheduler made it.
+- `schedqueue.Pending`: which pods are unschedulable, refused or waiting, and which go back on
+  the queue when slices, classes, nodes, claims or bound pods change;
+- `schedfit.NodeFit`: the pods counted on each node and the node filter's remembered answers;
+- `schedledger.Inventory` and `schedledger.Ledger`: the one long-lived `alloc.Allocator`, kept
+  in step with the API: the slices, classes and nodes (`update`, before a decision when they
+  changed), and every claim the API shows allocated, by dractl or by kube-scheduler (`hold`;
+  `release` when it is deallocated or deleted), so nothing is given twice;
+- `scheddecide.Planner`: filter, allocate and assume, one decision at a time, returning
+  `Decision | Refusal | Wait`;
+- `schedcommit.Committer`: the claim writes, the confirmation against the claim cache, the
+  Binding, the Events and the pod's `PodScheduled` condition, and the rollback.
 
 A pod no node can take gets `PodScheduled=False` (reason `Unschedulable`, kube-scheduler's
 node summary plus the allocator's explanation per claim) and a Warning Event
@@ -39,15 +26,21 @@ node summary plus the allocator's explanation per claim) and a Warning Event
 classes or nodes change, when a claim is deallocated or deleted or a claim it uses changes,
 when a bound pod goes away, and every five minutes. A pod asking for what dractl cannot check (nodefit's
 `unsupported`) or that cannot be read is reported the same way and not retried until it changes.
+A failed attempt is retried with backoff after the committer took back what it wrote.
 
-Decisions are made one at a time (a lock around filter, allocate and assume), so two workers
-never count the same free CPU twice; the API writes of different pods run in parallel. The
-node filter's answers are remembered per pod shape and node until that node's usage or object
-changes, so a burst of like pods costs one `nodefit` pass per node, not one per pod and node.
+Invariants that span the parts: a `Decision` leaves its claims in flight in the ledger and its
+pod assumed in `NodeFit` until the commit ends them (written: the cache then shows the claims
+allocated and the pod bound; failed: the ledger releases what the API no longer shows and
+`NodeFit` stops counting the pod); a pod assumed on a node is not decided again (`sync_pod`
+returns) until the pod cache shows it. No part calls another while holding its own lock, except
+the planner, whose lock (one decision at a time) is held while it calls the ledger and `NodeFit`;
+so the order is planner -> ledger | node fit -> allocator, and no two of the parts' locks are
+ever taken the other way round. Decisions are serialized; the API writes of different pods run
+in parallel.
 
-What it must not do: touch pods of other schedulers; write anything but the claim fields the
-scheduler owns (finalizer, allocation, reservedFor), the pod's `PodScheduled` condition, its
-Binding and Events about it; schedule before the claims already allocated in the API are held
+What it must not do: touch pods of other schedulers; write anything itself (the committer
+writes, and only the claim fields the scheduler owns, the pod's `PodScheduled` condition, its
+Binding and Events about it); schedule before the claims already allocated in the API are held
 (`start` waits for the informers first); or release devices whose allocation is still in the API.
 """
 
