@@ -8,8 +8,8 @@ checking again only the nodes whose usage or object changed since, so a burst of
 costs one `nodefit` pass per node, not one per pod and node.
 
 What it must not do: talk to the API, decide a placement, or touch the allocator. `NodeFit`
-guards its own state with its own lock and calls nothing that takes another lock while holding
-it, so it nests under no other.
+guards its own state with its own lock; the planner's lock may be held when it is taken, and
+only the node cache's lock (a leaf) is taken under it.
 """
 
 from __future__ import annotations

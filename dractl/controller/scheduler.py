@@ -33,10 +33,10 @@ pod assumed in `NodeFit` until the commit ends them (written: the cache then sho
 allocated and the pod bound; failed: the ledger releases what the API no longer shows and
 `NodeFit` stops counting the pod); a pod assumed on a node is not decided again (`sync_pod`
 returns) until the pod cache shows it. No part calls another while holding its own lock, except
-the planner, whose lock (one decision at a time) is held while it calls the ledger and `NodeFit`;
-so the order is planner -> ledger | node fit -> allocator, and no two of the parts' locks are
-ever taken the other way round. Decisions are serialized; the API writes of different pods run
-in parallel.
+the planner, whose lock (one decision at a time) is held while it calls the ledger and `NodeFit`:
+the order is planner -> ledger | node fit -> allocator | caches, and inventory -> allocator |
+caches (the allocator's and the caches' locks are leaves): no two are ever taken the other way. Decisions
+are serialized; the API writes of different pods run in parallel.
 
 What it must not do: touch pods of other schedulers; write anything itself (the committer
 writes, and only the claim fields the scheduler owns, the pod's `PodScheduled` condition, its
