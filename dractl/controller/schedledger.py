@@ -11,9 +11,10 @@ the claims whose rollback could not confirm the API's state (doubtful: they stay
 sync read them, `settle`, so a hold is never dropped while its allocation may exist).
 
 What it must not do: talk to the API (what it learns comes from the caches and from the
-scheduler's own reads), decide a placement, or count pods on nodes. Its lock guards its own
-sets and is held while the allocator is told about a claim, so that a claim event and a
-decision's start or end are ordered; the allocator's own lock is the only one taken under it.
+scheduler's own reads), decide a placement, or count pods on nodes. The ledger's lock guards
+its own sets and is held while the allocator is told about a claim, so that a claim event and a
+decision's start or end are ordered; the inventory's is held while the allocator is updated.
+Only the allocator's and the caches' own locks (leaves) are taken under either.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ it puts keys back.
 
 What it must not do: decide, read or write the API, or touch the allocator or the node filter:
 it only moves keys onto the queue. Its lock guards its own sets alone and is never held while
-the queue or the pod cache is called, so it nests under no other lock and no other under it.
+the queue or the pod cache is called: no other lock is taken under it.
 """
 
 from __future__ import annotations
