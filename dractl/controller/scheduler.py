@@ -69,7 +69,7 @@ WAIT_RETRY = 1.0
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-# --- Values --------------------------------------------------------------------------------
+# --- Decoding and views --------------------------------------------------------------------
 
 
 def decode_node(raw: Mapping[str, Any]) -> schedfit.NodeState | None:
@@ -338,7 +338,7 @@ class Scheduler:
         self._inventory.refresh()
         self._ledger.open(self.claims.store.values())
 
-    # --- Event handlers: they enqueue keys and keep the allocator's ledger ----------------------
+    # --- Event handlers: they tell the parts, which enqueue keys and keep the ledger ------------
 
     def _pod_changed(self, old: schedplan.PodInfo | None, pod: schedplan.PodInfo) -> None:
         if pod.pending_for(self.scheduler_name):
@@ -453,7 +453,7 @@ class Scheduler:
             len(decided.reserve),
         )
 
-    # --- Writes -----------------------------------------------------------------------------
+    # --- Outcomes ---------------------------------------------------------------------------
 
     def _refuse(self, pod: schedplan.PodInfo, refusal: scheddecide.Refusal, *, started: float) -> None:
         """Report on the pod why it is not scheduled (condition and Event, only when the message changed)."""
