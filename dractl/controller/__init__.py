@@ -10,8 +10,9 @@ bound pods), deallocates claims carrying the `resource.kubernetes.io/delete-prot
 finalizer once nothing reserves them, and deletes generated claims whose pod is done.
 `scheduler.Scheduler` is the GPU-aware scheduler for pods with `spec.schedulerName: dractl`: it
 picks node and devices together on one long-lived `alloc.Allocator`, writes the claims, binds
-the pod, and takes its writes back when one fails; its pure decisions are in `schedplan`, the
-node filter (kube-scheduler's rules) in `nodefit`. `run` is the `dractl controller` process:
+the pod, and takes its writes back when one fails; it wires parts that each own their state
+(`schedqueue`, `schedfit`, `schedledger`, `scheddecide`, `schedcommit`), its pure decisions are
+in `schedplan`, the node filter (kube-scheduler's rules) in `nodefit`. `run` is the `dractl controller` process:
 leader election, metrics and health endpoints, graceful shutdown. Each controller follows the
 sample-controller loop: informers -> a key-only work queue -> an idempotent sync of one key that
 computes the desired state with pure functions and writes only the difference. `loop.Loop` runs

@@ -2,36 +2,23 @@
 
 What it does: watches Pods, Nodes, ResourceSlices, DeviceClasses and ResourceClaims through
 informers and feeds one work queue with the keys (`namespace/name`) of unbound pods of this
-scheduler. One long-lived `alloc.Allocator` holds the cluster's devices: the slices, classes
-and nodes are handed to it (`update`) before a decision when they changed, and every claim the
-API shows allocated, by dractl or by kube-scheduler, is held in it (`hold`; `release` when it is
-deallocated or deleted), so nothing is given twice. Per pod (`sync_pod`):
+scheduler; per pod (`sync_pod`) it resolves the claims (every claim must exist, named directly
+or made from a template and recorded in `pod.status.resourceClaimStatuses`; otherwise the pod
+waits, and is queued again when the claim it waits for changes, or the pod itself when its
+record is missing), has the planner decide, has the decision written, and counts the outcome.
+This module is the shell that wires the parts, each of which owns its state and its lock:
 
-1. every claim must exist (named directly, or made from a template and recorded in
-   `pod.status.resourceClaimStatuses`); otherwise the pod waits, and is queued again when the
-   claim it waits for changes (or the pod itself, when its record is missing);
-2. nodes are filtered by `nodefit` (pods bound to a node use its allocatable) and by the node
-   selectors of claims already allocated; the claims without an allocation are allocated
-   together on one of the remaining nodes with the configured policy;
-3. the decision is held in memory (the allocator holds the devices, the pod counts on its
-   node: "assumed"), then written: per claim the delete-protection finalizer, then
-   `status.allocation` with the pod in `status.reservedFor`, each with a resourceVersion
-   precondition (the finalizer through `kube.finalizers`, which leaves the claim's spec as
-   stored); allocated claims get the pod added to `reservedFor`. Twice, after the finalizers and
-   after the allocations, the claim cache is waited for until it delivered the last of those
-   writes (so every claim write made before it is held by the allocator) and the allocator asked
-   whether another scheduler's allocation holds one of the same devices: if so (or if the cache
-   does not catch up within `confirm_timeout`) the decision is taken back as below. Then the pod
-   is bound (`pods/binding`) at the resourceVersion the decision was made from, so the API server
-   refuses the Binding if the pod changed since; if it did, the pod is read live and bound at that
-   version only if it still records exactly the claims the decision used. If any write fails or
-   the pod no longer matches, what was written is taken back (the pod's entry, the allocation and
-   the finalizer this attempt added), the
-   allocator gives the devices back, the pod's `PodScheduled` condition (`SchedulerError`) and a
-   Warning Event say which step failed, and the pod is retried with backoff: no claim stays
-   allocated for a pod that was not bound, and no pod is bound with a claim it does not record.
-   A bound pod gets kube-scheduler's Normal Event `Scheduled` ("Successfully assigned ns/pod to
-   node"), so `kubectl describe pod` shows the binding whichever scheduler made it.
+- `schedqueue.Pending`: which pods are unschedulable, refused or waiting, and which go back on
+  the queue when slices, classes, nodes, claims or bound pods change;
+- `schedfit.NodeFit`: the pods counted on each node and the node filter's remembered answers;
+- `schedledger.Inventory` and `schedledger.Ledger`: the one long-lived `alloc.Allocator`, kept
+  in step with the API: the slices, classes and nodes (`update`, before a decision when they
+  changed), and every claim the API shows allocated, by dractl or by kube-scheduler (`hold`;
+  `release` when it is deallocated or deleted), so nothing is given twice;
+- `scheddecide.Planner`: filter, allocate and assume, one decision at a time, returning
+  `Decision | Refusal | Wait`;
+- `schedcommit.Committer`: the claim writes, the confirmation against the claim cache, the
+  Binding, the Events and the pod's `PodScheduled` condition, and the rollback.
 
 A pod no node can take gets `PodScheduled=False` (reason `Unschedulable`, kube-scheduler's
 node summary plus the allocator's explanation per claim) and a Warning Event
@@ -39,34 +26,38 @@ node summary plus the allocator's explanation per claim) and a Warning Event
 classes or nodes change, when a claim is deallocated or deleted or a claim it uses changes,
 when a bound pod goes away, and every five minutes. A pod asking for what dractl cannot check (nodefit's
 `unsupported`) or that cannot be read is reported the same way and not retried until it changes.
+A failed attempt is retried with backoff after the committer took back what it wrote.
 
-Decisions are made one at a time (a lock around filter, allocate and assume), so two workers
-never count the same free CPU twice; the API writes of different pods run in parallel. The
-node filter's answers are remembered per pod shape and node until that node's usage or object
-changes, so a burst of like pods costs one `nodefit` pass per node, not one per pod and node.
+Invariants that span the parts: a `Decision` leaves its claims in flight in the ledger and its
+pod assumed in `NodeFit` until the commit ends them (written: the cache then shows the claims
+allocated and the pod bound; failed: the ledger releases what the API no longer shows and
+`NodeFit` stops counting the pod); a pod assumed on a node is not decided again (`sync_pod`
+returns) until the pod cache shows it. No part calls another while holding its own lock, except
+the planner, whose lock (one decision at a time) is held while it calls the ledger and `NodeFit`:
+the order is planner -> ledger | node fit -> allocator | caches, and inventory -> allocator |
+caches (the allocator's and the caches' locks are leaves): no two are ever taken the other way. Decisions
+are serialized; the API writes of different pods run in parallel.
 
-What it must not do: touch pods of other schedulers; write anything but the claim fields the
-scheduler owns (finalizer, allocation, reservedFor), the pod's `PodScheduled` condition, its
-Binding and Events about it; schedule before the claims already allocated in the API are held
+What it must not do: touch pods of other schedulers; write anything itself (the committer
+writes, and only the claim fields the scheduler owns, the pod's `PodScheduled` condition, its
+Binding and Events about it); schedule before the claims already allocated in the API are held
 (`start` waits for the informers first); or release devices whose allocation is still in the API.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
-import threading
 import time
-from collections.abc import Hashable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import prometheus_client
 
 from dractl import alloc, daemon, model
-from dractl.controller import claims, loop, nodefit, schedplan
+from dractl.controller import loop, nodefit, schedcommit, scheddecide, schedfit, schedledger, schedplan, schedqueue
 from dractl.kube import client as kube_client
-from dractl.kube import events, finalizers, informer, workqueue
+from dractl.kube import events, informer, workqueue
 
 log = logging.getLogger(__name__)
 
@@ -75,74 +66,13 @@ UNSCHEDULABLE_RETRY = 300.0
 podMaxInUnschedulablePodsDuration)."""
 WAIT_RETRY = 1.0
 """Seconds before a pod waiting for a claim that another decision is writing is tried again."""
-ROLLBACK_ATTEMPTS = 5
-"""How often taking back one claim's writes is tried when the claim keeps changing underneath (409)."""
-FIT_CACHE_LIMIT = 200_000
-"""Remembered node-filter answers (pod shapes x nodes); past this the cache starts over."""
-CHANGE_LOG_LIMIT = 100_000
-"""Node changes remembered for bringing the node filter's answers up to date; past this the log starts over (and
-every pod shape's answers are computed afresh once)."""
-CONFIRM_TIMEOUT = 10.0
-"""Seconds a decision waits for the claim cache to deliver its own claim writes (finalizers, then allocations); past
-it the decision is taken back and the pod retried."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-class AllocatorService(Protocol):
-    """The long-lived allocator the scheduler uses (`alloc.Allocator`): thread-safe, holds devices per claim id."""
-
-    def allocate(self, claims: Sequence[model.ResourceClaim], *, nodes: Sequence[str] | None = None) -> alloc.Outcome:
-        """Allocate `claims` together on one of `nodes`; on success each claim holds its devices."""
-        ...
-
-    def release(self, claim_id: str) -> bool:
-        """Give back what the claim holds; False when it held nothing."""
-        ...
-
-    def hold(self, claim: model.ResourceClaim) -> None:
-        """Record an allocation that exists in the API (idempotent)."""
-        ...
-
-    def held(self, claim_id: str) -> model.AllocationResult | None:
-        """What the claim holds, if anything."""
-        ...
-
-    def contested(self, claim_id: str) -> str | None:
-        """Why another claim holds what this claim holds (an allocation held unchecked overlaps it), or None."""
-        ...
-
-    def consider(self, claims: Sequence[model.ResourceClaim]) -> None:
-        """Make the request shapes of pending claims known, without allocating."""
-        ...
-
-    def update(
-        self,
-        *,
-        device_classes: Sequence[model.DeviceClass] | None = None,
-        resource_slices: Sequence[model.ResourceSlice] | None = None,
-        nodes: Sequence[model.Node] | None = None,
-    ) -> None:
-        """Replace the given sets of the inventory (None leaves one as it is); held claims survive."""
-        ...
+# --- Decoding and views --------------------------------------------------------------------
 
 
-# --- Values --------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class NodeState:
-    """A node as the scheduler sees it: the model's node (for the allocator) and what the node filter reads.
-
-    `info` is None when the node filter cannot read the node; `invalid` then says why (the node
-    is left out of scheduling and logged).
-    """
-
-    node: model.Node
-    info: nodefit.NodeInfo | None = None
-    invalid: str | None = None
-
-
-def decode_node(raw: Mapping[str, Any]) -> NodeState | None:
+def decode_node(raw: Mapping[str, Any]) -> schedfit.NodeState | None:
     """One raw node as a `NodeState`, or None when the model refuses it (logged by the kube layer). Pure apart from
     logging."""
     value = kube_client.decode(raw)
@@ -152,10 +82,10 @@ def decode_node(raw: Mapping[str, Any]) -> NodeState | None:
     # equal, so the allocator's inventory is not rebuilt for it.
     node = model.Node(meta=model.ObjectMeta(name=value.meta.name, labels=value.meta.labels))
     try:
-        return NodeState(node=node, info=nodefit.NodeInfo.from_raw(raw))
+        return schedfit.NodeState(node=node, info=nodefit.NodeInfo.from_raw(raw))
     except nodefit.Invalid as error:
         log.warning("node %s is left out of scheduling: %s", value.meta.name, error)
-        return NodeState(node=node, invalid=str(error))
+        return schedfit.NodeState(node=node, invalid=str(error))
 
 
 def _decode_slice(raw: Mapping[str, Any]) -> model.ResourceSlice | None:
@@ -166,41 +96,6 @@ def _decode_slice(raw: Mapping[str, Any]) -> model.ResourceSlice | None:
 def _decode_class(raw: Mapping[str, Any]) -> model.DeviceClass | None:
     value = kube_client.decode(raw)
     return value if isinstance(value, model.DeviceClass) else None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Decision:
-    """A pod assumed on `node`: the claims to allocate with their allocations, the allocated claims to reserve."""
-
-    node: str
-    allocate: tuple[tuple[model.ResourceClaim, model.AllocationResult], ...] = ()
-    reserve: tuple[model.ResourceClaim, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Refusal:
-    """The pod cannot be scheduled now: `message` goes on the pod. `retry`: try again when the cluster changes."""
-
-    message: str
-    retry: bool = True
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Wait:
-    """The pod waits for something that will happen by itself: a change of `claim` (`namespace/name`), or of the
-    pod itself when `claim` is ""."""
-
-    reason: str
-    claim: str = ""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Placed:
-    """A pod counted on a node: seen bound in the cache, or `assumed` (bound by this scheduler, cache behind)."""
-
-    uid: str
-    needs: nodefit.PodNeeds  # with node_name set to the node
-    assumed: bool
 
 
 class _ClaimView(Mapping[str, model.ResourceClaim]):
@@ -222,26 +117,6 @@ class _ClaimView(Mapping[str, model.ResourceClaim]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
-
-
-@dataclasses.dataclass(slots=True)
-class _ShapeFit:
-    """The node filter's answers for one pod shape over `infos`, current up to change number `epoch`: the nodes
-    that fail with their reasons, and the others in `infos` order."""
-
-    infos: tuple[nodefit.NodeInfo, ...]
-    epoch: int
-    unfit: dict[str, str]
-    feasible: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Attempt:
-    """A claim this decision started writing: whether it allocated it and whether it added the finalizer."""
-
-    claim: model.ResourceClaim
-    allocated_here: bool
-    finalizer_added: bool
 
 
 # --- Metrics -------------------------------------------------------------------------------
@@ -300,41 +175,9 @@ def _build_metrics(registry: prometheus_client.CollectorRegistry) -> _Metrics:
     )
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _shape(needs: nodefit.PodNeeds) -> Hashable:
-    """Everything of a pod that the node filter reads, as a key: pods of one Deployment share it. Pure."""
-    return (
-        needs.node_name,
-        tuple(sorted(needs.node_selector.items())),
-        needs.required_terms,
-        needs.tolerations,
-        needs.cpu_milli,
-        needs.memory,
-        needs.pods,
-        needs.host_ports,
-    )
-
-
-def _version(stored: Mapping[str, Any], fallback: str) -> str:
-    return str((stored.get("metadata") or {}).get("resourceVersion") or fallback)
-
-
-class Contested(Exception):
-    """A claim this decision allocated holds a device (or counter) that another scheduler's allocation holds too,
-    or the claim cache could not confirm in time that none does: the decision is taken back and the pod retried."""
-
-
-class PodChanged(Exception):
-    """The pod, read live when its Binding was refused, is not the one the decision was made for (another claim
-    recorded, replaced, bound, being deleted): the decision is taken back and the pod retried."""
-
-
 def _failed(key: str, error: Exception) -> None:
     """Log a scheduling attempt that raised; the loop retries the pod with backoff."""
-    if isinstance(error, (kube_client.ApiError, PodChanged, Contested)):
+    if isinstance(error, (kube_client.ApiError, schedcommit.PodChanged, schedcommit.Contested)):
         log.info("pod %s: %s; retrying with backoff", key, error)
     else:
         log.exception("pod %s: scheduling failed; retrying with backoff", key)
@@ -381,54 +224,27 @@ class Scheduler:
         workers: int = 2,
         namespace: str = "",
         queue: workqueue.WorkQueue | None = None,
-        allocator: AllocatorService | None = None,
+        allocator: schedledger.AllocatorService | None = None,
         sync_timeout: float = 60.0,
-        confirm_timeout: float = CONFIRM_TIMEOUT,
+        confirm_timeout: float = schedcommit.CONFIRM_TIMEOUT,
     ) -> None:
         self.client = client
         self.scheduler_name = scheduler_name
         self.sync_timeout = sync_timeout
-        self.confirm_timeout = confirm_timeout
         self.recorder = recorder if recorder is not None else events.Recorder(client)
         # Not `queue or ...`: an empty queue has length 0 and is falsy.
         self.queue = queue if queue is not None else workqueue.WorkQueue()
         self.registry = prometheus_client.CollectorRegistry() if registry is None else registry
         self.metrics = _metrics_for(self.registry)
-        self.allocator: AllocatorService = (
+        self.allocator: schedledger.AllocatorService = (
             allocator
             if allocator is not None
             else alloc.Allocator(alloc.Snapshot(device_classes=(), resource_slices=()), policy=policy)
         )
-        self._lock = threading.Lock()  # guards the sets and maps below
-        self._decide_lock = threading.Lock()  # one decision at a time: filter, allocate, assume
-        self._inventory_lock = threading.Lock()
-        self._inventory_dirty = True
-        self._ledger_open = False  # claim events reach the allocator only once start() held the API's claims
-        self._in_flight: set[str] = set()  # claim ids whose writes a decision is making
-        # Claims (by id) whose rollback could not confirm the API's state: they stay held until a
-        # sync reads them (`_settle_doubts`), so a hold is never dropped while its allocation may exist.
-        self._doubtful: dict[str, model.ResourceClaim] = {}
-        # Pods counted on nodes, by pod key, and per node (with the node's summed usage, kept current
-        # per change so a decision does not add up every pod of the cluster).
-        self._placed: dict[str, _Placed] = {}
-        self._node_pods: dict[str, dict[str, nodefit.PodNeeds]] = {}
-        self._node_used: dict[str, nodefit.Usage] = {}
-        # The node filter's answers per pod shape (`_ShapeFit`), brought up to date by re-checking only the
-        # nodes changed since: `_changes` logs the name of each node whose usage or object changed, change
-        # number `_epoch` being the last (`_changes[i]` is change number `_changes_base + i + 1`). A burst of
-        # pods of one shape then costs one `nodefit` check per placed pod, not one per node per pod.
-        self._epoch = 0
-        self._changes: list[str] = []
-        self._changes_base = 0
-        self._fits: dict[Hashable, _ShapeFit] = {}
-        self._node_infos: tuple[nodefit.NodeInfo, ...] | None = None
-        self._info_by_name: dict[str, nodefit.NodeInfo] = {}
-        self._unschedulable: set[str] = set()  # pod keys retried when the cluster changes
-        self._refused: set[str] = set()  # pod keys refused until they change
-        self._waiting: dict[str, str] = {}  # pod key -> the claim key it waits for ("": its own status)
-        self._bad_claims: dict[str, str] = {}  # claim key -> why the model refuses it
+        self._ledger = schedledger.Ledger(self.allocator)
+        self._pending = schedqueue.Pending(self.queue)
         self.metrics.depth.set_function(lambda: float(len(self.queue)))
-        self.metrics.unschedulable.set_function(self._unschedulable_count)
+        self.metrics.unschedulable.set_function(lambda: float(self._pending.count()))
 
         self.pods: informer.Informer[schedplan.PodInfo] = informer.Informer(
             client,
@@ -456,7 +272,7 @@ class Scheduler:
             on_update=lambda _, new: self._inventory_changed(new),
             on_delete=self._inventory_changed,
         )
-        self.nodes: informer.Informer[NodeState] = informer.Informer(
+        self.nodes: informer.Informer[schedfit.NodeState] = informer.Informer(
             client,
             kube_client.NODES,
             decode=decode_node,
@@ -466,11 +282,26 @@ class Scheduler:
                 on_delete=self._node_changed,
             ),
         )
+        self._fit = schedfit.NodeFit(self.nodes.store)
         self.slices: informer.Informer[model.ResourceSlice] = informer.Informer(
             client, kube_client.RESOURCE_SLICES, decode=_decode_slice, handlers=inventory
         )
         self.classes: informer.Informer[model.DeviceClass] = informer.Informer(
             client, kube_client.DEVICE_CLASSES, decode=_decode_class, handlers=inventory
+        )
+        self._inventory = schedledger.Inventory(
+            self.allocator, classes=self.classes.store, slices=self.slices.store, nodes=self.nodes.store
+        )
+        self._planner = scheddecide.Planner(allocator=self.allocator, ledger=self._ledger, fit=self._fit)
+        self._committer = schedcommit.Committer(
+            client,
+            recorder=self.recorder,
+            claim_cache=self.claims,
+            ledger=self._ledger,
+            fit=self._fit,
+            contested=self.metrics.contested,
+            scheduler_name=scheduler_name,
+            confirm_timeout=confirm_timeout,
         )
         self._loop = loop.Loop(
             name="the scheduler",
@@ -481,10 +312,6 @@ class Scheduler:
             failed=_failed,
             workers=workers,
         )
-
-    def _unschedulable_count(self) -> float:
-        with self._lock:
-            return float(len(self._unschedulable | self._refused))
 
     # --- Running ---------------------------------------------------------------------------
 
@@ -508,179 +335,61 @@ class Scheduler:
     def open_ledger(self) -> None:
         """Give the allocator the current inventory and hold every allocated claim in the cache; from now on claim
         events reach the allocator. Idempotent. `start()` calls it before the first pod is scheduled."""
-        self._refresh_inventory()
-        with self._lock:
-            for claim in self.claims.store.values():
-                if claim.allocation is not None:
-                    self._hold(claim)
-            self._ledger_open = True
+        self._inventory.refresh()
+        self._ledger.open(self.claims.store.values())
 
-    # --- Event handlers: they enqueue keys and keep the allocator's ledger ----------------------
+    # --- Event handlers: they tell the parts, which enqueue keys and keep the ledger ------------
 
     def _pod_changed(self, old: schedplan.PodInfo | None, pod: schedplan.PodInfo) -> None:
         if pod.pending_for(self.scheduler_name):
             if old is None or schedplan.scheduling_changed(old, pod):
                 self.queue.add(pod.key)
         else:
-            self._forget_pending(pod.key)
-        with self._lock:
-            placed = self._placed.get(pod.key)
-            if pod.uses_node and pod.needs is not None:
-                seen = _Placed(uid=pod.uid, needs=pod.needs, assumed=False)
-                if placed != seen:
-                    self._place(pod.key, seen)
-            elif placed is not None and not (
-                placed.assumed and placed.uid == pod.uid and pod.pending_for(self.scheduler_name)
-            ):
-                # Finished, or replaced by a pod of the same name. A pod this scheduler bound stays
-                # counted while the cache still shows it unbound.
-                self._unplace(pod.key)
+            self._pending.forget(pod.key)
+        self._fit.pod_seen(pod, scheduler_name=self.scheduler_name)
         if old is not None and old.uses_node and not pod.uses_node:
-            self._requeue_unschedulable()  # A pod finished: its node has room again.
+            self._pending.requeue_unschedulable()  # A pod finished: its node has room again.
 
     def _pod_deleted(self, pod: schedplan.PodInfo) -> None:
-        self._forget_pending(pod.key)
-        with self._lock:
-            self._unplace(pod.key)
+        self._pending.forget(pod.key)
+        self._fit.pod_gone(pod.key)
         if pod.uses_node:
-            self._requeue_unschedulable()
-
-    def _bump(self, node: str) -> None:
-        """The node's usage or object changed: the node filter's answers for it are stale. Under `_lock`."""
-        if len(self._changes) >= CHANGE_LOG_LIMIT:
-            self._changes.clear()
-            self._changes_base = self._epoch
-        self._epoch += 1
-        self._changes.append(node)
-
-    def _place(self, key: str, placed: _Placed) -> None:
-        """Count a pod on its node (replacing how it was counted before). Under `_lock`."""
-        self._unplace(key)
-        node = placed.needs.node_name
-        self._bump(node)
-        self._placed[key] = placed
-        self._node_pods.setdefault(node, {})[key] = placed.needs
-        self._node_used[node] = self._node_used.get(node, nodefit.EMPTY).plus(placed.needs)
-
-    def _unplace(self, key: str) -> None:
-        """Stop counting a pod on its node. Under `_lock`."""
-        placed = self._placed.pop(key, None)
-        if placed is None:
-            return
-        node = placed.needs.node_name
-        self._bump(node)
-        pods = self._node_pods.get(node, {})
-        pods.pop(key, None)
-        if pods:
-            self._node_used[node] = nodefit.usage(pods.values())
-        else:
-            self._node_pods.pop(node, None)
-            self._node_used.pop(node, None)
-
-    def _forget_pending(self, key: str) -> None:
-        with self._lock:
-            self._unschedulable.discard(key)
-            self._refused.discard(key)
-            self._waiting.pop(key, None)
+            self._pending.requeue_unschedulable()
 
     def _decode_claim(self, raw: dict[str, Any]) -> model.ResourceClaim | None:
         """The claim, or None when the model refuses it; the reason is kept so a pod using it is told why."""
         value = kube_client.decode(raw)
         key = informer.key_of(raw)
         if isinstance(value, model.ResourceClaim):
-            with self._lock:
-                self._bad_claims.pop(key, None)
+            self._pending.claim_readable(key)
             return value
         try:
             kube_client.decode(raw, strict=True)
         except kube_client.BadObject as error:
-            with self._lock:
-                self._bad_claims[key] = str(error)
-            self._requeue_users(key, name=key.partition("/")[2])
+            self._pending.claim_refused(key, str(error))
+            self._pending.requeue_users(key, name=key.partition("/")[2], pods=self.pods.store)
         return None
 
-    def _hold(self, claim: model.ResourceClaim) -> None:
-        """Hold an allocation the API shows. Never raises: a claim the allocator cannot hold is logged."""
-        try:
-            self.allocator.hold(claim)
-        except Exception:  # noqa: BLE001 (one odd claim must not stop the informer's other events)
-            log.exception("ResourceClaim %s: the allocator could not record its allocation", claim.key)
-
-    def _consider(self, claim: model.ResourceClaim) -> None:
-        """Tell the allocator a pending claim's request shapes, so that binpack's choices depend on the claims
-        pending now (the same after a restart, whose first list has them all), not on the order pods came in.
-        Never raises."""
-        try:
-            self.allocator.consider([claim])
-        except Exception:  # noqa: BLE001 (one odd claim must not stop the informer's other events)
-            log.exception("ResourceClaim %s: the allocator could not read its requests", claim.key)
-
     def _claim_changed(self, old: model.ResourceClaim | None, claim: model.ResourceClaim) -> None:
-        claim_id = alloc.claim_id(claim)
-        freed = old is not None and old.allocation is not None and claim.allocation is None
-        with self._lock:
-            if self._ledger_open and claim_id not in self._in_flight:
-                # Transitions only: an event older than a decision's own write must not drop its hold.
-                if claim.allocation is not None:
-                    self._hold(claim)
-                elif freed:
-                    self.allocator.release(claim_id)
-            if claim.allocation is None:
-                self._consider(claim)
-        self._requeue_users(claim.key, name=claim.meta.name)
+        freed = self._ledger.claim_changed(old, claim)
+        self._pending.requeue_users(claim.key, name=claim.meta.name, pods=self.pods.store)
         if freed:
-            self._requeue_unschedulable()
+            self._pending.requeue_unschedulable()
 
     def _claim_deleted(self, claim: model.ResourceClaim) -> None:
-        with self._lock:
-            self._bad_claims.pop(claim.key, None)
-            if self._ledger_open and alloc.claim_id(claim) not in self._in_flight:
-                self.allocator.release(alloc.claim_id(claim))
-        self._requeue_users(claim.key, name=claim.meta.name)
+        self._pending.claim_readable(claim.key)
+        self._ledger.claim_deleted(claim)
+        self._pending.requeue_users(claim.key, name=claim.meta.name, pods=self.pods.store)
         if claim.allocation is not None:
-            self._requeue_unschedulable()
+            self._pending.requeue_unschedulable()
 
-    def _node_changed(self, state: NodeState) -> None:
-        with self._lock:
-            self._bump(state.node.meta.name)
-            self._node_infos = None
+    def _node_changed(self, state: schedfit.NodeState) -> None:
+        self._fit.node_changed(state.node.meta.name)
         self._inventory_changed(state)
 
     def _inventory_changed(self, _: object) -> None:
-        with self._inventory_lock:
-            self._inventory_dirty = True
-        self._requeue_unschedulable()
-
-    def _requeue_unschedulable(self) -> None:
-        with self._lock:
-            keys = sorted(self._unschedulable)
-        for key in keys:
-            self.queue.add(key)
-
-    def _requeue_users(self, claim_key: str, *, name: str) -> None:
-        """Queue the pods that wait for this claim, and the unschedulable pods that use it."""
-        namespace = claim_key.partition("/")[0]
-        with self._lock:
-            keys = {key for key, waited in self._waiting.items() if waited == claim_key}
-            users = [key for key in self._unschedulable if key.partition("/")[0] == namespace]
-        for key in users:
-            pod = self.pods.store.get(key)
-            if pod is not None and name in claims.claim_names(pod.state):
-                keys.add(key)
-        for key in sorted(keys):
-            self.queue.add(key)
-
-    def _refresh_inventory(self) -> None:
-        """Hand the allocator the current slices, classes and nodes if any changed since the last time."""
-        with self._inventory_lock:
-            if not self._inventory_dirty:
-                return
-            self._inventory_dirty = False
-            self.allocator.update(
-                device_classes=self.classes.store.values(),
-                resource_slices=self.slices.store.values(),
-                nodes=[state.node for state in self.nodes.store.values()],
-            )
+        self._inventory.changed()
+        self._pending.requeue_unschedulable()
 
     # --- Syncs ------------------------------------------------------------------------------
 
@@ -699,51 +408,40 @@ class Scheduler:
         key = f"{namespace}/{name}"
         pod = self.pods.store.get(key)
         if pod is None or not pod.pending_for(self.scheduler_name):
-            self._forget_pending(key)
+            self._pending.forget(key)
             return
-        with self._lock:
-            placed = self._placed.get(key)
-        if placed is not None and placed.assumed and placed.uid == pod.uid:
+        if self._fit.assumed(key, pod.uid):
             return  # Bound by an earlier sync; the cache has not seen it yet.
         started = time.monotonic()
         refusal = schedplan.unsupported_message(pod)
         if refusal is not None:
-            self._refuse(pod, Refusal(refusal, retry=False), started=started)
+            self._refuse(pod, scheddecide.Refusal(refusal, retry=False), started=started)
             return
-        with self._lock:
-            bad = {
-                claim_key.partition("/")[2]: reason
-                for claim_key, reason in self._bad_claims.items()
-                if claim_key.partition("/")[0] == namespace
-            }
+        bad = self._pending.bad_claims(namespace)
         resolved = schedplan.resolve_claims(pod, _ClaimView(self.claims.store, namespace), bad=bad)
         if resolved.problem is not None:
-            self._refuse(pod, Refusal(resolved.problem), started=started)
+            self._refuse(pod, scheddecide.Refusal(resolved.problem), started=started)
             return
         if resolved.waiting is not None:
-            self._wait(pod, Wait(resolved.waiting, claim=resolved.claim))
+            self._wait(pod, scheddecide.Wait(resolved.waiting, claim=resolved.claim))
             return
-        self._settle_doubts(resolved.claims)
-        self._refresh_inventory()
-        with self._decide_lock:
-            decided = self._decide(pod, resolved.claims)
-        if isinstance(decided, Wait):
+        self._committer.settle_doubts(resolved.claims)
+        self._inventory.refresh()
+        decided = self._planner.decide(pod, resolved.claims)
+        if isinstance(decided, scheddecide.Wait):
             self._wait(pod, decided)
             self.queue.add_after(key, WAIT_RETRY)
             return
-        if isinstance(decided, Refusal):
+        if isinstance(decided, scheddecide.Refusal):
             self._refuse(pod, decided, started=started)
             return
         try:
-            self._commit(pod, decided)
+            self._committer.commit(pod, decided)
         except Exception:
             self.metrics.attempts.labels(result="error").inc()
             raise
-        self._forget_pending(key)
-        ref = events.ObjectRef.of(pod.state.pod.meta, api_version="v1", kind="Pod")
-        self.recorder.event(
-            ref, type=events.NORMAL, reason=schedplan.SCHEDULED, message=schedplan.scheduled_message(pod, decided.node)
-        )
+        self._pending.forget(key)
+        self._committer.scheduled(pod, decided.node)
         self.metrics.attempts.labels(result="scheduled").inc()
         self.metrics.latency.labels(result="scheduled").observe(time.monotonic() - started)
         self.metrics.claims_allocated.inc(len(decided.allocate))
@@ -755,397 +453,17 @@ class Scheduler:
             len(decided.reserve),
         )
 
-    def _filter(self, needs: nodefit.PodNeeds) -> tuple[Sequence[str], dict[str, str], tuple[nodefit.NodeInfo, ...]]:
-        """`nodefit` over every node: the feasible names (in node order), the reasons of the rest (a fresh dict the
-        caller may change), the nodes. Answers are remembered per pod shape and brought up to date by checking again
-        only the nodes whose usage or object changed since (all of them when the nodes themselves changed). Usage
-        counts the pods bound to each node and the pods this scheduler bound that the cache still shows unbound."""
-        shape = _shape(needs)
-        with self._lock:
-            infos = self._node_infos
-            if infos is None:
-                infos = self._node_infos = tuple(
-                    state.info for state in self.nodes.store.values() if state.info is not None
-                )
-                self._info_by_name = {info.name: info for info in infos}
-            fit = self._fits.get(shape)
-            if fit is None or fit.infos is not infos or fit.epoch < self._changes_base:
-                if fit is None and (len(self._fits) + 1) * len(infos) > FIT_CACHE_LIMIT:
-                    self._fits.clear()
-                unfit: dict[str, str] = {}
-                for info in infos:
-                    reason = nodefit.fit(needs, info, self._node_used.get(info.name, nodefit.EMPTY))
-                    if reason is not None:
-                        unfit[info.name] = reason
-                fit = self._fits[shape] = _ShapeFit(
-                    infos=infos,
-                    epoch=self._epoch,
-                    unfit=unfit,
-                    feasible=tuple(info.name for info in infos if info.name not in unfit),
-                )
-            elif fit.epoch != self._epoch:
-                flipped = False
-                for name in set(self._changes[fit.epoch - self._changes_base :]):
-                    changed = self._info_by_name.get(name)
-                    if changed is None:
-                        continue  # Not a node the filter reads (gone, or left out as invalid).
-                    reason = nodefit.fit(needs, changed, self._node_used.get(name, nodefit.EMPTY))
-                    was = fit.unfit.get(name)
-                    if reason is None:
-                        fit.unfit.pop(name, None)
-                    else:
-                        fit.unfit[name] = reason
-                    flipped = flipped or (was is None) != (reason is None)
-                if flipped:
-                    fit.feasible = tuple(info.name for info in infos if info.name not in fit.unfit)
-                fit.epoch = self._epoch
-            return fit.feasible, dict(fit.unfit), infos
+    # --- Outcomes ---------------------------------------------------------------------------
 
-    def _decide(self, pod: schedplan.PodInfo, resolved: Sequence[model.ResourceClaim]) -> Decision | Refusal | Wait:
-        """Pick the node and the devices, and assume them (allocator holds, pod counted on the node). Under the
-        decide lock."""
-        assert pod.needs is not None  # unsupported_message refused pods without needs
-        split = schedplan.split_claims(pod, resolved)
-        if split.problem is not None:
-            return Refusal(split.problem)
-        with self._lock:
-            for claim in split.allocate:
-                claim_id = alloc.claim_id(claim)
-                if claim_id in self._in_flight or self.allocator.held(claim_id) is not None:
-                    # Another decision is writing it, or wrote it and the cache is behind: its allocation
-                    # will show up as an event that queues this pod again.
-                    return Wait(f"ResourceClaim {claim.key} is being allocated", claim=claim.key)
-        feasible, reasons, infos = self._filter(pod.needs)
-        if split.allocated:
-            labels = {info.name: info.labels for info in infos}
-            feasible, reasons = schedplan.pin(feasible, reasons, labels=labels, allocated=split.allocated)
-        if not feasible:
-            return Refusal(schedplan.unschedulable_message(node_reasons=reasons, total=len(infos)))
-        node = feasible[0]
-        allocations: tuple[model.AllocationResult, ...] = ()
-        if split.allocate:
-            outcome = self.allocator.allocate(split.allocate, nodes=feasible)
-            if not outcome.ok or outcome.allocations is None:
-                reasons.update((name, schedplan.CANNOT_ALLOCATE) for name in feasible)
-                return Refusal(
-                    schedplan.unschedulable_message(node_reasons=reasons, total=len(infos), outcome=outcome.reasons)
-                )
-            allocations = outcome.allocations
-            if outcome.node is not None:
-                node = outcome.node
-        with self._lock:
-            self._in_flight.update(alloc.claim_id(claim) for claim in split.allocate)
-            self._place(
-                pod.key, _Placed(uid=pod.uid, needs=dataclasses.replace(pod.needs, node_name=node), assumed=True)
-            )
-        return Decision(node=node, allocate=tuple(zip(split.allocate, allocations, strict=True)), reserve=split.reserve)
-
-    # --- Writes -----------------------------------------------------------------------------
-
-    def _commit(self, pod: schedplan.PodInfo, decision: Decision) -> None:
-        """Write the decision: the finalizer of each claim to allocate, then (`_confirm`: no allocation written
-        before them holds the same devices) their allocations, reservations, then (`_confirm` again, for allocations
-        written meanwhile) the binding, which the API server accepts only while the pod records the claims the
-        decision used (`_bind`).
-
-        On any failure everything written is taken back (`_roll_back`), the pod's `PodScheduled` condition and a
-        Warning Event say which step failed and why, and the error is raised.
-        """
-        attempts: list[_Attempt] = []
-        ids = {alloc.claim_id(claim) for claim, _ in decision.allocate}
-        step = ""
-        checking = "checking that no other scheduler allocated the same devices first"
-        written = ""  # the resourceVersion of the last claim write
-        try:
-            versions: list[str] = []
-            for claim, _ in decision.allocate:
-                added = schedplan.needs_finalizer(claim)
-                attempts.append(_Attempt(claim, allocated_here=True, finalizer_added=added))
-                version = claim.meta.resource_version
-                if added:
-                    step = f"adding the finalizer to ResourceClaim {claim.key}"
-                    if schedplan.finalizer_by_patch(claim):
-                        stored = finalizers.add_with_patch(
-                            self.client,
-                            kube_client.RESOURCE_CLAIMS,
-                            claim.meta.name,
-                            namespace=claim.meta.namespace,
-                            resource_version=version,
-                            finalizers=claim.meta.finalizers,
-                            add=claims.DELETE_PROTECTION_FINALIZER,
-                        )
-                    else:
-                        stored = finalizers.change(
-                            self.client,
-                            kube_client.RESOURCE_CLAIMS,
-                            claim.meta.name,
-                            namespace=claim.meta.namespace,
-                            resource_version=version,
-                            add=claims.DELETE_PROTECTION_FINALIZER,
-                        )
-                    if stored is None:  # Someone else added it meanwhile: it is not ours to take back.
-                        attempts[-1] = _Attempt(claim, allocated_here=True, finalizer_added=False)
-                    else:
-                        version = written = _version(stored, version)
-                versions.append(version)
-            if written:
-                # An overlap with what was written before the finalizers is found before any allocation is written:
-                # taking back an allocation of a device kube-scheduler holds too makes kube-scheduler forget that
-                # device (it tracks allocated devices as a set), and it may then give the device a third time.
-                step = checking
-                self._confirm(decision, written=written)
-            for (claim, allocation), version in zip(decision.allocate, versions, strict=True):
-                step = f"writing the allocation of ResourceClaim {claim.key}"
-                stored = self.client.patch(
-                    kube_client.RESOURCE_CLAIMS,
-                    claim.meta.name,
-                    namespace=claim.meta.namespace,
-                    subresource="status",
-                    patch=schedplan.allocation_patch(claim, allocation, pod, resource_version=version),
-                )
-                written = _version(stored, "")
-            for claim in decision.reserve:
-                attempts.append(_Attempt(claim, allocated_here=False, finalizer_added=False))
-                step = f"reserving ResourceClaim {claim.key}"
-                self.client.patch(
-                    kube_client.RESOURCE_CLAIMS,
-                    claim.meta.name,
-                    namespace=claim.meta.namespace,
-                    subresource="status",
-                    patch=schedplan.reservation_patch(claim, pod),
-                )
-            if decision.allocate:
-                step = checking
-                self._confirm(decision, written=written)
-            step = f"binding to node {decision.node}"
-            self._bind(pod, decision.node)
-        except Exception as error:
-            self._roll_back(pod, decision, attempts)
-            self._report_failure(pod, f"scheduling on node {decision.node} failed while {step}: {error}")
-            raise
-        finally:
-            with self._lock:
-                self._in_flight.difference_update(ids)
-
-    def _confirm(self, decision: Decision, *, written: str) -> None:
-        """Make sure no other scheduler gave away a device of the decision before its allocations were written.
-
-        Waits (at most `confirm_timeout`) until the claim cache has delivered every claim write up to `written`, the
-        resourceVersion of the decision's last claim write (its finalizers, then its allocations): a watch delivers
-        a resource's writes in the store's order, so every allocation written before it is then held by the
-        allocator (`_claim_changed`), which tells whether one overlaps what the decision's claims hold. Raises
-        `Contested` when one does (whichever was written first: kube-scheduler never takes its allocation back, so
-        dractl's goes), or when the cache did not catch up in time. A version that is not an integer (the API's
-        contract calls them opaque; etcd-backed servers give integers) cannot be ordered: then only what the cache
-        holds already is checked.
-        """
-        if written.isdigit() and not self.claims.wait_past(written, timeout=self.confirm_timeout):
-            self.metrics.contested.inc()
-            raise Contested(
-                f"the claim cache did not show the write at resourceVersion {written} within "
-                f"{self.confirm_timeout:g}s, so another scheduler's allocation written before it may hold its devices"
-            )
-        for claim, _ in decision.allocate:
-            problem = self.allocator.contested(alloc.claim_id(claim))
-            if problem is not None:
-                self.metrics.contested.inc()
-                raise Contested(f"ResourceClaim {claim.key}: {problem} (allocated by another scheduler)")
-
-    def _bind(self, pod: schedplan.PodInfo, node: str) -> None:
-        """Bind the pod at the resourceVersion the decision was made from, so the API server refuses the Binding if
-        the pod changed since (a claim recorded anew by kube-controller-manager, for one): no extra read when
-        nothing changed. When the Binding is refused, the pod is read live: bound to `node` already (a Binding whose
-        answer was lost), done; refused as a conflict (the pod changed), the Binding is sent once more at the live
-        version if the pod is still the same, unbound, not being deleted and records exactly the claims the
-        decision used, else `PodChanged` is raised. Raises `ApiError` otherwise."""
-        version = pod.state.pod.meta.resource_version
-        for retry in (False, True):
-            try:
-                self.client.create(
-                    kube_client.PODS,
-                    schedplan.binding(pod, node, resource_version=version),
-                    namespace=pod.namespace,
-                    name=pod.name,
-                    subresource="binding",
-                )
-                return
-            except kube_client.ApiError as error:
-                try:
-                    live = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
-                except kube_client.ApiError:
-                    live = {}
-                meta, spec = live.get("metadata") or {}, live.get("spec") or {}
-                if meta.get("uid") == pod.uid and spec.get("nodeName") == node:
-                    return
-                if retry or not live or not isinstance(error, kube_client.Conflict):
-                    raise
-                problem = schedplan.changed_since(pod.state, claims.decode_pod(live))
-                if problem is not None:
-                    raise PodChanged(problem) from error
-                version = str(meta.get("resourceVersion") or "")
-
-    def _roll_back(self, pod: schedplan.PodInfo, decision: Decision, attempts: Sequence[_Attempt]) -> None:
-        """Take back the claim writes of a failed decision and give back the devices no longer allocated in the API.
-
-        A claim whose allocation could not be taken back keeps its hold (the API still says its
-        devices are used); the claim lifecycle controller or a later sync of the pod resolves it.
-        """
-        still_allocated: set[str] = set()
-        for attempt in reversed(attempts):
-            if not self._undo(pod, attempt) and attempt.allocated_here:
-                still_allocated.add(alloc.claim_id(attempt.claim))
-        with self._lock:
-            for claim, _ in decision.allocate:
-                claim_id = alloc.claim_id(claim)
-                if claim_id in still_allocated:
-                    self._doubtful[claim_id] = claim
-                else:
-                    self.allocator.release(claim_id)
-            placed = self._placed.get(pod.key)
-            if placed is not None and placed.assumed and placed.uid == pod.uid:
-                self._unplace(pod.key)
-
-    def _settle_doubts(self, resolved: Sequence[model.ResourceClaim]) -> None:
-        """Read the claims whose rollback left their state unknown and make the allocator match the API.
-
-        Such a claim is held and not in flight, so no decision can be allocating it meanwhile:
-        releasing it here cannot drop a hold a decision relies on.
-        """
-        with self._lock:
-            doubtful = [claim for claim in resolved if alloc.claim_id(claim) in self._doubtful]
-        for claim in doubtful:
-            try:
-                raw = self.client.get(kube_client.RESOURCE_CLAIMS, claim.meta.name, namespace=claim.meta.namespace)
-            except kube_client.NotFound:
-                raw = None
-            except kube_client.ApiError as error:
-                log.info("ResourceClaim %s: still cannot read it: %s", claim.key, error)
-                continue
-            live = None
-            if raw is not None:
-                decoded = kube_client.decode(raw)
-                live = decoded if isinstance(decoded, model.ResourceClaim) else None
-            claim_id = alloc.claim_id(claim)
-            with self._lock:
-                if self._doubtful.pop(claim_id, None) is None or claim_id in self._in_flight:
-                    continue
-                if raw is not None and live is None:
-                    continue  # It exists but does not decode: keep holding what it may use.
-                if live is not None and live.meta.uid == claim.meta.uid and live.allocation is not None:
-                    self._hold(live)
-                else:
-                    self.allocator.release(claim_id)
-
-    def _undo(self, pod: schedplan.PodInfo, attempt: _Attempt) -> bool:
-        """Take back one claim's writes, from the claim as it is now. True when the claim holds no allocation made
-        for this pod any more (undone, never written, or gone); False when it may still."""
-        claim = attempt.claim
-        for _ in range(ROLLBACK_ATTEMPTS):
-            try:
-                raw = self.client.get(kube_client.RESOURCE_CLAIMS, claim.meta.name, namespace=claim.meta.namespace)
-            except kube_client.NotFound:
-                return True
-            except kube_client.ApiError as error:
-                log.error("ResourceClaim %s: could not read it to take back pod %s: %s", claim.key, pod.key, error)
-                return False
-            live = kube_client.decode(raw)
-            if not isinstance(live, model.ResourceClaim):
-                log.error("ResourceClaim %s: it no longer decodes; pod %s's writes stay", claim.key, pod.key)
-                return False
-            if live.meta.uid != claim.meta.uid:
-                return True  # The claim written to is gone; one made again under its name holds nothing of ours.
-            plan = schedplan.undo(
-                live, pod.uid, allocated_here=attempt.allocated_here, finalizer_added=attempt.finalizer_added
-            )
-            version = live.meta.resource_version
-            try:
-                if plan.status is not None:
-                    stored = self.client.patch(
-                        kube_client.RESOURCE_CLAIMS,
-                        claim.meta.name,
-                        namespace=claim.meta.namespace,
-                        subresource="status",
-                        patch={"metadata": {"resourceVersion": version}, "status": plan.status},
-                    )
-                    version = _version(stored, version)
-            except kube_client.Conflict:
-                continue  # Changed underneath: read it again and decide again.
-            except kube_client.ApiError as error:
-                log.error("ResourceClaim %s: could not take back pod %s: %s", claim.key, pod.key, error)
-                return False
-            if plan.remove_finalizer:
-                try:
-                    finalizers.change(
-                        self.client,
-                        kube_client.RESOURCE_CLAIMS,
-                        claim.meta.name,
-                        namespace=claim.meta.namespace,
-                        resource_version=version,
-                        remove=claims.DELETE_PROTECTION_FINALIZER,
-                    )
-                except kube_client.ApiError as error:
-                    # The finalizer alone blocks nothing but deletion, and the claim controller removes it then.
-                    log.warning("ResourceClaim %s: could not remove the finalizer again: %s", claim.key, error)
-            return live.allocation is None or plan.deallocates
-        log.error("ResourceClaim %s: it kept changing while pod %s's writes were taken back", claim.key, pod.key)
-        return False
-
-    def _refuse(self, pod: schedplan.PodInfo, refusal: Refusal, *, started: float) -> None:
+    def _refuse(self, pod: schedplan.PodInfo, refusal: scheddecide.Refusal, *, started: float) -> None:
         """Report on the pod why it is not scheduled (condition and Event, only when the message changed)."""
-        with self._lock:
-            self._waiting.pop(pod.key, None)
-            if refusal.retry:
-                self._unschedulable.add(pod.key)
-                self._refused.discard(pod.key)
-            else:
-                self._refused.add(pod.key)
-                self._unschedulable.discard(pod.key)
+        self._pending.refuse(pod.key, retry=refusal.retry)
         self.metrics.attempts.labels(result="unschedulable").inc()
         self.metrics.latency.labels(result="unschedulable").observe(time.monotonic() - started)
-        patch = schedplan.condition_patch(pod, refusal.message, now=_now())
-        if patch is not None:
-            self.client.patch(kube_client.PODS, pod.name, namespace=pod.namespace, subresource="status", patch=patch)
-            self._warn(pod, refusal.message)
-            log.info("pod %s is unschedulable: %s", pod.key, refusal.message)
+        self._committer.unschedulable(pod, refusal.message)
         if refusal.retry:
             self.queue.add_after(pod.key, UNSCHEDULABLE_RETRY)
 
-    def _report_failure(self, pod: schedplan.PodInfo, message: str) -> None:
-        """Say on the pod why this attempt failed: `PodScheduled=False, SchedulerError` and a Warning Event, replacing
-        what an earlier attempt said. The condition is written at the cached pod's version, else (409: the pod
-        changed, as it often has when an attempt fails) once more at the version a live read gives. Never raises:
-        the attempt's own error is what the loop retries on."""
-        self._warn(pod, message)
-        current = pod
-        for _ in range(2):
-            patch = schedplan.condition_patch(current, message, now=_now(), reason=schedplan.SCHEDULER_ERROR)
-            if patch is None:
-                return
-            try:
-                self.client.patch(
-                    kube_client.PODS, pod.name, namespace=pod.namespace, subresource="status", patch=patch
-                )
-                return
-            except kube_client.Conflict:
-                try:
-                    raw = self.client.get(kube_client.PODS, pod.name, namespace=pod.namespace)
-                except kube_client.ApiError as error:
-                    log.info("pod %s: could not read it to say why scheduling failed: %s", pod.key, error)
-                    return
-                live = schedplan.decode_pod(raw, scheduler_name=self.scheduler_name)
-                if live is None or live.uid != pod.uid or live.node_name:
-                    return  # Replaced or bound meanwhile: nothing to say on it.
-                current = live
-            except kube_client.ApiError as error:
-                log.info("pod %s: could not write why scheduling failed: %s", pod.key, error)
-                return
-        log.info("pod %s: it kept changing while the scheduler wrote why scheduling failed", pod.key)
-
-    def _wait(self, pod: schedplan.PodInfo, wait: Wait) -> None:
-        with self._lock:
-            self._waiting[pod.key] = wait.claim
+    def _wait(self, pod: schedplan.PodInfo, wait: scheddecide.Wait) -> None:
+        self._pending.wait(pod.key, claim=wait.claim)
         log.debug("pod %s: %s", pod.key, wait.reason)
-
-    def _warn(self, pod: schedplan.PodInfo, message: str) -> None:
-        ref = events.ObjectRef.of(pod.state.pod.meta, api_version="v1", kind="Pod")
-        self.recorder.event(ref, type=events.WARNING, reason=schedplan.FAILED_SCHEDULING, message=message)

@@ -110,7 +110,7 @@ COMPONENTS: tuple[Component, ...] = (
     ),
     Component(
         "scheduler",
-        modules=("dractl.controller.scheduler",),
+        modules=("dractl.controller.scheduler", "dractl.controller.schedcommit"),
         builds=("Recorder",),
         rules=(
             Rule(kube_client.PODS, ("get", "list", "watch")),

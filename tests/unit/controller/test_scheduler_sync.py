@@ -12,7 +12,7 @@ import pytest
 from support import kube_objects
 from support import scheduler_inputs as raw
 
-from dractl.controller import nodefit
+from dractl.controller import nodefit, schedcommit
 from dractl.controller import scheduler as sched
 from dractl.kube import client, finalizers, informer, workqueue
 
@@ -308,8 +308,8 @@ def test_the_node_filters_remembered_answers_follow_every_change_of_usage_and_no
 
     def agrees() -> None:
         for size, probe in needs.items():
-            feasible, reasons, infos = cluster.scheduler._filter(probe)
-            fresh = nodefit.filter_nodes(probe, infos, cluster.scheduler._node_used)
+            feasible, reasons, infos = cluster.scheduler._fit.filter(probe)
+            fresh = nodefit.filter_nodes(probe, infos, cluster.scheduler._fit.usage())
             assert (sorted(feasible), reasons) == fresh, size
             assert list(feasible) == sorted(feasible)
 
@@ -397,7 +397,7 @@ def test_a_pod_recording_another_claim_before_its_binding_is_not_bound_and_the_a
     )
     cluster.scheduler.open_ledger()
     cluster.api.put(raw.pod(templates={"gpu": "one-gpu"}, recorded={"gpu": "theirs"}, version="6"))
-    with pytest.raises(sched.PodChanged, match="records theirs for spec.resourceClaims.gpu. now, not ours"):
+    with pytest.raises(schedcommit.PodChanged, match="records theirs for spec.resourceClaims.gpu. now, not ours"):
         cluster.sync("trainer")
     assert cluster.api.writes.count(("POST", "ns/pods/trainer/binding")) == 1
     assert not cluster.api.pod("trainer")["spec"].get("nodeName")
@@ -730,7 +730,9 @@ def test_an_allocation_of_the_same_device_written_first_elsewhere_makes_the_deci
         return stored
 
     cluster.api.patch = patch_then_deliver_the_other  # type: ignore[method-assign]
-    with pytest.raises(sched.Contested, match="device gpu.nvidia.com/n1/gpu-0 is allocated to ResourceClaim ns/other"):
+    with pytest.raises(
+        schedcommit.Contested, match="device gpu.nvidia.com/n1/gpu-0 is allocated to ResourceClaim ns/other"
+    ):
         cluster.sync("trainer")
     assert cluster.api.writes == [
         ("PATCH", "ns/resourceclaims/c"),
@@ -765,10 +767,10 @@ def test_a_claim_cache_that_does_not_catch_up_in_time_leaves_the_pod_unbound_and
     nothing is allocated nor bound: the finalizer is taken back and the attempt raises (retried with backoff)."""
     cluster = Cluster()
     cluster.scheduler.claims._delivered("1")
-    cluster.scheduler.confirm_timeout = 0.05
+    cluster.scheduler._committer.confirm_timeout = 0.05
     cluster.add(raw.claim("c"), raw.pod(claims={"gpu": "c"}))
     cluster.scheduler.open_ledger()
-    with pytest.raises(sched.Contested, match="did not show the write at resourceVersion 101 within 0.05s"):
+    with pytest.raises(schedcommit.Contested, match="did not show the write at resourceVersion 101 within 0.05s"):
         cluster.sync("trainer")
     assert cluster.api.writes[:2] == [("PATCH", "ns/resourceclaims/c"), ("PUT", "ns/resourceclaims/c")]
     assert ("POST", "ns/pods/trainer/binding") not in cluster.api.writes
