@@ -607,11 +607,8 @@ cdef class Core:
         cdef const int32_t[:] pv = plan
         cdef const int32_t[:] nv
         cdef Search s
-        cdef int32_t n_nodes, i, j, k, base, n_mem, total_cnt, best, status, node = -1
+        cdef int32_t n_nodes, i, j, k, base, n_mem, total_cnt, status, node = -1
         cdef int32_t err_node = -1, err_alt = -1, err_dev = -1
-        cdef int32_t* node_order
-        cdef int32_t* node_score
-        cdef int64_t* node_keys
         cdef bint has_admin
         cdef int32_t max_visible = 0
         cdef const int32_t* p
@@ -658,11 +655,9 @@ cdef class Core:
                 if nv[i] < 0 or nv[i] >= self.n_nodes:
                     raise ValueError("unknown node in node list")
         for i in range(n_nodes):
-            node = i if nodes is None else nv[i]
-            j = self.node_off[node + 1] - self.node_off[node]
-            if j > max_visible:
-                max_visible = j
-        node = -1
+            k = i if nodes is None else nv[i]
+            if self.node_off[k + 1] - self.node_off[k] > max_visible:
+                max_visible = self.node_off[k + 1] - self.node_off[k]
         total_cnt = 0
         for i in range(s.n_cons):
             total_cnt += self.attrs[s.cons_attr[i]].n_values
@@ -672,12 +667,9 @@ cdef class Core:
             for i in range(s.n_alts):
                 _know_overlaps(self, s.alt_shape[i])
         _allocate_buffers(&s, n_nodes, max_visible, total_cnt, s.n_claims * self.max_results, self.n_rooms, self.binpack)
-        node_order = s.node_order
-        node_score = s.node_score
-        node_keys = s.node_keys
         try:
             for i in range(n_nodes):
-                node_order[i] = i if nodes is None else nv[i]
+                s.node_order[i] = i if nodes is None else nv[i]
             total_cnt = 0
             for i in range(s.n_cons):
                 s.cons_base[i] = total_cnt
@@ -708,30 +700,29 @@ cdef class Core:
                 # Nodes that pass the precheck, in name order; binpack then reorders them.
                 j = 0
                 for i in range(n_nodes):
-                    self._visit(&s, node_order[i])
+                    self._visit(&s, s.node_order[i])
                     # A node where the search would meet a selector error is searched, so
                     # that the error surfaces exactly where upstream's would.
                     if self._prep_error(&s) or self._free_error(&s):
-                        node_order[j] = node_order[i]
+                        s.node_order[j] = s.node_order[i]
                         j += 1
                         continue
-                    if (s.n_reqs > 0 and not has_admin
-                            and self.node_held[node_order[i]] == self.node_off[node_order[i] + 1] - self.node_off[node_order[i]]):
+                    if s.n_reqs > 0 and not has_admin and self.node_held[s.node] == s.n_visible:
                         for k in range(s.req_alt_off[0], s.req_alt_off[1]):
                             s.stats[k * N_STATS_C + S_SHORT] += 1
                         continue
                     if self._precheck(&s):
-                        node_order[j] = node_order[i]
+                        s.node_order[j] = s.node_order[i]
                         j += 1
                 n_nodes = j
                 if self.binpack:
-                    _first_node(self, &s, node_order, n_nodes, node_keys, max_visible)
+                    _first_node(self, &s, s.node_order, n_nodes, s.node_keys, max_visible)
                 status = R_FAIL
                 for i in range(n_nodes):
                     if i == 1 and self.binpack:
                         # The first node did not fit: the others are needed in full order.
-                        _sort_nodes(node_order + 1, node_keys + 1, n_nodes - 1, node_score, node_keys + n_nodes)
-                    self._visit(&s, node_order[i])
+                        _sort_nodes(s.node_order + 1, s.node_keys + 1, n_nodes - 1, s.node_score, s.node_keys + n_nodes)
+                    self._visit(&s, s.node_order[i])
                     # Upstream collects every All-mode set before it searches a node.
                     if self._prep_error(&s):
                         status = R_ERROR
@@ -741,12 +732,12 @@ cdef class Core:
                         # Binpack tries failing devices last, so their error ends the attempt
                         # only when no node fits: remember the first one and go on.
                         if err_node < 0:
-                            err_node, err_alt, err_dev = node_order[i], s.err_alt, s.err_dev
+                            err_node, err_alt, err_dev = s.node_order[i], s.err_alt, s.err_dev
                         self._release(&s)
                         status = R_FAIL
                         continue
                     if status == 0 or status == R_ERROR:
-                        node = node_order[i]
+                        node = s.node_order[i]
                         break
                     if status == R_LIMIT:
                         break
