@@ -7,6 +7,11 @@ devices it can see, in upstream's first-fit order), counters, capacity slots, re
 attributes (interned value ids per device). This module only searches, scores and keeps
 the usage bookkeeping between calls. It does no I/O, knows no names, is deterministic (ties
 are broken by position), and runs the node loop and the search without the GIL.
+
+Layout: this file holds the tables, the usage bookkeeping (`set_held`, `_commit`), the node
+precheck and the depth-first search; `_alloc_buffers.pxi` the per-search work buffers (one
+allocation per search); `_alloc_binpack.pxi` binpack's demand model and scoring, which a
+first-fit core never runs (it keeps no demand, units, pressures or rooms).
 """
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
@@ -36,72 +41,6 @@ cdef enum:
     S_ALL_BLOCKED = 9   # All-mode requests that could not take every matching device
     S_BAD_POOL = 10     # All-mode requests on nodes with an incomplete or invalid pool
     N_STATS_C = 11
-
-cdef int64_t INT64_LAST = 0x7FFFFFFFFFFFFFFF  # a rank after every other
-cdef int32_t FLEX_NONE = 0x3FFFFFFF  # binpack's node key part for a shape without a free candidate there
-cdef int64_t FLEX_SCALE = 0x40000000  # every flexibility is below this, so it is the last part of a rank
-# `_flex` is log2(1 + pressure * PRESSURE_SCALE) in steps of 1 / PRESSURE_STEPS, then the devices
-# of the unit (a partitionable GPU offers more than one that is not) in the last six bits.
-cdef double PRESSURE_SCALE = 1048576.0
-cdef double PRESSURE_STEPS = 262144.0
-cdef double BUCKET_BASE = 1.1  # free shares enter rounded down to a power of this
-cdef double COARSE_BASE = 1.25  # held demand and the fill ratio: rounded more coarsely, they change less often
-cdef double FIXED = 16777216.0  # free shares are summed as integers in these steps, so sums are exact
-cdef double PRESSURE_FIXED = 1099511627776.0  # pressures are summed as integers in these steps (2^40)
-# The fill ratio (free units over used ones) counts at most this much: a cluster holding next to
-# nothing would otherwise see it swing with every claim, and every swing recomputes the pressures.
-cdef double RATIO_MOST = 100.0
-cdef int32_t MAX_ROOMS = 4  # kinds of room (device count, attribute) kept per request shape
-cdef double PRESSURE_NONE = 1048576.0  # a request without a free candidate on a node: after every other
-
-
-cdef inline int32_t _bucket(double free) noexcept nogil:
-    """The rounded logarithm of a free share: the pressure changes only when this does."""
-    return _bucket_in(free, BUCKET_BASE)
-
-
-cdef inline int32_t _bucket_in(double value, double base) noexcept nogil:
-    if value < 0.5:
-        return -1000
-    return <int32_t> floor(log(value) / log(base) + 1e-9)
-
-
-cdef inline int64_t _order_code(double value) noexcept nogil:
-    """A value >= 0 as an integer that orders like it, cheaply: the top 32 bits of its IEEE 754
-    form (sign, exponent, 20 bits of mantissa), which ascend with the value."""
-    cdef int64_t bits
-    memcpy(&bits, &value, sizeof(double))
-    return bits >> 32
-
-
-cdef inline int32_t _pressure_code(double pressure) noexcept nogil:
-    """A pressure as an integer that orders like it: log2(1 + pressure * PRESSURE_SCALE) in
-    steps of 1 / PRESSURE_STEPS, below `FLEX_SCALE >> 6`."""
-    cdef double v = log2(1.0 + pressure * PRESSURE_SCALE) * PRESSURE_STEPS
-    if v >= (FLEX_SCALE >> 6) - 1:
-        v = (FLEX_SCALE >> 6) - 1
-    return <int32_t> v
-
-
-cdef inline double _scarcity(double spare) noexcept nogil:
-    """How scarce a request shape is with `spare` GPUs' worth left over (see `Core._spare`):
-    1 / (1 + spare), and past zero a line with the same slope, so a shape already short keeps
-    costing one per GPU taken from it."""
-    return 1.0 / (spare + 1.0) if spare >= 0.0 else 1.0 - spare
-
-
-cdef inline int64_t _fixed(double share) noexcept nogil:
-    return <int64_t> (share * FIXED + 0.5)
-
-
-cdef inline double _rounded(int32_t bucket) noexcept nogil:
-    """The free share a bucket stands for: none counts as a quarter of a unit, so a shape with
-    nothing left free weighs much but finitely."""
-    return _rounded_in(bucket, BUCKET_BASE)
-
-
-cdef inline double _rounded_in(int32_t bucket, double base) noexcept nogil:
-    return 0.25 if bucket == -1000 else pow(base, bucket)
 
 # Search results (the facade maps them to reasons).
 OK = 0
@@ -168,7 +107,8 @@ cdef struct Shape:
     int32_t* cap_slot
     int64_t* cap_amt
     uint8_t* err        # per device: 1 if evaluating a selector on it failed (NULL: none did)
-    # Binpack's demand model (see `Core._spare`): the most devices one request of the shape asks
+    # Binpack's demand model (see `_spare`; a first-fit core leaves these zero and NULL, see
+    # `_add_shape_demand`): the most devices one request of the shape asks
     # for (`demand`), the mean share of its unit (GPU) a candidate takes (`size`), the units
     # holding a candidate (`umask`, one byte per unit) and how much of them is free (`free`, in
     # units, fixed point, see `FIXED`; `bucket` is its rounded logarithm, see `_bucket`).
@@ -196,8 +136,16 @@ cdef struct Shape:
     int64_t* key_at
 
 
+cdef void _free_shape(Shape* s) noexcept:
+    """Free every table of a shape (those not allocated are NULL)."""
+    PyMem_Free(s.cand); PyMem_Free(s.select); PyMem_Free(s.err)
+    PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
+    PyMem_Free(s.key_free); PyMem_Free(s.key_at)
+    PyMem_Free(s.key_min); PyMem_Free(s.key_pressure); PyMem_Free(s.umask); PyMem_Free(s.overlap)
+
+
 cdef struct Room:
-    # One kind of room (see `Core._room_cost`): room for one request of shape `shape` that asks
+    # One kind of room (see `_room_cost`): room for one request of shape `shape` that asks
     # for `k` devices, all with one value of attribute `attr` (a matchAttribute constraint;
     # -1: none). The shape's candidates that could be allocated now, grouped by that value, hold
     # per node `rooms[2 * node]` rooms (k candidates each) and `rooms[2 * node + 1]` candidates
@@ -225,51 +173,7 @@ cdef struct Frame:
     uint8_t capped      # the share's capacity was charged (admin access charges none)
 
 
-cdef struct Search:
-    # Plan (borrowed from the caller's buffer).
-    int32_t n_claims, n_reqs, n_alts, n_cons
-    const int32_t* claim_req_off
-    const int32_t* req_alt_off
-    const int32_t* alt_shape
-    const int32_t* alt_mode
-    const int32_t* alt_count
-    const int32_t* alt_admin
-    const int32_t* alt_mem_off
-    const int32_t* mem_cons
-    const int32_t* cons_kind
-    const int32_t* cons_attr
-    # Work buffers.
-    int32_t* req_claim
-    int32_t* alt_choice     # per request: the alternative being tried
-    int32_t* order          # per request: n_visible slots, the device order for this request
-    int32_t* order_len
-    int32_t* err_last       # per request: the last order position holding an erroring device (-1: none)
-    int32_t err_alt         # where the search met a selector error (R_ERROR)
-    int32_t err_dev
-    int32_t* claim_nres
-    int32_t* cons_base      # per constraint: offset into cons_cnt
-    int32_t* cons_members
-    int32_t* cons_cnt
-    Frame* stack
-    int32_t depth
-    int64_t steps
-    int64_t limit
-    int64_t* stats          # n_alts x N_STATS_C
-    int64_t* rank           # binpack sort keys, one per visible device
-    double* keep
-    # Binpack's rooms (see `Core._room_cost`): the kinds of room the plan's requests take from
-    # (`n_active` of them, by index), with the devices they would take and the room's shape's
-    # spare, in the same positions.
-    int32_t* room_active
-    int32_t* room_take
-    double* room_spare
-    double* room_one        # what losing one room costs
-    int32_t n_active
-    int32_t policy
-    # Current node.
-    int32_t node
-    const int32_t* visible      # the node's devices; request order buffers use n_visible as stride
-    int32_t n_visible
+include "_alloc_buffers.pxi"
 
 
 cdef class Core:
@@ -361,8 +265,7 @@ cdef class Core:
         self.binpack = policy == C_POLICY_BINPACK
         # The API's limit of results per claim, defined once in `dractl.model.limits`.
         self.max_results = max_results
-        cdef int32_t d, k, c
-        cdef double size
+        cdef int32_t k, c
         self.node_off = <int32_t*> _copy(node_off, sizeof(int32_t), &n)
         self.n_nodes = <int32_t> (n - 1)
         self.node_dev = <int32_t*> _copy(node_dev, sizeof(int32_t), &n)
@@ -404,102 +307,19 @@ cdef class Core:
         self.slot_pend = <int64_t*> PyMem_Malloc((self.n_slot + 1) * sizeof(int64_t))
         self.pend_shares = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
         self.alloc_count = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
-        self.group_free = <int32_t*> PyMem_Malloc((self.n_groups + 1) * sizeof(int32_t))
-        self.dev_size = <double*> PyMem_Malloc((self.n_dev + 1) * sizeof(double))
-        self.unit = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
-        self.unit_frac = <double*> PyMem_Malloc((self.n_dev + 1) * sizeof(double))
         if (self.cnt_pend == NULL or self.slot_pend == NULL or self.pend_shares == NULL
-                or self.alloc_count == NULL or self.group_free == NULL or self.dev_size == NULL
-                or self.unit == NULL or self.unit_frac == NULL):
+                or self.alloc_count == NULL):
             raise MemoryError()
         memset(self.cnt_pend, 0, (self.n_cnt + 1) * sizeof(int64_t))
         memset(self.slot_pend, 0, (self.n_slot + 1) * sizeof(int64_t))
         memset(self.pend_shares, 0, (self.n_dev + 1) * sizeof(int32_t))
         memset(self.alloc_count, 0, (self.n_dev + 1) * sizeof(int32_t))
-        memset(self.group_free, 0, (self.n_groups + 1) * sizeof(int32_t))
         if len(shares) != self.n_dev or len(dev_group) != self.n_dev:
             raise ValueError("table lengths do not match")
         self._validate(len(node_bad), len(cnt_total), len(in_use), len(multi), len(slot_used))
         self._init_node_held()
-        self._init_units()
-        # A partition's size is the share of its counter sets it takes; the binpack policy
-        # keeps the largest still-placeable sibling as large as possible.
-        for d in range(self.n_dev):
-            size = 0.0
-            for k in range(self.cons_off[d], self.cons_off[d + 1]):
-                c = self.cons_id[k]
-                if self.cnt_total[c] > 0:
-                    size += <double> self.cons_amt[k] / <double> self.cnt_total[c]
-            self.dev_size[d] = size
-
-    cdef int _init_units(self) except -1:
-        """Each device's unit and the share of it the device takes: for a device that consumes
-        counters, its first counter set and the largest share it takes of a counter of that
-        set with a total above 1 (engines and memory; the one-per-slice counters would make
-        every MIG device look whole); otherwise a unit of its own, taken whole."""
-        cdef int32_t d, k, c, st, u
-        cdef double frac, part, any_part
-        self.n_units = self.n_sets
-        self.unit_dev = <int32_t*> PyMem_Malloc((self.n_dev + 1) * sizeof(int32_t))
-        if self.unit_dev == NULL:
-            raise MemoryError()
-        for d in range(self.n_dev):
-            if self.cons_off[d] == self.cons_off[d + 1]:
-                self.unit[d] = self.n_units
-                self.unit_dev[self.n_units - self.n_sets] = d
-                self.n_units += 1
-                self.unit_frac[d] = 1.0
-                continue
-            st = self.cnt_set[self.cons_id[self.cons_off[d]]]
-            self.unit[d] = st
-            frac = 0.0
-            any_part = 0.0
-            for k in range(self.cons_off[d], self.cons_off[d + 1]):
-                c = self.cons_id[k]
-                if self.cnt_set[c] != st or self.cnt_total[c] <= 0:
-                    continue
-                part = <double> self.cons_amt[k] / <double> self.cnt_total[c]
-                if part > any_part:
-                    any_part = part
-                if self.cnt_total[c] > 1 and part > frac:
-                    frac = part
-            self.unit_frac[d] = min(1.0, frac if frac > 0.0 else any_part)
-        self.pressure = <int64_t*> PyMem_Malloc((self.n_units + 1) * sizeof(int64_t))
-        self.unit_code = <int32_t*> PyMem_Malloc((self.n_units + 1) * sizeof(int32_t))
-        self.code_stale = <uint8_t*> PyMem_Malloc(self.n_units + 1)
-        self.unit_free = <double*> PyMem_Malloc((self.n_units + 1) * sizeof(double))
-        if self.pressure == NULL or self.unit_free == NULL or self.unit_code == NULL or self.code_stale == NULL:
-            raise MemoryError()
-        memset(self.pressure, 0, (self.n_units + 1) * sizeof(int64_t))
-        memset(self.code_stale, 0, self.n_units + 1)
-        for u in range(self.n_units):
-            self.unit_code[u] = self._unit_code(u)
-            self.unit_free[u] = self._free_share(u)
-            self.total_free += _fixed(self.unit_free[u])
-        self.ratio_bucket = self._ratio_bucket()
-        return 0
-
-    cdef double _free_share(self, int32_t u) noexcept nogil:
-        """The share of unit `u` that is free: for a counter set, one minus the largest share
-        consumed of a counter with a total above 1 (or of any counter when none has); for a
-        device of its own, 0 when held whole, 1/2 while shared, else 1."""
-        cdef int32_t c, d
-        cdef double used = 0.0, any_used = 0.0, part
-        if u >= self.n_sets:
-            d = self.unit_dev[u - self.n_sets]
-            if self.in_use[d]:
-                return 0.0
-            return 0.5 if self.shares[d] > 0 else 1.0
-        for c in range(self.set_cnt_off[u], self.set_cnt_off[u + 1]):
-            if self.cnt_total[c] <= 0:
-                continue
-            part = <double> (self.cnt_total[c] - self.cnt_avail[c]) / <double> self.cnt_total[c]
-            if part > any_used:
-                any_used = part
-            if self.cnt_total[c] > 1 and part > used:
-                used = part
-        used = used if used > 0.0 else any_used
-        return 0.0 if used >= 1.0 else 1.0 - used
+        if self.binpack:
+            _init_binpack(self)
 
     cdef int _init_node_held(self) except -1:
         """The reverse of the node lists (device -> nodes) and each node's held count."""
@@ -584,18 +404,7 @@ cdef class Core:
         PyMem_Free(self.unit_dev); PyMem_Free(self.unit_free)
         if self.shapes != NULL:
             for i in range(self.n_shapes):
-                PyMem_Free(self.shapes[i].cand)
-                PyMem_Free(self.shapes[i].select)
-                PyMem_Free(self.shapes[i].cap_off)
-                PyMem_Free(self.shapes[i].cap_slot)
-                PyMem_Free(self.shapes[i].cap_amt)
-                PyMem_Free(self.shapes[i].err)
-                PyMem_Free(self.shapes[i].key_min)
-                PyMem_Free(self.shapes[i].key_pressure)
-                PyMem_Free(self.shapes[i].key_free)
-                PyMem_Free(self.shapes[i].key_at)
-                PyMem_Free(self.shapes[i].umask)
-                PyMem_Free(self.shapes[i].overlap)
+                _free_shape(&self.shapes[i])
             PyMem_Free(self.shapes)
         if self.rooms != NULL:
             for i in range(self.n_rooms):
@@ -627,72 +436,34 @@ cdef class Core:
                 raise MemoryError()
             self.shapes = grown
         cdef Shape* s = &self.shapes[self.n_shapes]
-        s.cand = <uint8_t*> _copy(cand, 1, NULL)
-        s.select = <uint8_t*> _copy(select, 1, NULL)
-        s.err = NULL if err is None else <uint8_t*> _copy(err, 1, NULL)
-        s.key_min = NULL
-        s.key_pressure = NULL
-        s.key_free = NULL
-        s.key_at = NULL
-        s.rooms = 0
-        s.held = 0.0
-        s.held_bucket = 0
-        s.overlap = NULL
-        s.n_overlap = 0
-        if cap_off is None:
-            s.cap_off = NULL
-            s.cap_slot = NULL
-            s.cap_amt = NULL
-        else:
-            if len(cap_off) != self.n_dev + 1 or len(cap_slot) != len(cap_amt):
-                raise ValueError("capacity tables must have one offset per device plus one")
-            s.cap_off = <int32_t*> _copy(cap_off, sizeof(int32_t), &n)
-            s.cap_slot = <int32_t*> _copy(cap_slot, sizeof(int32_t), &n)
-            s.cap_amt = <int64_t*> _copy(cap_amt, sizeof(int64_t), NULL)
-            try:
+        memset(s, 0, sizeof(Shape))
+        try:
+            s.cand = <uint8_t*> _copy(cand, 1, NULL)
+            s.select = <uint8_t*> _copy(select, 1, NULL)
+            if err is not None:
+                s.err = <uint8_t*> _copy(err, 1, NULL)
+            if cap_off is not None:
+                if len(cap_off) != self.n_dev + 1 or len(cap_slot) != len(cap_amt):
+                    raise ValueError("capacity tables must have one offset per device plus one")
+                s.cap_off = <int32_t*> _copy(cap_off, sizeof(int32_t), &n)
+                s.cap_slot = <int32_t*> _copy(cap_slot, sizeof(int32_t), &n)
+                s.cap_amt = <int64_t*> _copy(cap_amt, sizeof(int64_t), NULL)
                 _check_offsets(s.cap_off, self.n_dev, <int32_t> n)
                 for i in range(n):
                     if s.cap_slot[i] < 0 or s.cap_slot[i] >= self.n_slot:
                         raise ValueError("capacity slot out of range")
-            except ValueError:
-                PyMem_Free(s.cand); PyMem_Free(s.select); PyMem_Free(s.err)
-                PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
-                raise
-        s.key_min = <int32_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int32_t))
-        s.key_pressure = <double*> PyMem_Malloc((self.n_nodes + 1) * sizeof(double))
-        s.key_free = <int32_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int32_t))
-        s.key_at = <int64_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int64_t))
-        if s.key_min == NULL or s.key_pressure == NULL or s.key_free == NULL or s.key_at == NULL:
-            PyMem_Free(s.cand); PyMem_Free(s.select); PyMem_Free(s.err)
-            PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
-            PyMem_Free(s.key_min); PyMem_Free(s.key_pressure); PyMem_Free(s.key_free); PyMem_Free(s.key_at)
-            raise MemoryError()
-        for i in range(self.n_nodes + 1):
-            s.key_at[i] = -1  # before every event: nothing is cached yet
-        s.umask = <uint8_t*> PyMem_Malloc(self.n_units + 1)
-        if s.umask == NULL:
-            PyMem_Free(s.cand); PyMem_Free(s.select); PyMem_Free(s.err)
-            PyMem_Free(s.cap_off); PyMem_Free(s.cap_slot); PyMem_Free(s.cap_amt)
-            PyMem_Free(s.key_min); PyMem_Free(s.key_pressure); PyMem_Free(s.key_free); PyMem_Free(s.key_at)
-            raise MemoryError()
-        memset(s.umask, 0, self.n_units + 1)
-        n = 0
-        s.size = 0.0
-        s.free = 0
-        for i in range(self.n_dev):
-            if s.cand[i]:
-                n += 1
-                s.size += self.unit_frac[i]
-                if not s.umask[self.unit[i]]:
-                    s.umask[self.unit[i]] = 1
-                    s.free += _fixed(self.unit_free[self.unit[i]])
-        s.size = s.size / n if n else 0.0
-        s.bucket = _bucket(s.free / FIXED)
-        s.demand = 1.0
-        s.held_bucket = _bucket_in(1.0, COARSE_BASE)
-        s.share = 0
+            s.key_free = <int32_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int32_t))
+            s.key_at = <int64_t*> PyMem_Malloc((self.n_nodes + 1) * sizeof(int64_t))
+            if s.key_free == NULL or s.key_at == NULL:
+                raise MemoryError()
+            for i in range(self.n_nodes + 1):
+                s.key_at[i] = -1  # before every event: nothing is cached yet
+            if self.binpack:
+                _add_shape_demand(self, s)
+        except BaseException:
+            _free_shape(s)
+            raise
         self.n_shapes += 1
-        self.pressure_stale = True
         return self.n_shapes - 1
 
     def set_demand(self, int32_t shape, int32_t count, int32_t attr):
@@ -700,215 +471,22 @@ cdef class Core:
         attribute `attr` (-1: no such constraint). The shape's demand is the most any request of
         it known so far asks for (1 until one asks for more; it never falls), and each (count,
         attribute) from 2 devices on is a kind of room (see `_room_cost`, at most `MAX_ROOMS` per
-        shape), counted here on every node."""
-        cdef Shape* sh
-        cdef Room* room
-        cdef Room* grown
-        cdef int32_t n, i, n_values
+        shape), counted here on every node. Only binpack keeps demand: first-fit checks the
+        arguments and keeps nothing."""
         if shape < 0 or shape >= self.n_shapes:
             raise ValueError("unknown shape")
         if attr < -1 or attr >= self.n_attrs:
             raise ValueError("unknown attribute")
-        if not self.binpack:
-            return
-        sh = &self.shapes[shape]
-        if count > sh.demand:
-            sh.demand = count
-            sh.held_bucket = _bucket_in(sh.held + sh.demand, COARSE_BASE)
-            self.pressure_stale = True
-        if count < 2 or sh.rooms >= MAX_ROOMS:
-            return
-        for i in range(self.n_rooms):
-            if self.rooms[i].shape == shape and self.rooms[i].k == count and self.rooms[i].attr == attr:
-                return
-        if self.n_rooms == self.cap_rooms:
-            grown = <Room*> PyMem_Realloc(self.rooms, (self.cap_rooms * 2 + 8) * sizeof(Room))
-            if grown == NULL:
-                raise MemoryError()
-            self.rooms = grown
-            self.cap_rooms = self.cap_rooms * 2 + 8
-        n_values = self.attrs[attr].n_values if attr >= 0 else 0
-        room = &self.rooms[self.n_rooms]
-        room.rooms = <int32_t*> PyMem_Malloc((2 * self.n_nodes + 1) * sizeof(int32_t))
-        room.values = <int32_t*> PyMem_Malloc((n_values + 1) * sizeof(int32_t))
-        if room.rooms == NULL or room.values == NULL:
-            PyMem_Free(room.rooms); PyMem_Free(room.values)
-            raise MemoryError()
-        memset(room.values, 0, (n_values + 1) * sizeof(int32_t))
-        room.shape = shape
-        room.k = count
-        room.attr = attr
-        room.total = 0
-        for n in range(self.n_nodes):
-            self._count_rooms(room, n)
-            room.total += room.rooms[2 * n]
-        self.n_rooms += 1
-        sh.rooms += 1
+        if self.binpack:
+            _set_demand(self, shape, count, attr)
 
     def add_held(self, int32_t shape, double devices):
         """Count `devices` more (fewer, when negative) held by requests of the shape: binpack
-        weighs a shape by the demand the cluster holds (see `_spare`)."""
-        cdef Shape* sh
-        cdef int32_t b
+        weighs a shape by the demand the cluster holds (see `_spare`); first-fit keeps nothing."""
         if shape < 0 or shape >= self.n_shapes:
             raise ValueError("unknown shape")
-        if not self.binpack:
-            return
-        sh = &self.shapes[shape]
-        sh.held += devices
-        if sh.held < 0.0:
-            sh.held = 0.0
-        b = _bucket_in(sh.held + sh.demand, COARSE_BASE)
-        if b != sh.held_bucket:
-            sh.held_bucket = b
-            self.pressure_stale = True
-
-    cdef inline bint _allocatable(self, int32_t d) noexcept nogil:
-        """Whether device `d` could be allocated now (without admin access): not held, and
-        every counter it consumes has enough left (a share of a device already shared needs
-        none)."""
-        cdef int32_t j
-        if self.in_use[d]:
-            return False
-        if self.multi[d] and self.shares[d] > 0:
-            return True
-        for j in range(self.cons_off[d], self.cons_off[d + 1]):
-            if self.cnt_avail[self.cons_id[j]] < self.cons_amt[j]:
-                return False
-        return True
-
-    cdef void _count_rooms(self, Room* room, int32_t node) noexcept nogil:
-        """Count the room's rooms and loose candidates on `node` (see `Room`). A candidate
-        without the attribute cannot join a room; one with several values counts by its first."""
-        cdef int32_t k, d, v, free = 0, rooms = 0, loose = 0
-        cdef Shape* sh = &self.shapes[room.shape]
-        cdef Attr* at = NULL
-        if room.attr >= 0:
-            at = &self.attrs[room.attr]
-        for k in range(self.node_off[node], self.node_off[node + 1]):
-            d = self.node_dev[k]
-            if not sh.cand[d] or not self._allocatable(d):
-                continue
-            if at == NULL:
-                free += 1
-            elif at.off[d] < at.off[d + 1]:
-                room.values[at.vals[at.off[d]]] += 1
-        if at == NULL:
-            rooms = free // room.k
-            loose = free % room.k
-        else:
-            for k in range(self.node_off[node], self.node_off[node + 1]):
-                d = self.node_dev[k]
-                if at.off[d] == at.off[d + 1]:
-                    continue
-                v = room.values[at.vals[at.off[d]]]
-                if v > 0:
-                    rooms += v // room.k
-                    loose += v % room.k
-                    room.values[at.vals[at.off[d]]] = 0
-        room.rooms[2 * node] = rooms
-        room.rooms[2 * node + 1] = loose
-
-    cdef void _refresh_rooms(self) noexcept nogil:
-        """Count the rooms again on the nodes whose devices changed hands since the last time."""
-        cdef int32_t i, m, n
-        cdef Room* room
-        for i in range(self.n_dirty):
-            n = self.dirty[i]
-            self.is_dirty[n] = 0
-            for m in range(self.n_rooms):
-                room = &self.rooms[m]
-                room.total -= room.rooms[2 * n]
-                self._count_rooms(room, n)
-                room.total += room.rooms[2 * n]
-        self.n_dirty = 0
-
-    cdef int _know_overlaps(self, int32_t shape) except -1:
-        """Fill in the shape's `overlap` with every kind of room (needs the GIL: it may grow
-        the table)."""
-        cdef Shape* sh = &self.shapes[shape]
-        cdef Shape* other
-        cdef uint8_t* grown
-        cdef int32_t m, u
-        if sh.n_overlap < self.n_rooms:
-            grown = <uint8_t*> PyMem_Realloc(sh.overlap, self.n_rooms + 1)
-            if grown == NULL:
-                raise MemoryError()
-            sh.overlap = grown
-            memset(sh.overlap + sh.n_overlap, 0, self.n_rooms - sh.n_overlap)
-            sh.n_overlap = self.n_rooms
-        for m in range(self.n_rooms):
-            if sh.overlap[m]:
-                continue
-            other = &self.shapes[self.rooms[m].shape]
-            sh.overlap[m] = 1
-            for u in range(self.n_units):
-                if sh.umask[u] and other.umask[u]:
-                    sh.overlap[m] = 2
-                    break
-        return 0
-
-    cdef int32_t _ratio_bucket(self) noexcept nogil:
-        cdef double free = self.total_free / FIXED
-        cdef double used = self.n_units - free
-        if used < 0.5 or free > RATIO_MOST * used:
-            return 1000000
-        return _bucket_in(16.0 * free / used, COARSE_BASE)
-
-    cdef double _spare(self, double supply, Shape* sh) noexcept nogil:
-        """What is left of `supply` (GPUs' worth that could serve the shape) after the shape's
-        share of filling the rest of the cluster with the mix it holds now: supply minus the
-        GPUs' worth held by requests of the shape times the free units over the used ones (the
-        fill ratio). A shape whose spare nears zero will run out first if the demand keeps its
-        mix. Depends on usage only through rounded figures (`_bucket`: held devices are rounded
-        with the shape's demand added, which is taken off again), so `pressure` stays valid
-        between their changes."""
-        cdef double ratio = (
-            RATIO_MOST if self.ratio_bucket == 1000000 else _rounded_in(self.ratio_bucket, COARSE_BASE) / 16.0
-        )
-        cdef double held = _rounded_in(sh.held_bucket, COARSE_BASE) - sh.demand
-        return supply - ratio * (held if held > 0.0 else 0.0) * sh.size
-
-    cdef void _refresh_pressure(self) noexcept nogil:
-        """Bring every unit's `pressure` (see `_flex`) up to date when a shape, a demand, the
-        held demand, a shape's free share or the fill ratio changed its rounded value since the
-        last time: each shape whose share changed adds the difference to its units, and every
-        cached key is then stale. Fixed point, so the sums do not depend on the order."""
-        cdef int32_t i, u
-        cdef int64_t share, delta
-        cdef double spare
-        cdef bint changed = False
-        cdef Shape* s
-        if not self.pressure_stale:
-            return
-        for i in range(self.n_shapes):
-            s = &self.shapes[i]
-            if s.size <= 0.0:
-                continue
-            spare = self._spare(_rounded(s.bucket), s)
-            share = <int64_t> ((_scarcity(spare - 1.0) - _scarcity(spare)) * PRESSURE_FIXED + 0.5)
-            delta = share - s.share
-            if delta == 0:
-                continue
-            s.share = share
-            changed = True
-            for u in range(self.n_units):
-                if s.umask[u]:
-                    self.pressure[u] += delta
-                    self.code_stale[u] = 1
-        self.pressure_stale = False
-        if changed:
-            for u in range(self.n_units):
-                if self.code_stale[u]:
-                    self.code_stale[u] = 0
-                    self.unit_code[u] = self._unit_code(u)
-            self.clock += 1
-            self.values_changed = self.clock
-
-    cdef int32_t _unit_code(self, int32_t u) noexcept nogil:
-        """`_flex` of the devices of unit `u` (see there)."""
-        cdef int32_t devices = 1 if u >= self.n_sets else self.set_off[u + 1] - self.set_off[u]
-        return _pressure_code(self.pressure[u] / PRESSURE_FIXED) * 64 + (devices if devices < 63 else 63)
+        if self.binpack:
+            _add_held(self, shape, devices)
 
     def add_attribute(self, off, vals, int n_values):
         """Register a constraint attribute: per device a CSR range of interned value ids."""
@@ -987,52 +565,15 @@ cdef class Core:
             [self.node_used[i] for i in range(self.n_nodes)],
         )
 
-    cdef inline void _dirty_nodes(self, int32_t d) noexcept nogil:
-        cdef int32_t k, n
-        for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
-            n = self.dev_node[k]
-            if not self.is_dirty[n]:
-                self.is_dirty[n] = 1
-                self.dirty[self.n_dirty] = n
-                self.n_dirty += 1
-
     cdef void _touched(self, int32_t d) noexcept nogil:
         """The keys cached for the nodes that see `d` are out of date; for binpack, so are their
         rooms and the free share of `d`'s unit in every shape that counts that unit."""
-        cdef int32_t k, i, u
-        cdef int64_t delta
-        cdef double share
-        cdef Shape* s
+        cdef int32_t k
         self.clock += 1
         for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
             self.node_changed[self.dev_node[k]] = self.clock
-        if not self.binpack:
-            return
-        u = self.unit[d]
-        # The rooms of every node that sees a device of the same GPU: its counters changed too.
-        if u < self.n_sets:
-            for k in range(self.set_off[u], self.set_off[u + 1]):
-                self._dirty_nodes(self.set_dev[k])
-        else:
-            self._dirty_nodes(d)
-        share = self._free_share(u)
-        if share == self.unit_free[u]:
-            return
-        delta = _fixed(share) - _fixed(self.unit_free[u])
-        self.unit_free[u] = share
-        self.total_free += delta
-        i = self._ratio_bucket()
-        if i != self.ratio_bucket:
-            self.ratio_bucket = i
-            self.pressure_stale = True
-        for i in range(self.n_shapes):
-            s = &self.shapes[i]
-            if s.umask[u]:
-                s.free += delta
-                k = _bucket(s.free / FIXED)
-                if k != s.bucket:
-                    s.bucket = k
-                    self.pressure_stale = True
+        if self.binpack:
+            _unit_touched(self, d)
 
     def count_free(self, int32_t shape, *, bint admin, nodes):
         """How many candidates of `shape` visible on any of `nodes` are not held by
@@ -1066,11 +607,8 @@ cdef class Core:
         cdef const int32_t[:] pv = plan
         cdef const int32_t[:] nv
         cdef Search s
-        cdef int32_t n_nodes, i, j, k, base, n_mem, max_slots, total_cnt, best, status, node = -1
+        cdef int32_t n_nodes, i, j, k, base, n_mem, total_cnt, status, node = -1
         cdef int32_t err_node = -1, err_alt = -1, err_dev = -1
-        cdef int32_t* node_order
-        cdef int32_t* node_score
-        cdef int64_t* node_keys
         cdef bint has_admin
         cdef int32_t max_visible = 0
         cdef const int32_t* p
@@ -1116,77 +654,42 @@ cdef class Core:
             for i in range(n_nodes):
                 if nv[i] < 0 or nv[i] >= self.n_nodes:
                     raise ValueError("unknown node in node list")
-        if self.binpack:
-            self._refresh_pressure()
-            self._refresh_rooms()
-            for i in range(s.n_alts):
-                self._know_overlaps(s.alt_shape[i])
-        node_order = <int32_t*> PyMem_Malloc((n_nodes + 1) * sizeof(int32_t))
-        if node_order == NULL:
-            raise MemoryError()
         for i in range(n_nodes):
-            node_order[i] = i if nodes is None else nv[i]
-            j = self.node_off[node_order[i] + 1] - self.node_off[node_order[i]]
-            if j > max_visible:
-                max_visible = j
-        max_slots = s.n_claims * self.max_results + 1
+            k = i if nodes is None else nv[i]
+            if self.node_off[k + 1] - self.node_off[k] > max_visible:
+                max_visible = self.node_off[k + 1] - self.node_off[k]
         total_cnt = 0
         for i in range(s.n_cons):
             total_cnt += self.attrs[s.cons_attr[i]].n_values
-        s.cons_base = <int32_t*> PyMem_Malloc((s.n_cons + 1) * sizeof(int32_t))
-        s.cons_cnt = <int32_t*> PyMem_Malloc((total_cnt + 1) * sizeof(int32_t))
-        s.cons_members = <int32_t*> PyMem_Malloc((s.n_cons + 1) * sizeof(int32_t))
-        s.req_claim = <int32_t*> PyMem_Malloc((s.n_reqs + 1) * sizeof(int32_t))
-        s.alt_choice = <int32_t*> PyMem_Malloc((s.n_reqs + 1) * sizeof(int32_t))
-        s.order = <int32_t*> PyMem_Malloc(((<Py_ssize_t> s.n_reqs) * max_visible + 1) * sizeof(int32_t))
-        s.order_len = <int32_t*> PyMem_Malloc((s.n_reqs + 1) * sizeof(int32_t))
-        s.err_last = <int32_t*> PyMem_Malloc((s.n_reqs + 1) * sizeof(int32_t))
-        s.claim_nres = <int32_t*> PyMem_Malloc((s.n_claims + 1) * sizeof(int32_t))
-        s.stack = <Frame*> PyMem_Malloc(max_slots * sizeof(Frame))
-        s.stats = <int64_t*> PyMem_Malloc((s.n_alts * N_STATS_C + 1) * sizeof(int64_t))
-        node_score = <int32_t*> PyMem_Malloc((n_nodes + 1) * sizeof(int32_t))
-        node_keys = <int64_t*> PyMem_Malloc((2 * n_nodes + 1) * sizeof(int64_t))
-        s.rank = <int64_t*> PyMem_Malloc((max_visible + 1) * sizeof(int64_t))
-        s.keep = <double*> PyMem_Malloc((max_visible + 1) * sizeof(double))
-        s.room_take = <int32_t*> PyMem_Malloc((self.n_rooms + 1) * sizeof(int32_t))
-        s.room_active = <int32_t*> PyMem_Malloc((self.n_rooms + 1) * sizeof(int32_t))
-        s.room_one = <double*> PyMem_Malloc((self.n_rooms + 1) * sizeof(double))
-        s.room_spare = <double*> PyMem_Malloc((self.n_rooms + 1) * sizeof(double))
-        if (node_score == NULL or node_keys == NULL or s.rank == NULL or s.keep == NULL
-                or s.room_take == NULL or s.room_spare == NULL or s.room_active == NULL or s.room_one == NULL
-                or s.cons_base == NULL or s.cons_cnt == NULL or s.cons_members == NULL
-                or s.req_claim == NULL or s.alt_choice == NULL or s.order == NULL
-                or s.order_len == NULL or s.err_last == NULL or s.claim_nres == NULL or s.stack == NULL
-                or s.stats == NULL):
-            PyMem_Free(node_order); PyMem_Free(node_score); PyMem_Free(node_keys)
-            PyMem_Free(s.rank); PyMem_Free(s.keep); PyMem_Free(s.room_take); PyMem_Free(s.room_spare)
-            PyMem_Free(s.room_active); PyMem_Free(s.room_one)
-            PyMem_Free(s.cons_base); PyMem_Free(s.cons_cnt); PyMem_Free(s.cons_members)
-            PyMem_Free(s.req_claim); PyMem_Free(s.alt_choice); PyMem_Free(s.order)
-            PyMem_Free(s.order_len); PyMem_Free(s.err_last); PyMem_Free(s.claim_nres); PyMem_Free(s.stack)
-            PyMem_Free(s.stats)
-            raise MemoryError()
-        total_cnt = 0
-        for i in range(s.n_cons):
-            s.cons_base[i] = total_cnt
-            total_cnt += self.attrs[s.cons_attr[i]].n_values
-        memset(s.cons_cnt, 0, (total_cnt + 1) * sizeof(int32_t))
-        memset(s.cons_members, 0, (s.n_cons + 1) * sizeof(int32_t))
-        memset(s.claim_nres, 0, (s.n_claims + 1) * sizeof(int32_t))
-        memset(s.stats, 0, (s.n_alts * N_STATS_C + 1) * sizeof(int64_t))
-        for i in range(s.n_alts):
-            s.stats[i * N_STATS_C + S_LAST_COUNTER] = -1
-            s.stats[i * N_STATS_C + S_LAST_SLOT] = -1
-            s.stats[i * N_STATS_C + S_LAST_CONSTRAINT] = -1
-        for i in range(s.n_claims):
-            for j in range(s.claim_req_off[i], s.claim_req_off[i + 1]):
-                s.req_claim[j] = i
-        s.limit = limit
-        s.policy = C_POLICY_BINPACK if self.binpack else C_POLICY_FIRST_FIT
-        s.depth = 0
         if self.binpack:
-            self._room_plan(&s)
+            _refresh_pressure(self)
+            _refresh_rooms(self)
+            for i in range(s.n_alts):
+                _know_overlaps(self, s.alt_shape[i])
+        _allocate_buffers(&s, n_nodes, max_visible, total_cnt, s.n_claims * self.max_results, self.n_rooms, self.binpack)
         try:
+            for i in range(n_nodes):
+                s.node_order[i] = i if nodes is None else nv[i]
+            total_cnt = 0
+            for i in range(s.n_cons):
+                s.cons_base[i] = total_cnt
+                total_cnt += self.attrs[s.cons_attr[i]].n_values
+            memset(s.cons_cnt, 0, (total_cnt + 1) * sizeof(int32_t))
+            memset(s.cons_members, 0, (s.n_cons + 1) * sizeof(int32_t))
+            memset(s.claim_nres, 0, (s.n_claims + 1) * sizeof(int32_t))
+            memset(s.stats, 0, (s.n_alts * N_STATS_C + 1) * sizeof(int64_t))
+            for i in range(s.n_alts):
+                s.stats[i * N_STATS_C + S_LAST_COUNTER] = -1
+                s.stats[i * N_STATS_C + S_LAST_SLOT] = -1
+                s.stats[i * N_STATS_C + S_LAST_CONSTRAINT] = -1
+            for i in range(s.n_claims):
+                for j in range(s.claim_req_off[i], s.claim_req_off[i + 1]):
+                    s.req_claim[j] = i
+            s.limit = limit
+            s.policy = C_POLICY_BINPACK if self.binpack else C_POLICY_FIRST_FIT
+            s.depth = 0
+            if self.binpack:
+                _room_plan(self, &s)
             with nogil:
                 # A node whose every device is held cannot serve a plan without admin
                 # access; skipping it is the cheap common case of a filling cluster.
@@ -1197,30 +700,29 @@ cdef class Core:
                 # Nodes that pass the precheck, in name order; binpack then reorders them.
                 j = 0
                 for i in range(n_nodes):
-                    self._visit(&s, node_order[i])
+                    self._visit(&s, s.node_order[i])
                     # A node where the search would meet a selector error is searched, so
                     # that the error surfaces exactly where upstream's would.
                     if self._prep_error(&s) or self._free_error(&s):
-                        node_order[j] = node_order[i]
+                        s.node_order[j] = s.node_order[i]
                         j += 1
                         continue
-                    if (s.n_reqs > 0 and not has_admin
-                            and self.node_held[node_order[i]] == self.node_off[node_order[i] + 1] - self.node_off[node_order[i]]):
+                    if s.n_reqs > 0 and not has_admin and self.node_held[s.node] == s.n_visible:
                         for k in range(s.req_alt_off[0], s.req_alt_off[1]):
                             s.stats[k * N_STATS_C + S_SHORT] += 1
                         continue
                     if self._precheck(&s):
-                        node_order[j] = node_order[i]
+                        s.node_order[j] = s.node_order[i]
                         j += 1
                 n_nodes = j
                 if self.binpack:
-                    self._first_node(&s, node_order, n_nodes, node_keys, max_visible)
+                    _first_node(self, &s, s.node_order, n_nodes, s.node_keys, max_visible)
                 status = R_FAIL
                 for i in range(n_nodes):
                     if i == 1 and self.binpack:
                         # The first node did not fit: the others are needed in full order.
-                        self._sort_nodes(node_order + 1, node_keys + 1, n_nodes - 1, node_score, node_keys + n_nodes)
-                    self._visit(&s, node_order[i])
+                        _sort_nodes(s.node_order + 1, s.node_keys + 1, n_nodes - 1, s.node_score, s.node_keys + n_nodes)
+                    self._visit(&s, s.node_order[i])
                     # Upstream collects every All-mode set before it searches a node.
                     if self._prep_error(&s):
                         status = R_ERROR
@@ -1230,12 +732,12 @@ cdef class Core:
                         # Binpack tries failing devices last, so their error ends the attempt
                         # only when no node fits: remember the first one and go on.
                         if err_node < 0:
-                            err_node, err_alt, err_dev = node_order[i], s.err_alt, s.err_dev
+                            err_node, err_alt, err_dev = s.node_order[i], s.err_alt, s.err_dev
                         self._release(&s)
                         status = R_FAIL
                         continue
                     if status == 0 or status == R_ERROR:
-                        node = node_order[i]
+                        node = s.node_order[i]
                         break
                     if status == R_LIMIT:
                         break
@@ -1258,152 +760,9 @@ cdef class Core:
                 return CEL_ERROR, node, [s.err_alt], [s.err_dev], [], stats
             return (SEARCH_LIMIT if status == R_LIMIT else NO_FIT), -1, [], [], [], stats
         finally:
-            PyMem_Free(node_order); PyMem_Free(node_score); PyMem_Free(node_keys)
-            PyMem_Free(s.cons_base); PyMem_Free(s.cons_cnt); PyMem_Free(s.cons_members)
-            PyMem_Free(s.req_claim); PyMem_Free(s.alt_choice); PyMem_Free(s.order)
-            PyMem_Free(s.order_len); PyMem_Free(s.err_last); PyMem_Free(s.claim_nres); PyMem_Free(s.stack)
-            PyMem_Free(s.stats); PyMem_Free(s.rank); PyMem_Free(s.keep)
-            PyMem_Free(s.room_take); PyMem_Free(s.room_spare); PyMem_Free(s.room_active); PyMem_Free(s.room_one)
+            PyMem_Free(s.block)
 
     # --- node order and precheck ---------------------------------------------------------
-
-    cdef void _first_node(self, Search* s, int32_t* order, int32_t n, int64_t* keys, int32_t max_visible) noexcept nogil:
-        """Binpack's node order, as far as most searches need it: the key of every node
-        (`_node_keys`), and the node a stable sort by key puts first (the smallest key, the
-        earliest of equal ones) moved to the front, the others keeping their order. Sorting
-        them (`_sort_nodes`) then gives the whole order; the search does that only when the
-        first node does not fit, which saves the sort in the common case."""
-        cdef int32_t i, best = 0, first
-        cdef int64_t key
-        if n == 0:
-            return
-        self._node_keys(s, order, n, keys, max_visible)
-        for i in range(1, n):
-            if keys[i] < keys[best]:
-                best = i
-        first = order[best]
-        key = keys[best]
-        memmove(order + 1, order, best * sizeof(int32_t))
-        memmove(keys + 1, keys, best * sizeof(int64_t))
-        order[0] = first
-        keys[0] = key
-
-    cdef void _node_keys(self, Search* s, int32_t* order, int32_t n, int64_t* keys, int32_t max_visible) noexcept nogil:
-        """Binpack's sort key per node, smallest first. First the nodes where the plan costs the
-        known demand least: per request, the pressure on the least wanted free candidate's GPU
-        (`_flex`) times the devices it asks for, plus the rooms the plan would break for requests
-        that ask for several devices at once (`_room_cost`); then the units' devices (a GPU that
-        cannot be partitioned first), then the most used nodes (devices held or shared); ties
-        keep the given order (node names), which only decides between nodes alike in all of
-        these."""
-        cdef int32_t i, r, a, node, code
-        cdef int64_t ties
-        cdef double pressure, least
-        cdef Shape* sh
-        for i in range(n):
-            node = order[i]
-            pressure = self._room_cost(s, node)
-            ties = 0
-            for r in range(s.n_reqs):
-                a = s.req_alt_off[r]
-                sh = &self.shapes[s.alt_shape[a]]
-                if s.alt_admin[a]:
-                    code = self._least_value(sh, node, True, &least)
-                else:
-                    self._node_cache(sh, node)
-                    code = sh.key_min[node]
-                    least = sh.key_pressure[node]
-                if code == FLEX_NONE:
-                    pressure += PRESSURE_NONE
-                else:
-                    pressure += least * (s.alt_count[a] if s.alt_mode[a] == C_MODE_EXACT else 1)
-                    ties += code & 63
-            keys[i] = ((_order_code(pressure) * 2048 + (ties if ties < 2047 else 2047))
-                       * (max_visible + 1) + (max_visible - self.node_used[node]))
-
-    cdef void _room_plan(self, Search* s) noexcept nogil:
-        """Per kind of room, what the plan takes from it and its shape's spare (see `_room_cost`):
-        the same on every node, so computed once per search."""
-        cdef int32_t m, r, a, take
-        cdef Room* room
-        cdef Shape* sh
-        s.n_active = 0
-        for m in range(self.n_rooms):
-            room = &self.rooms[m]
-            take = 0
-            for r in range(s.n_reqs):
-                a = s.req_alt_off[r]
-                sh = &self.shapes[s.alt_shape[a]]
-                if not s.alt_admin[a] and s.alt_mode[a] == C_MODE_EXACT and sh.overlap[m] == 2:
-                    take += s.alt_count[a]
-            if take > 0 and room.total > 0:
-                s.room_active[s.n_active] = m
-                s.room_take[s.n_active] = take
-                s.room_spare[s.n_active] = self._spare(<double> room.total * room.k, &self.shapes[room.shape])
-                s.room_one[s.n_active] = (_scarcity(s.room_spare[s.n_active] - room.k)
-                                          - _scarcity(s.room_spare[s.n_active]))
-                s.n_active += 1
-
-    cdef double _room_cost(self, Search* s, int32_t node) noexcept nogil:
-        """What the plan's placement on `node` costs the requests that ask for several devices
-        at once (k of them on one node, maybe with one value of an attribute such as an NVLink
-        partition): a room is room for one such request (`Room`). The plan takes the node's
-        loose candidates first (binpack's order inside a node), then breaks rooms; the rooms
-        lost shrink that shape's spare (`_spare`, with the rooms times k as its supply) by k
-        GPUs each, which costs what it raises the shape's scarcity (`_scarcity`). So a whole
-        node stays free for 8-GPU claims and a whole NVLink partition for NVLink claims while
-        smaller requests fit where a room is already broken, and more so the fewer rooms are
-        left. A request counts against a room when their GPUs meet (`overlap`), with as many
-        devices as its first alternative asks for."""
-        cdef int32_t i, take, lost, rooms, loose
-        cdef double cost = 0.0
-        cdef Room* room
-        for i in range(s.n_active):
-            room = &self.rooms[s.room_active[i]]
-            take = s.room_take[i]
-            rooms = room.rooms[2 * node]
-            loose = room.rooms[2 * node + 1]
-            if take <= loose or rooms == 0:
-                continue
-            # The plan takes loose candidates first (binpack's order inside a node), then rooms.
-            if take - loose <= room.k:
-                cost += s.room_one[i]
-                continue
-            lost = (take - loose + room.k - 1) // room.k
-            if lost > rooms:
-                lost = rooms
-            cost += _scarcity(s.room_spare[i] - lost * room.k) - _scarcity(s.room_spare[i])
-        return cost
-
-    cdef int32_t _least_value(self, Shape* sh, int32_t node, bint admin, double* pressure) noexcept nogil:
-        """The least flexibility (`_flex`) of the shape's candidates on `node` that are free
-        (held ones count for admin access), or `FLEX_NONE` when there is none; the pressure
-        on that candidate's unit goes to `pressure`."""
-        cdef int32_t k, d, v
-        cdef int32_t best = FLEX_NONE
-        pressure[0] = PRESSURE_NONE
-        for k in range(self.node_off[node], self.node_off[node + 1]):
-            d = self.node_dev[k]
-            if sh.cand[d] and (admin or self.multi[d] or not self.in_use[d]):
-                v = self._flex(d)
-                if v < best:
-                    best = v
-                    pressure[0] = self.pressure[self.unit[d]] / PRESSURE_FIXED
-        return best
-
-    cdef int32_t _flex(self, int32_t d) noexcept nogil:
-        """How much the known demand wants the device's unit (its GPU): the sum, over the request
-        shapes with a candidate on that GPU, of how much taking the GPU raises the shape's
-        scarcity (`pressure`; `_spare`, `_scarcity`). A GPU is precious when the shapes it serves
-        have little to spare for the mix the cluster holds: an A100 when MIG requests would run
-        out of A100s first, an H100 when NVLink claims that select H100s would; a request that
-        several kinds of GPU can serve goes where the rest of the demand loses least, whatever
-        the nodes are called. A full GPU counts the shapes its MIG devices serve, as it shares
-        their unit. The figures enter rounded (`_bucket`), so the cached node keys stay valid
-        until a shape, a demand or a rounded figure changes (`values_changed`). The last six
-        bits are the unit's devices: a GPU that cannot be partitioned before one that can, when
-        nothing else differs."""
-        return self.unit_code[self.unit[d]]
 
     cdef inline void _node_cache(self, Shape* sh, int32_t node) noexcept nogil:
         """Bring the shape's cached free count and (for binpack) least value on `node` (without
@@ -1418,45 +777,8 @@ cdef class Core:
                 free += 1
         sh.key_free[node] = free
         if self.binpack:
-            sh.key_min[node] = self._least_value(sh, node, False, &sh.key_pressure[node])
+            sh.key_min[node] = _least_value(self, sh, node, False, &sh.key_pressure[node])
         sh.key_at[node] = self.clock
-
-    cdef void _sort_nodes(self, int32_t* order, int64_t* keys, int32_t n, int32_t* tmp_order, int64_t* tmp_keys) noexcept nogil:
-        """Sort `order` by `keys` (both of length `n`, sorted together): a stable merge sort."""
-        cdef int32_t i, lo, mid, hi, j, o, width
-        cdef int32_t* src_o = order
-        cdef int64_t* src_k = keys
-        cdef int32_t* dst_o = tmp_order
-        cdef int64_t* dst_k = tmp_keys
-        cdef int32_t* swap_o
-        cdef int64_t* swap_k
-        if n <= 0:
-            return
-        width = 1
-        while width < n:
-            lo = 0
-            while lo < n:
-                mid = lo + width if lo + width < n else n
-                hi = lo + 2 * width if lo + 2 * width < n else n
-                i = lo
-                j = mid
-                o = lo
-                while i < mid and j < hi:
-                    if src_k[j] < src_k[i]:
-                        dst_o[o] = src_o[j]; dst_k[o] = src_k[j]; j += 1
-                    else:
-                        dst_o[o] = src_o[i]; dst_k[o] = src_k[i]; i += 1
-                    o += 1
-                while i < mid:
-                    dst_o[o] = src_o[i]; dst_k[o] = src_k[i]; i += 1; o += 1
-                while j < hi:
-                    dst_o[o] = src_o[j]; dst_k[o] = src_k[j]; j += 1; o += 1
-                lo += 2 * width
-            swap_o = src_o; src_o = dst_o; dst_o = swap_o
-            swap_k = src_k; src_k = dst_k; dst_k = swap_k
-            width *= 2
-        if src_o != order:
-            memcpy(order, src_o, n * sizeof(int32_t))
 
     cdef inline void _visit(self, Search* s, int32_t node) noexcept nogil:
         s.node = node
@@ -1554,7 +876,7 @@ cdef class Core:
                 only_size = False
                 continue
             if s.policy == C_POLICY_BINPACK and s.alt_mode[a] == C_MODE_EXACT:
-                self._score_order(s, a, order, n, need)
+                _score_order(self, s, a, order, n, need)
             s.err_last[r] = -1
             if n_err:
                 for k in range(n):
@@ -1813,143 +1135,6 @@ cdef class Core:
             cnt[at.vals[k]] -= 1
         s.cons_members[kc] -= 1
 
-    # --- binpack scoring -----------------------------------------------------------------
-
-    cdef void _score_order(self, Search* s, int32_t a, int32_t* order, int32_t n, int32_t need) noexcept nogil:
-        """Reorder the candidates of one request: locality groups that can hold the whole
-        request first (fewest free devices first), then partly used GPUs or counter sets,
-        then the least flexible devices (`_flex`), then the placement that keeps the largest
-        sibling partition placeable, then the first-fit position. Stable insertion sort over
-        (rank, keep, position)."""
-        cdef int32_t i, j, d, g
-        cdef int64_t* rank = s.rank
-        cdef double* keep = s.keep
-        cdef int64_t kr
-        cdef double kk
-        cdef bint admin = s.alt_admin[a] != 0
-        cdef Shape* sh = &self.shapes[s.alt_shape[a]]
-        for i in range(n):
-            d = order[i]
-            g = self.dev_group[d]
-            # A device whose selector failed is in `order` only to raise its error last: it
-            # cannot help a group hold the request.
-            if g >= 0 and self._free(d, admin) and not (sh.err != NULL and sh.err[d]):
-                self.group_free[g] += 1
-        for i in range(n):
-            d = order[i]
-            g = self.dev_group[d]
-            kr = 0
-            if g >= 0 and self.cons_off[d] == self.cons_off[d + 1]:
-                if self.group_free[g] >= need:
-                    kr = self.group_free[g]
-                else:
-                    kr = 1000000 - self.group_free[g]
-            kr = ((kr * 2 + (0 if self._unit_used(d) else 1)) * 16 + self._breaks(sh, d)) * FLEX_SCALE + self._flex(d)
-            if sh.err != NULL and sh.err[d]:
-                # A device whose selector failed cannot be allocated: binpack tries it after
-                # every candidate, so the error ends the attempt only when nothing else fits.
-                kr = INT64_LAST
-            rank[i] = kr
-            keep[i] = self._keep_score(d) if self.cons_off[d] != self.cons_off[d + 1] else 0.0
-        for i in range(n):
-            g = self.dev_group[order[i]]
-            if g >= 0:
-                self.group_free[g] = 0
-        for i in range(1, n):
-            d = order[i]
-            kr = rank[i]
-            kk = keep[i]
-            j = i - 1
-            while j >= 0 and (rank[j] > kr or (rank[j] == kr and keep[j] < kk)):
-                order[j + 1] = order[j]
-                rank[j + 1] = rank[j]
-                keep[j + 1] = keep[j]
-                j -= 1
-            order[j + 1] = d
-            rank[j + 1] = kr
-            keep[j + 1] = kk
-
-    cdef int32_t _breaks(self, Shape* sh, int32_t d) noexcept nogil:
-        """How many rooms with a constraint attribute (see `Room`) taking `d` would break on the
-        current node, at most 15: its value's group holds only whole rooms, so nothing loose is
-        left to take first. Counts the group on the spot (a node has few devices)."""
-        cdef int32_t m, k, e, v, n, group, breaks = 0
-        cdef Room* room
-        cdef Shape* owner
-        cdef Attr* at
-        if sh.n_overlap < self.n_rooms:
-            return 0
-        for m in range(self.n_rooms):
-            room = &self.rooms[m]
-            if room.attr < 0 or sh.overlap[m] != 2:
-                continue
-            at = &self.attrs[room.attr]
-            if at.off[d] == at.off[d + 1]:
-                continue
-            v = at.vals[at.off[d]]
-            owner = &self.shapes[room.shape]
-            group = 0
-            for k in range(self.dev_node_off[d], self.dev_node_off[d + 1]):
-                n = self.dev_node[k]
-                for e in range(self.node_off[n], self.node_off[n + 1]):
-                    if (at.off[self.node_dev[e]] < at.off[self.node_dev[e] + 1]
-                            and at.vals[at.off[self.node_dev[e]]] == v and owner.cand[self.node_dev[e]]
-                            and self._allocatable(self.node_dev[e])):
-                        group += 1
-                break
-            if group >= room.k and group % room.k == 0:
-                breaks += 1
-        return breaks if breaks < 15 else 15
-
-    cdef inline bint _free(self, int32_t d, bint admin) noexcept nogil:
-        if admin:
-            return True
-        if self.multi[d]:
-            return not self.in_use[d]
-        return not self.in_use[d] and self.alloc_count[d] == 0
-
-    cdef bint _unit_used(self, int32_t d) noexcept nogil:
-        """Whether the GPU behind `d` is already partly used: a share exists, or a counter
-        set it consumes has consumption."""
-        cdef int32_t k, c, st, j
-        if self.multi[d] and self.shares[d] + self.pend_shares[d] > 0:
-            return True
-        for k in range(self.cons_off[d], self.cons_off[d + 1]):
-            c = self.cons_id[k]
-            st = self.cnt_set[c]
-            for j in range(self.set_cnt_off[st], self.set_cnt_off[st + 1]):
-                if self.cnt_pend[j] > 0 or self.cnt_avail[j] < self.cnt_total[j]:
-                    return True
-        return False
-
-    cdef double _keep_score(self, int32_t d) noexcept nogil:
-        """The size of the largest free sibling (a device consuming the same first counter
-        set) that would still fit after placing `d`."""
-        cdef int32_t k, kk, j, c, sib, st
-        cdef int64_t extra
-        cdef double best = 0.0
-        cdef bint fits
-        st = self.cnt_set[self.cons_id[self.cons_off[d]]]
-        for j in range(self.set_off[st], self.set_off[st + 1]):
-            sib = self.set_dev[j]
-            if sib == d or self.in_use[sib] or self.alloc_count[sib] > 0:
-                continue
-            if self.dev_size[sib] <= best:
-                continue
-            fits = True
-            for k in range(self.cons_off[sib], self.cons_off[sib + 1]):
-                c = self.cons_id[k]
-                extra = 0
-                for kk in range(self.cons_off[d], self.cons_off[d + 1]):
-                    if self.cons_id[kk] == c:
-                        extra += self.cons_amt[kk]
-                if self.cnt_pend[c] + extra + self.cons_amt[k] > self.cnt_avail[c]:
-                    fits = False
-                    break
-            if fits:
-                best = self.dev_size[sib]
-        return best
-
     # --- commit ----------------------------------------------------------------------------
 
     cdef void _commit(self, Search* s) noexcept nogil:
@@ -1993,3 +1178,6 @@ cdef class Core:
     cdef void _release(self, Search* s) noexcept nogil:
         while s.depth > 0:
             self._undo(s)
+
+
+include "_alloc_binpack.pxi"

@@ -8,7 +8,7 @@ slots (every subrequest choice, every combination of devices) and returns the fi
 `check` already rejects it and every rule is monotone (adding a device never repairs a broken
 rule), so it is exhaustive.
 
-What it must not do: share code with `dractl/alloc.py` or `dractl/_alloc.pyx`. It uses the model
+What it must not do: share code with `dractl/alloc/` or `dractl/_alloc.pyx`. It uses the model
 types and `dractl.cel` (selector evaluation) only, so it cannot inherit an allocator bug. It is
 written to be obviously correct, not fast: keep instances to about eight devices per node.
 

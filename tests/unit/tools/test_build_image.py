@@ -66,6 +66,7 @@ def test_builder_steps_get_the_build_arguments_and_the_script() -> None:
         ("README.md", False),
         ("dractl/alloc.py", False),
         ("dractl/_alloc.pyx", False),
+        ("dractl/_alloc_binpack.pxi", False),
         ("dractl/node/profiles/models.yaml", False),
         ("tools/image/builder.sh", False),
         ("dractl/_alloc.c", True),

@@ -1,7 +1,7 @@
 """The allocator's view of one snapshot: nodes, pools, devices, counters and capacity as indices.
 
-Part of the allocation facade (`dractl.alloc` is its only user). Pure: builds plain Python
-lists and `array`s from model values once per `Allocator`; no CEL, no search, no I/O.
+Part of the allocator (`dractl.alloc`, its only user). Pure: builds plain Python lists and
+`array`s from model values once per build of the device tables; no CEL, no search, no I/O.
 
 Which nodes exist, where slices and devices are usable and which pool generations a node can
 use come from `model.nodes` (the one implementation the simulation's placement and report
