@@ -54,27 +54,64 @@ _PINNED_SHA256 = {
     "runc": "9a87d5bcdd630ec420ec56a6c21b70aa6960edcefe1cf4bb181cee290bdd6b98",
 }
 
-FEATURE_GATES = ",".join(
-    f"{gate}=true"
-    for gate in (
-        "DRAAdminAccess",
-        "DRAConsumableCapacity",
-        "DRADeviceBindingConditions",
-        "DRADeviceTaints",
-        "DRADeviceTaintRules",
-        "DRAExtendedResource",
-        "DRAPartitionableDevices",
-        "DRAPrioritizedList",
-        "DRAResourceClaimDeviceStatus",
-        # Gang scheduling and topology-aware workload scheduling (alpha in 1.36): the PodGroup API
-        # (scheduling.k8s.io/v1alpha2), its topology and gang cycles in kube-scheduler, and claims of a PodGroup.
+_GATES = (
+    "DRAAdminAccess",
+    "DRAConsumableCapacity",
+    "DRADeviceBindingConditions",
+    "DRADeviceTaints",
+    "DRADeviceTaintRules",
+    "DRAExtendedResource",
+    "DRAPartitionableDevices",
+    "DRAPrioritizedList",
+    "DRAResourceClaimDeviceStatus",
+    # Gang scheduling and topology-aware workload scheduling (alpha in 1.36): the PodGroup API
+    # (scheduling.k8s.io/v1alpha2), its topology and gang cycles in kube-scheduler, and claims of a PodGroup.
+    "GenericWorkload",
+    "GangScheduling",
+    "TopologyAwareWorkloadScheduling",
+    "DRAWorkloadResourceClaims",
+)
+_APIS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "scheduling.k8s.io/v1alpha2")
+# What a server emulating an older Kubernetes (`--emulated-version`) is not given: gates it does not know (it
+# refuses to start with such a gate named at all, on or off), APIs it does not serve, and the workload gates a
+# cluster of that version had off (1.35's, on without their v1alpha1 API, leave the server's informers unsynced).
+_NEWER = {
+    (1, 36): (
         "GenericWorkload",
         "GangScheduling",
         "TopologyAwareWorkloadScheduling",
         "DRAWorkloadResourceClaims",
+        "scheduling.k8s.io/v1alpha2",
     )
-)
-RUNTIME_CONFIG = "resource.k8s.io/v1=true,resource.k8s.io/v1beta2=true,scheduling.k8s.io/v1alpha2=true"
+}
+
+
+def _known(names: Sequence[str], emulated: tuple[int, ...] | None) -> list[str]:
+    """`names` without those newer than the emulated version (all of them without one). Pure."""
+    newer = {name for since, added in _NEWER.items() if emulated is not None and emulated < since for name in added}
+    return [name for name in names if name not in newer]
+
+
+def feature_gates(emulated: tuple[int, ...] | None = None) -> str:
+    """The `--feature-gates` value: every gate the tests need on, that the (emulated) version knows."""
+    return ",".join(f"{gate}=true" for gate in _known(_GATES, emulated))
+
+
+def runtime_config(emulated: tuple[int, ...] | None = None) -> str:
+    """The `--runtime-config` value: every API version the tests need served, that the (emulated) version knows."""
+    return ",".join(f"{api}=true" for api in _known(_APIS, emulated))
+
+
+def _emulated(apiserver_args: Sequence[str]) -> tuple[int, ...] | None:
+    """The version of `--emulated-version=X.Y` among the arguments, if any. Pure."""
+    for arg in apiserver_args:
+        if arg.startswith("--emulated-version="):
+            return tuple(int(part) for part in arg.split("=", 1)[1].split("."))
+    return None
+
+
+FEATURE_GATES = feature_gates()
+RUNTIME_CONFIG = runtime_config()
 HOW_TO_GET = (
     "needs kube-apiserver and etcd: set KUBEBUILDER_ASSETS to a directory holding them, "
     "or DRACTL_K8S_ARCHIVES to a directory of *.xz archives (see DEVELOPERS.md)"
@@ -508,9 +545,9 @@ class ControlPlane:
                     "--endpoint-reconciler-type",
                     "none",
                     "--runtime-config",
-                    RUNTIME_CONFIG,
+                    runtime_config(_emulated(apiserver_args)),
                     "--feature-gates",
-                    FEATURE_GATES,
+                    feature_gates(_emulated(apiserver_args)),
                     "--disable-admission-plugins",
                     "TaintNodesByCondition",
                     *apiserver_args,
