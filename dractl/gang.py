@@ -6,7 +6,7 @@ none) where at least `minCount` members get a node and their claims, preferring 
 domain of the preferred levels (`levels`, node label keys from the widest to the narrowest) that
 holds every member, so that larger domains stay whole for larger gangs. All or nothing: when no
 domain holds `minCount` members, every tentative allocation is released and one line says why,
-with the best domain and what it lacks. Shared by `simulate` (and, later, the scheduler), hence a
+with the best domain and what it lacks. Shared by `simulate`, `explain` and the scheduler, hence a
 layer of its own above the allocator. What it must not do: see an API object, do I/O, or decide
 node fit beyond the nodes it is given and the claims' allocations.
 """
