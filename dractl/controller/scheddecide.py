@@ -163,28 +163,31 @@ class Planner:
                 if not domains:
                     return Refusal(f"{head}: its running pods are not in one domain of {group.topology_key}")
                 within = set(gang.domain_nodes(cluster, domains[-1]))
+                # The joiners as a group of their own: their need, and no key (each try gives the domain's nodes).
+                joining = dataclasses.replace(group, min_count=need, topology_key=None)
                 plan: gang.Plan | None = None
                 for domain in domains:
                     nodes = tuple(n for n in gang.domain_nodes(cluster, domain) if n in within)
-                    # The joiners' own group: their need, no key (the domain is given), so a refusal names the domain.
-                    joining = dataclasses.replace(group, min_count=need, topology_key=None)
-                    plan = gang.plan(
-                        self._allocator, joining, members=[_within(m, nodes) for m in members], cluster=cluster
-                    )
+                    tried = [_within(member, nodes) for member in members]
+                    plan = gang.plan(self._allocator, joining, members=tried, cluster=cluster)
                     if plan.ok:
                         plan = dataclasses.replace(plan, domain=domain)
+                        members = tried
                         break
                 assert plan is not None  # `domains` is not empty
                 if not plan.ok:
-                    where = f" in {domains[-1]}" if domains[-1] else ""
-                    return Refusal(
-                        f"{head} runs{where}; {len(members)} pod(s) joining it do not fit there: {plan.reason}"
-                    )
+                    where = domains[-1] or "the cluster"
+                    why = "; ".join(dict.fromkeys(r for item in plan.left for r in item.reasons[1:])) or plan.reason
+                    return Refusal(f"{head} runs in {where}; the pods joining it do not fit there: {why}")
             else:
                 plan = gang.plan(self._allocator, group, members=members, cluster=cluster, levels=self._levels)
                 if not plan.ok:
                     assert plan.reason is not None
                     return Refusal(plan.reason)
+                if plan.domain is not None:
+                    # A member no claim pins to one node picks its node below: only within the gang's domain.
+                    nodes = gang.domain_nodes(cluster, plan.domain)
+                    members = [_within(member, nodes) for member in members]
             placed = self._assume_gang(plan, head=head, by_key=by_key, splits=splits, members=members)
             if isinstance(placed, Refusal):
                 return placed

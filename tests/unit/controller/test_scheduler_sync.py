@@ -905,6 +905,35 @@ def test_a_gang_with_a_rack_key_goes_to_one_rack_and_a_pod_that_joins_later_goes
     assert cluster.api.pod("p2")["spec"]["nodeName"] == "n4"
 
 
+def test_a_pod_joining_a_running_gang_whose_rack_is_full_waits_and_says_so() -> None:
+    """Guards: a pod that joins a running gang is never placed outside the gang's rack, even where another rack has
+    room: it says the gang runs there and why it does not fit."""
+    cluster = Cluster(nodes=3, racks=("r1", "r2", "r2"), pod_group_apis=(WORKLOAD,))
+    _gang(cluster, raw.pod_group(min_count=2, key="rack"), "p0", "p1")
+    cluster.scheduler.open_ledger()
+    cluster.sync("p0")
+    cluster.seen()
+    _gang(cluster, raw.pod_group(min_count=2, key="rack"), "p2")
+    cluster.sync("p2")
+    assert not cluster.api.pod("p2")["spec"].get("nodeName")
+    message = cluster.api.condition("p2")["message"]
+    assert message.startswith(
+        "gang ns/train (minCount 2, topology rack) runs in rack=r2; the pods joining it do not fit there: ns/p2: "
+    ), message
+
+
+def test_a_member_without_claims_goes_to_its_gangs_rack_too() -> None:
+    """Guards: a pod of a gang that no claim pins to a node is placed in the gang's rack, not on the first node that
+    fits it."""
+    cluster = Cluster(nodes=3, racks=("r1", "r2", "r2"), pod_group_apis=(WORKLOAD,))
+    _gang(cluster, raw.pod_group(min_count=3, key="rack"), "p0", "p1")
+    cluster.add(raw.pod("helper", schedulingGroup={"podGroupName": "train"}))
+    cluster.scheduler.open_ledger()
+    cluster.sync("helper")
+    assert sorted(cluster.api.pod(name)["spec"]["nodeName"] for name in ("p0", "p1")) == ["n2", "n3"]
+    assert cluster.api.pod("helper")["spec"]["nodeName"] in ("n2", "n3")
+
+
 def test_a_gang_goes_to_the_smallest_domain_of_the_preferred_levels_that_holds_it() -> None:
     """Guards: --topology-levels: with no key of its own, a 2-pod gang goes to the smaller rack that holds it whole,
     leaving the larger rack whole for a larger gang."""
