@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import controlplane
+import faultproxy
 import prometheus_client
 import pytest
-from support import kube_objects, node_group
+from support import crds, kube_objects, node_group
 
 from dractl import model
 from dractl.controller import claims as claims_ctl
@@ -250,3 +251,77 @@ def _created(group: Group, body: dict[str, Any]) -> bool:
     except client.AlreadyExists:
         return False
     return True
+
+
+def test_the_seed_articles_coscheduling_pod_group_works_as_written_once_its_crd_is_installed(
+    group: Group, make_scheduler: Callable[..., sched.Scheduler]
+) -> None:
+    """Guards: with scheduler-plugins' CRD installed, the scheduler discovers and watches it: pods labelled
+    scheduling.x-k8s.io/pod-group with a PodGroup of minMember 2 (scheduleTimeoutSeconds 300) on room for one say the
+    gang's line and none is bound; a second node gets both bound."""
+    with crds.installed(group.api):
+        assert sched.served_pod_group_apis(group.api) == (model.PodGroupApi.WORKLOAD, model.PodGroupApi.COSCHEDULING)
+        _racks(group, "r1")
+        group.api.create(
+            client.COSCHEDULING_POD_GROUPS,
+            {
+                "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+                "kind": "PodGroup",
+                "metadata": {"name": "seed", "namespace": group.namespace},
+                "spec": {"minMember": 2, "scheduleTimeoutSeconds": 300},
+            },
+        )
+        pods = ["seed-0", "seed-1"]
+        for name in pods:
+            group.claim(name, TWO_GPUS)
+            body = kube_objects.pod(
+                name,
+                namespace=group.namespace,
+                claims=[kube_objects.of_claim(name)],
+                cpu="100m",
+                schedulerName=group.scheduler_name,
+                nodeSelector={node_group.GROUP_LABEL: group.id},
+                tolerations=[group.toleration],
+            )
+            body["metadata"]["labels"] = {model.POD_GROUP_LABEL: "seed"}
+            group.api.create(client.PODS, body)
+        make_scheduler()
+        line = f"gang {group.namespace}/seed (minCount 2): the cluster fits 1 of 2 pods: 1 pod short"
+        _refused_with(group, pods, line)
+        assert [group.bound(pod) for pod in pods] == ["", ""]
+        _racks(group, "r1")
+        assert sorted(group.wait_bound(pod) for pod in pods) == sorted(group.nodes)
+
+
+@pytest.mark.parametrize("bound_before", [False, True], ids=["no-pod-bound", "one-pod-bound"])
+def test_a_gang_its_last_leader_left_half_written_is_finished_by_the_next_one(
+    fault_proxy: faultproxy.FaultProxy,
+    group: Group,
+    make_scheduler: Callable[..., sched.Scheduler],
+    bound_before: bool,
+) -> None:
+    """Guards: what a leader that died in the middle of a gang's commit leaves (two of three pods' claims allocated
+    and reserved for them, and maybe the first pod bound) is finished by the next leader: every pod of the gang is
+    bound, the written ones on their claims' nodes, with no claim written again; no pod of the gang stays unbound."""
+    nodes = _racks(group, "r1", "r1", "r1")
+    _pod_group(group, "train", min_count=3, key="rack")
+    pods = {name: _member(group, name, gang="train") for name in ("worker-0", "worker-1", "worker-2")}
+    for name, node in (("worker-0", nodes[0]), ("worker-1", nodes[1])):
+        group.allocate(name, node=node, devices=["gpu-0", "gpu-1"], pod=pods[name])
+    if bound_before:
+        group.api.create(
+            client.PODS,
+            {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": "worker-0"},
+                "target": {"kind": "Node", "name": nodes[0]},
+            },
+            namespace=group.namespace,
+            name="worker-0",
+            subresource="binding",
+        )
+    make_scheduler()
+    assert [group.wait_bound(name) for name in pods] == nodes
+    written = [r.target for r in fault_proxy.writes() if "/resourceclaims/" in r.target]
+    assert all("/worker-2" in target for target in written), written
