@@ -20,6 +20,13 @@ This module is the shell that wires the parts, each of which owns its state and 
 - `schedcommit.Committer`: the claim writes, the confirmation against the claim cache, the
   Binding, the Events and the pod's `PodScheduled` condition, and the rollback.
 
+A pod that joins a PodGroup (either API, watched where the server serves it: `served_pod_group_apis`)
+is scheduled with its gang (`_sync_gang`): once the group exists and `minCount` of its pods are
+ready, the planner places every pending pod of it at once (`decide_gang`) and the committer writes
+every pod's claims before binding any (`commit_gang`), all or none; one gang is decided and written
+at a time (the gang lock, taken before the planner's). A refused gang says its one line on each of
+its pods.
+
 A pod no node can take gets `PodScheduled=False` (reason `Unschedulable`, kube-scheduler's
 node summary plus the allocator's explanation per claim) and a Warning Event
 `FailedScheduling`, written only when the message changes; it is retried when slices,
@@ -33,9 +40,10 @@ pod assumed in `NodeFit` until the commit ends them (written: the cache then sho
 allocated and the pod bound; failed: the ledger releases what the API no longer shows and
 `NodeFit` stops counting the pod); a pod assumed on a node is not decided again (`sync_pod`
 returns) until the pod cache shows it. No part calls another while holding its own lock, except
-the planner, whose lock (one decision at a time) is held while it calls the ledger and `NodeFit`:
-the order is planner -> ledger | node fit -> allocator | caches, and inventory -> allocator |
-caches (the allocator's and the caches' locks are leaves): no two are ever taken the other way. Decisions
+the planner, whose lock (one decision at a time) is held while it calls the ledger and `NodeFit`,
+and the gang lock, held while a gang is decided and written (any other part's lock may be taken
+under it, none is held when it is taken): the order is gang -> planner -> ledger | node fit ->
+allocator | caches, and inventory -> allocator | caches (the allocator's and the caches' locks are leaves): no two are ever taken the other way. Decisions
 are serialized; the API writes of different pods run in parallel.
 
 What it must not do: touch pods of other schedulers; write anything itself (the committer
