@@ -43,8 +43,9 @@ returns) until the pod cache shows it. No part calls another while holding its o
 the planner, whose lock (one decision at a time) is held while it calls the ledger and `NodeFit`,
 and the gang lock, held while a gang is decided and written (any other part's lock may be taken
 under it, none is held when it is taken): the order is gang -> planner -> ledger | node fit ->
-allocator | caches, and inventory -> allocator | caches (the allocator's and the caches' locks are leaves): no two are ever taken the other way. Decisions
-are serialized; the API writes of different pods run in parallel.
+allocator | caches, and inventory -> allocator | caches (the allocator's and the caches' locks
+are leaves): no two are ever taken the other way. Decisions are serialized; the API writes of
+different pods run in parallel (a gang's pods are written by the one sync that decided them).
 
 What it must not do: touch pods of other schedulers; write anything itself (the committer
 writes, and only the claim fields the scheduler owns, the pod's `PodScheduled` condition, its
