@@ -119,15 +119,13 @@ def served_pod_group_apis(client: kube_client.Client) -> tuple[model.PodGroupApi
     return tuple(api for api, yes in served if yes)
 
 
-def _decode_pod_group(raw: Mapping[str, Any]) -> model.PodGroup | None:
-    """One raw PodGroup, or None (logged with every problem, one line) when the model refuses it: its pods then wait
-    as for a group that does not exist. Pure apart from logging."""
+def decode_pod_group(raw: Mapping[str, Any]) -> model.PodGroup | str:
+    """One raw PodGroup, or every problem the model finds with it as one line (fields named). Pure."""
     try:
         groups = decode.load_documents([dict(raw)], file="api").pod_groups
     except decode.DecodeError as error:
-        log.warning("skipping PodGroup %s: it does not decode: %s", informer.key_of(raw), "; ".join(error.problems))
-        return None
-    return groups[0] if groups else None
+        return "; ".join(error.problems)
+    return groups[0] if groups else f"PodGroup {informer.key_of(raw)} is not one of a PodGroup API dractl reads"
 
 
 class _ClaimView(Mapping[str, model.ResourceClaim]):
@@ -337,13 +335,13 @@ class Scheduler:
         self.pod_groups: dict[model.PodGroupApi, informer.Informer[model.PodGroup]] = {}
         if model.PodGroupApi.WORKLOAD in pod_group_apis:
             self.pod_groups[model.PodGroupApi.WORKLOAD] = informer.Informer(
-                client, kube_client.POD_GROUPS, decode=_decode_pod_group, namespace=namespace, handlers=group_handlers
+                client, kube_client.POD_GROUPS, decode=self._decode_group, namespace=namespace, handlers=group_handlers
             )
         if model.PodGroupApi.COSCHEDULING in pod_group_apis:
             self.pod_groups[model.PodGroupApi.COSCHEDULING] = informer.Informer(
                 client,
                 kube_client.COSCHEDULING_POD_GROUPS,
-                decode=_decode_pod_group,
+                decode=self._decode_group,
                 namespace=namespace,
                 handlers=group_handlers,
             )
@@ -351,6 +349,7 @@ class Scheduler:
         # lock (one decision at a time) is taken under it.
         self._gang_lock = threading.Lock()
         self._gang_refused_since: dict[str, float] = {}  # PodGroup uid -> when its gang was first refused
+        self._bad_groups: dict[str, str] = {}  # "<apiVersion> <namespace>/<name>" -> why the model refuses it
         self._planner = scheddecide.Planner(
             allocator=self.allocator, ledger=self._ledger, fit=self._fit, levels=topology_levels
         )
@@ -447,6 +446,29 @@ class Scheduler:
     def _node_changed(self, state: schedfit.NodeState) -> None:
         self._fit.node_changed(state.node.meta.name)
         self._inventory_changed(state)
+
+    def _decode_group(self, raw: dict[str, Any]) -> model.PodGroup | None:
+        """The PodGroup, or None when the model refuses it: the reason is kept so that its pods are told why, and
+        they are decided again."""
+        decoded = decode_pod_group(raw)
+        key = informer.key_of(raw)
+        where = f"{raw.get('apiVersion')} {key}"
+        if isinstance(decoded, model.PodGroup):
+            self._bad_groups.pop(where, None)
+            return decoded
+        log.warning("PodGroup %s (%s) is left out of scheduling: %s", key, raw.get("apiVersion"), decoded)
+        self._bad_groups[where] = decoded
+        namespace, _, name = key.partition("/")
+        for pod in self.pods.store.values():
+            ref = pod.state.pod.pod_group
+            if (
+                ref is not None
+                and ref.name == name
+                and pod.namespace == namespace
+                and ref.api.value == raw.get("apiVersion")
+            ):
+                self.queue.add(pod.key)
+        return None
 
     def _group_changed(self, group: model.PodGroup) -> None:
         """A PodGroup appeared or changed: its pending pods are decided again."""
@@ -555,6 +577,10 @@ class Scheduler:
             self._refuse(pod, scheddecide.Refusal(problem, retry=False), started=started)
             return
         group = groups.store.get(f"{pod.namespace}/{ref.name}")
+        bad = self._bad_groups.get(f"{ref.api.value} {pod.namespace}/{ref.name}")
+        if group is None and bad is not None:
+            self._refuse(pod, scheddecide.Refusal(f"{name} is invalid: {bad}"), started=started)
+            return
         if group is None:
             refusal = scheddecide.Refusal(f"waiting for {name} to exist (the pods of a gang wait for their PodGroup)")
             self._refuse(pod, refusal, started=started)

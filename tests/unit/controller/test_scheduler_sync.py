@@ -1004,3 +1004,27 @@ def test_a_coscheduling_gang_past_its_timeout_says_so_and_is_still_retried() -> 
     cluster.seen()
     cluster.sync("p1")
     assert sorted(cluster.api.pod(name)["spec"]["nodeName"] for name in ("p0", "p1")) == ["n1", "n2"]
+
+
+def test_a_pod_group_dractl_cannot_read_is_named_on_its_pods_with_the_field() -> None:
+    """Guards: bad input: a PodGroup the model refuses (minMember 0, which a loose CRD schema lets through) is named on
+    each of its pods with the field and why, not a wait for a group that "does not exist"; its pods are queued again
+    when it is fixed, and then scheduled."""
+    cluster = Cluster(nodes=2, pod_group_apis=(COSCHEDULING,))
+    bad = raw.coscheduling_group(min_member=2)
+    bad["spec"]["minMember"] = 0
+    _feed(cluster.scheduler.pod_groups[COSCHEDULING], bad)
+    _gang(cluster, raw.coscheduling_group(min_member=2), "p0", "p1")
+    _feed(cluster.scheduler.pod_groups[COSCHEDULING], bad)
+    cluster.scheduler.open_ledger()
+    cluster.sync("p0")
+    message = cluster.api.condition("p0")["message"]
+    assert message.startswith("PodGroup ns/train (scheduling.x-k8s.io/v1alpha1) is invalid: ") and (
+        "spec.minMember" in message and "must be a positive integer" in message
+    ), message
+    cluster.queued()
+    _feed(cluster.scheduler.pod_groups[COSCHEDULING], raw.coscheduling_group(min_member=2))
+    assert sorted(cluster.queued()) == ["ns/p0", "ns/p1"]
+    cluster.seen()
+    cluster.sync("p1")
+    assert sorted(cluster.api.pod(name)["spec"]["nodeName"] for name in ("p0", "p1")) == ["n1", "n2"]
