@@ -73,6 +73,20 @@ def _option(*decls: str, more_envvars: Sequence[str] = (), **attrs: Any) -> Call
     return click.option(*decls, envvar=[envvar, *more_envvars] if more_envvars else envvar, show_envvar=True, **attrs)
 
 
+_topology_levels = _option(
+    "--topology-levels",
+    default="",
+    metavar="KEYS",
+    help="Node label keys, widest first and comma-separated (e.g. block,rack,kubernetes.io/hostname): a gang "
+    "(PodGroup) goes to the smallest domain of these that holds it whole (default: none, only its own key).",
+)
+
+
+def _levels(text: str) -> tuple[str, ...]:
+    """`--topology-levels` as label keys, blanks dropped. Pure."""
+    return tuple(key.strip() for key in text.split(",") if key.strip())
+
+
 def _choice(members: Iterable[enum.Enum]) -> click.Choice[str]:
     """The values of enum members, in their order, as a flag's choices."""
     return click.Choice([member.value for member in members])
@@ -225,13 +239,7 @@ def _seconds(flag: str, *, default: float, what: str) -> Callable[[_F], _F]:
     "at the first rejection), the allocation map at the end and utilisation over time; with --compare, of the "
     "--policy run (default: none).",
 )
-@_option(
-    "--topology-levels",
-    default="",
-    metavar="KEYS",
-    help="Node label keys, widest first and comma-separated (e.g. block,rack,kubernetes.io/hostname): a gang "
-    "(PodGroup) goes to the smallest domain of these that holds it whole (default: none, only its own key).",
-)
+@_topology_levels
 def simulate_command(
     files: tuple[pathlib.Path, ...],
     policy: str,
@@ -271,7 +279,7 @@ def simulate_command(
         generate=generate,
         compare=policies,
         html=html,
-        topology_levels=tuple(key.strip() for key in topology_levels.split(",") if key.strip()),
+        topology_levels=_levels(topology_levels),
     )
     if trace_file is not None or generate is not None or compare is not None or html is not None:
         from dractl.simulate import replay  # imported here: plain simulate runs do not need it
@@ -617,6 +625,7 @@ def node_agent_command(
     help=f"Pods with this spec.schedulerName are scheduled by dractl (default: {config.DEFAULT_SCHEDULER_NAME}).",
 )
 @_policy()
+@_topology_levels
 @_option(
     "--workers",
     type=click.IntRange(min=1, max=256),
@@ -666,6 +675,7 @@ def controller_command(
     controllers: str,
     scheduler_name: str,
     policy: str,
+    topology_levels: str,
     workers: int,
     namespace: str,
     leader_elect: bool,
@@ -693,6 +703,7 @@ def controller_command(
         controllers=run.parse_names(controllers),
         scheduler_name=scheduler_name,
         policy=config.Policy(policy),
+        topology_levels=_levels(topology_levels),
         workers=workers,
         namespace=namespace,
         leader_elect=leader_elect,

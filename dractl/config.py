@@ -239,8 +239,9 @@ class ControllerConfig:
     picks a free one, and equal metrics and health ports serve every path on one listener;
     `kubeconfig` None means the in-cluster config, else $KUBECONFIG or ~/.kube/config;
     `kube_api_qps` and `kube_api_burst` limit the controllers' requests (the leader election has
-    a limiter of its own, so a busy controller never delays a renewal); `log_format` None means
-    console on a terminal and JSON otherwise. Values are checked by
+    a limiter of its own, so a busy controller never delays a renewal); `topology_levels` are node
+    label keys, widest first, whose smallest domain that holds a gang whole the scheduler prefers;
+    `log_format` None means console on a terminal and JSON otherwise. Values are checked by
     `dractl.controller.run.check`, not here.
     """
 
@@ -250,6 +251,7 @@ class ControllerConfig:
     controllers: tuple[str, ...] = DEFAULT_CONTROLLERS
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
     policy: Policy = Policy.BINPACK
+    topology_levels: tuple[str, ...] = ()
     workers: int = DEFAULT_CONTROLLER_WORKERS
     namespace: str = ""
     leader_elect: bool = True

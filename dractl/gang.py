@@ -6,7 +6,7 @@ none) where at least `minCount` members get a node and their claims, preferring 
 domain of the preferred levels (`levels`, node label keys from the widest to the narrowest) that
 holds every member, so that larger domains stay whole for larger gangs. All or nothing: when no
 domain holds `minCount` members, every tentative allocation is released and one line says why,
-with the best domain and what it lacks. Shared by `simulate` (and, later, the scheduler), hence a
+with the best domain and what it lacks. Shared by `simulate`, `explain` and the scheduler, hence a
 layer of its own above the allocator. What it must not do: see an API object, do I/O, or decide
 node fit beyond the nodes it is given and the claims' allocations.
 """
@@ -15,12 +15,29 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 from dractl import alloc, model
 from dractl.model import placement
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 """The node label the kubelet sets to the node's name; a node without it is its own value."""
+
+
+class Allocator(Protocol):
+    """What a gang's placement asks of the allocator (`alloc.Allocator`, or the scheduler's long-lived one)."""
+
+    def allocate(self, claims: Sequence[model.ResourceClaim], *, nodes: Sequence[str] | None = None) -> alloc.Outcome:
+        """Allocate `claims` together on one of `nodes`; on success each claim holds its devices."""
+        ...
+
+    def release(self, claim_id: str) -> bool:
+        """Give back what the claim holds; False when it held nothing."""
+        ...
+
+    def consider(self, claims: Sequence[model.ResourceClaim]) -> None:
+        """Make the request shapes of pending claims known, without allocating."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,7 +108,7 @@ class _Attempt:
 
 
 def plan(
-    allocator: alloc.Allocator,
+    allocator: Allocator,
     group: model.PodGroup,
     *,
     members: Sequence[Member],
@@ -164,13 +181,42 @@ def domain_nodes(cluster: placement.Cluster, domain: str | None) -> tuple[str, .
     return next((d.nodes for d in _domains(cluster, cluster.names, label) if d.value == value), ())
 
 
+def running_domains(
+    cluster: placement.Cluster, nodes: Iterable[str], *, key: str | None, levels: Sequence[str] = ()
+) -> tuple[str | None, ...]:
+    """Where pods joining a gang that runs on `nodes` may go, most preferred first (each as `Plan.domain`:
+    `label=value`, None for the whole cluster): the domains of `levels`, narrowest first, that hold every one of those
+    nodes, then the domain of the gang's required `key` (the whole cluster when it has none), which the joiners never
+    leave. Empty when the nodes are not in one domain of `key`. Pure."""
+    on = tuple(nodes)
+    required: str | None = None
+    if key:
+        values = {_value(cluster, node, key) for node in on}
+        if len(values) != 1 or None in values:
+            return ()  # Not in one domain of its key (placed by someone else): no place keeps the gang together.
+        required = f"{key}={values.pop()}"
+    preferred: list[str | None] = []
+    for label in reversed(levels):
+        values = {_value(cluster, node, label) for node in on}
+        if len(values) == 1 and None not in values:
+            preferred.append(f"{label}={values.pop()}")
+    ordered = list(dict.fromkeys(preferred))
+    if required not in ordered:
+        ordered.append(required)
+    return tuple(ordered)
+
+
+def _value(cluster: placement.Cluster, node: str, label: str) -> str | None:
+    """The node's value of `label`; a node without the hostname label is its own value."""
+    value = cluster.labels_of(node).get(label)
+    return node if value is None and label == HOSTNAME_LABEL else value
+
+
 def _domains(cluster: placement.Cluster, nodes: Iterable[str], label: str) -> list[_Domain]:
     """The domains of `label` among `nodes`, by value; nodes without the label belong to none."""
     by_value: dict[str, list[str]] = {}
     for node in nodes:
-        value = cluster.labels_of(node).get(label)
-        if value is None and label == HOSTNAME_LABEL:
-            value = node
+        value = _value(cluster, node, label)
         if value is not None:
             by_value.setdefault(value, []).append(node)
     return [_Domain(label, value, tuple(names)) for value, names in sorted(by_value.items())]
@@ -181,7 +227,7 @@ _Failure = tuple[tuple[int, str | None, str], ...]
 
 
 def _attempt(
-    allocator: alloc.Allocator,
+    allocator: Allocator,
     members: Sequence[Member],
     *,
     domain: _Domain,
@@ -215,7 +261,7 @@ def _attempt(
 
 
 def _place(
-    allocator: alloc.Allocator,
+    allocator: Allocator,
     member: Member,
     *,
     domain: _Domain,
@@ -274,7 +320,7 @@ def _place(
     return reasons or ("not allocated",)
 
 
-def _release(allocator: alloc.Allocator, attempt: _Attempt) -> None:
+def _release(allocator: Allocator, attempt: _Attempt) -> None:
     for member in attempt.placed:
         for claim, _ in member.allocations:
             allocator.release(alloc.claim_id(claim))

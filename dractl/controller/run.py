@@ -133,6 +133,8 @@ def _scheduler(context: Context) -> Controller:
         policy=settings.policy,
         workers=settings.workers,
         namespace=settings.namespace,
+        pod_group_apis=scheduler.served_pod_group_apis(context.client),
+        topology_levels=settings.topology_levels,
     )
 
 
@@ -152,7 +154,7 @@ def check(settings: config.ControllerConfig, known: Mapping[str, Factory] | None
     """The first problem with `settings` as one line naming the flag, or None. Pure.
 
     Checks what the CLI's types cannot: controller names against `known` (default `CONTROLLERS`),
-    Kubernetes names, and the lease timings client-go requires (lease duration > renew deadline >
+    Kubernetes names and label keys, and the lease timings client-go requires (lease duration > renew deadline >
     1.2 x retry period, all positive, the lease duration an int32).
     """
     registry = CONTROLLERS if known is None else known
@@ -179,6 +181,10 @@ def check(settings: config.ControllerConfig, known: Mapping[str, Factory] | None
         problem = rule(value)
         if problem is not None:
             return f"{flag}: {problem}"
+    for key in settings.topology_levels:
+        problem = model_names.label_key(key)
+        if problem is not None:
+            return f"--topology-levels: {key!r} is not a node label key: {problem}"
     for flag, seconds in (
         ("--lease-duration", settings.lease_duration),
         ("--renew-deadline", settings.renew_deadline),

@@ -12,7 +12,9 @@ reads it live and binds at that version only if it still records exactly the cla
 used (`PodChanged` otherwise). On any failure it takes back what was written (the pod's entry,
 the allocation and the finalizer this attempt added), has the ledger give back the devices no
 longer allocated in the API and the node filter stop counting the pod, and says on the pod which
-step failed (`PodScheduled=False, SchedulerError` and a Warning Event). It also writes what the
+step failed (`PodScheduled=False, SchedulerError` and a Warning Event). `commit_gang` does the
+same for the pods of a gang: every pod's claims first, taken back for all when one fails, and
+only then the bindings. It also writes what the
 scheduler says about a pod otherwise: the Normal Event `Scheduled` once bound, and why a pod is
 unschedulable (the condition and a Warning Event `FailedScheduling`, only when the message
 changes); and it reads the claims whose rollback left their state unknown (`settle_doubts`).
@@ -55,6 +57,14 @@ class _Attempt:
     claim: model.ResourceClaim
     allocated_here: bool
     finalizer_added: bool
+
+
+@dataclasses.dataclass(slots=True)
+class _Progress:
+    """How far a decision's writes got: the claims it started writing, and the step at hand (for the message)."""
+
+    attempts: list[_Attempt] = dataclasses.field(default_factory=list)
+    step: str = ""
 
 
 def _now() -> str:
@@ -134,79 +144,128 @@ class Committer:
         On any failure everything written is taken back (`_roll_back`), the pod's `PodScheduled` condition and a
         Warning Event say which step failed and why, and the error is raised.
         """
-        attempts: list[_Attempt] = []
-        step = ""
-        checking = "checking that no other scheduler allocated the same devices first"
-        written = ""  # the resourceVersion of the last claim write
+        progress = _Progress()
         try:
-            versions: list[str] = []
-            for claim, _ in decision.allocate:
-                added = schedplan.needs_finalizer(claim)
-                attempts.append(_Attempt(claim, allocated_here=True, finalizer_added=added))
-                version = claim.meta.resource_version
-                if added:
-                    step = f"adding the finalizer to ResourceClaim {claim.key}"
-                    if schedplan.finalizer_by_patch(claim):
-                        stored = finalizers.add_with_patch(
-                            self._client,
-                            kube_client.RESOURCE_CLAIMS,
-                            claim.meta.name,
-                            namespace=claim.meta.namespace,
-                            resource_version=version,
-                            finalizers=claim.meta.finalizers,
-                            add=claims.DELETE_PROTECTION_FINALIZER,
-                        )
-                    else:
-                        stored = finalizers.change(
-                            self._client,
-                            kube_client.RESOURCE_CLAIMS,
-                            claim.meta.name,
-                            namespace=claim.meta.namespace,
-                            resource_version=version,
-                            add=claims.DELETE_PROTECTION_FINALIZER,
-                        )
-                    if stored is None:  # Someone else added it meanwhile: it is not ours to take back.
-                        attempts[-1] = _Attempt(claim, allocated_here=True, finalizer_added=False)
-                    else:
-                        version = written = _version(stored, version)
-                versions.append(version)
-            if written:
-                # An overlap with what was written before the finalizers is found before any allocation is written:
-                # taking back an allocation of a device kube-scheduler holds too makes kube-scheduler forget that
-                # device (it tracks allocated devices as a set), and it may then give the device a third time.
-                step = checking
-                self._confirm(decision, written=written)
-            for (claim, allocation), version in zip(decision.allocate, versions, strict=True):
-                step = f"writing the allocation of ResourceClaim {claim.key}"
-                stored = self._client.patch(
-                    kube_client.RESOURCE_CLAIMS,
-                    claim.meta.name,
-                    namespace=claim.meta.namespace,
-                    subresource="status",
-                    patch=schedplan.allocation_patch(claim, allocation, pod, resource_version=version),
-                )
-                written = _version(stored, "")
-            for claim in decision.reserve:
-                attempts.append(_Attempt(claim, allocated_here=False, finalizer_added=False))
-                step = f"reserving ResourceClaim {claim.key}"
-                self._client.patch(
-                    kube_client.RESOURCE_CLAIMS,
-                    claim.meta.name,
-                    namespace=claim.meta.namespace,
-                    subresource="status",
-                    patch=schedplan.reservation_patch(claim, pod),
-                )
-            if decision.allocate:
-                step = checking
-                self._confirm(decision, written=written)
-            step = f"binding to node {decision.node}"
+            self._write(pod, decision, progress)
+            progress.step = f"binding to node {decision.node}"
             self._bind(pod, decision.node)
         except Exception as error:
-            self._roll_back(pod, decision, attempts)
-            self._report_failure(pod, f"scheduling on node {decision.node} failed while {step}: {error}")
+            self._roll_back(pod, decision, progress.attempts)
+            self._report_failure(pod, f"scheduling on node {decision.node} failed while {progress.step}: {error}")
             raise
         finally:
             self._ledger.end(claim for claim, _ in decision.allocate)
+
+    def commit_gang(
+        self, placed: Sequence[tuple[schedplan.PodInfo, scheddecide.Decision]], *, gang: str
+    ) -> list[schedplan.PodInfo]:
+        """Write a gang's decisions all or none, then bind its pods; the pods bound come back.
+
+        First every pod's claim writes (as `commit`, each confirmed), so that no pod of the gang is bound before
+        every placed pod has its devices written: when one of them fails, every pod's writes are taken back, each
+        pod says which step of which pod failed, and the error is raised. Then the bindings: a pod whose binding
+        fails has its own writes taken back and says why (it joins the gang, which has its places, on a later
+        sync), and the first such error is raised once the others are bound. The ledger keeps every claim of the
+        gang in flight until all of that is done, so no other decision is given their devices meanwhile.
+        """
+        written: list[tuple[schedplan.PodInfo, scheddecide.Decision, _Progress]] = []
+        try:
+            try:
+                for pod, decision in placed:
+                    written.append((pod, decision, _Progress()))
+                    self._write(pod, decision, written[-1][2])
+            except Exception as error:
+                failed, _, progress = written[-1]
+                message = f"{gang}: pod {failed.key} failed while {progress.step}: {error}; no pod of it is bound"
+                started = {pod.key: progress.attempts for pod, _, progress in written}
+                for pod, decision in reversed(placed):  # those not started give back their devices too
+                    self._roll_back(pod, decision, started.get(pod.key, []))
+                for pod, _ in placed:
+                    self._report_failure(pod, message)
+                raise
+            bound: list[schedplan.PodInfo] = []
+            first: Exception | None = None
+            for pod, decision, progress in written:
+                try:
+                    self._bind(pod, decision.node)
+                    bound.append(pod)
+                except Exception as error:  # noqa: BLE001 (the others are bound all the same; the first is raised)
+                    self._roll_back(pod, decision, progress.attempts)
+                    self._report_failure(pod, f"{gang}: binding to node {decision.node} failed: {error}")
+                    first = first or error
+            if first is not None:
+                raise first
+            return bound
+        finally:
+            self._ledger.end(claim for _, decision in placed for claim, _ in decision.allocate)
+
+    def _write(self, pod: schedplan.PodInfo, decision: scheddecide.Decision, progress: _Progress) -> None:
+        """The claim writes of a decision (finalizers, `_confirm`, allocations and reservations, `_confirm`), each
+        started one recorded in `progress.attempts` and the step at hand in `progress.step`. Raises on a failure;
+        the caller takes back what `progress` records."""
+        attempts = progress.attempts
+        checking = "checking that no other scheduler allocated the same devices first"
+        written = ""  # the resourceVersion of the last claim write
+        versions: list[str] = []
+        for claim, _ in decision.allocate:
+            added = schedplan.needs_finalizer(claim)
+            attempts.append(_Attempt(claim, allocated_here=True, finalizer_added=added))
+            version = claim.meta.resource_version
+            if added:
+                progress.step = f"adding the finalizer to ResourceClaim {claim.key}"
+                if schedplan.finalizer_by_patch(claim):
+                    stored = finalizers.add_with_patch(
+                        self._client,
+                        kube_client.RESOURCE_CLAIMS,
+                        claim.meta.name,
+                        namespace=claim.meta.namespace,
+                        resource_version=version,
+                        finalizers=claim.meta.finalizers,
+                        add=claims.DELETE_PROTECTION_FINALIZER,
+                    )
+                else:
+                    stored = finalizers.change(
+                        self._client,
+                        kube_client.RESOURCE_CLAIMS,
+                        claim.meta.name,
+                        namespace=claim.meta.namespace,
+                        resource_version=version,
+                        add=claims.DELETE_PROTECTION_FINALIZER,
+                    )
+                if stored is None:  # Someone else added it meanwhile: it is not ours to take back.
+                    attempts[-1] = _Attempt(claim, allocated_here=True, finalizer_added=False)
+                else:
+                    version = written = _version(stored, version)
+            versions.append(version)
+        if written:
+            # An overlap with what was written before the finalizers is found before any allocation is written:
+            # taking back an allocation of a device kube-scheduler holds too makes kube-scheduler forget that
+            # device (it tracks allocated devices as a set), and it may then give the device a third time.
+            progress.step = checking
+            self._confirm(decision, written=written)
+        for (claim, allocation), version in zip(decision.allocate, versions, strict=True):
+            progress.step = f"writing the allocation of ResourceClaim {claim.key}"
+            stored = self._client.patch(
+                kube_client.RESOURCE_CLAIMS,
+                claim.meta.name,
+                namespace=claim.meta.namespace,
+                subresource="status",
+                patch=schedplan.allocation_patch(claim, allocation, pod, resource_version=version),
+            )
+            written = _version(stored, "")
+        for claim in decision.reserve:
+            attempts.append(_Attempt(claim, allocated_here=False, finalizer_added=False))
+            progress.step = f"reserving ResourceClaim {claim.key}"
+            self._client.patch(
+                kube_client.RESOURCE_CLAIMS,
+                claim.meta.name,
+                namespace=claim.meta.namespace,
+                subresource="status",
+                patch=schedplan.reservation_patch(claim, pod),
+            )
+        if decision.allocate:
+            progress.step = checking
+            self._confirm(decision, written=written)
 
     def _confirm(self, decision: scheddecide.Decision, *, written: str) -> None:
         """Make sure no other scheduler gave away a device of the decision before its allocations were written.

@@ -21,6 +21,7 @@ from collections.abc import Hashable, Sequence
 from dractl import model
 from dractl.controller import nodefit, schedplan
 from dractl.kube import informer
+from dractl.model import nodes as model_nodes
 
 FIT_CACHE_LIMIT = 200_000
 """Remembered node-filter answers (pod shapes x nodes); past this the cache starts over."""
@@ -124,6 +125,12 @@ class NodeFit:
             placed = self._placed.get(key)
         return placed is not None and placed.assumed and placed.uid == uid
 
+    def node_of(self, key: str, uid: str) -> str | None:
+        """The node this pod (this uid) counts on, bound or assumed; None when it counts on none."""
+        with self._lock:
+            placed = self._placed.get(key)
+        return placed.needs.node_name if placed is not None and placed.uid == uid else None
+
     def assume(self, key: str, *, uid: str, needs: nodefit.PodNeeds) -> None:
         """Count the pod on `needs.node_name` before the cache shows it bound (a decision was made for it)."""
         with self._lock:
@@ -174,6 +181,15 @@ class NodeFit:
             self._node_used.pop(node, None)
 
     # --- The node filter ----------------------------------------------------------------------
+
+    def cluster(self) -> model_nodes.Cluster:
+        """The nodes the filter reads (not those left out as invalid) and their labels, for topology domains."""
+        states = [state for state in self._nodes.values() if state.info is not None]
+        return model_nodes.Cluster(
+            names=tuple(sorted(state.node.meta.name for state in states)),
+            labels={state.node.meta.name: state.node.meta.labels for state in states},
+            has_nodes=True,
+        )
 
     def node_changed(self, name: str) -> None:
         """A node was added, changed or deleted: the set of nodes is read again, and the node's answers are stale."""

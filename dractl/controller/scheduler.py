@@ -20,6 +20,13 @@ This module is the shell that wires the parts, each of which owns its state and 
 - `schedcommit.Committer`: the claim writes, the confirmation against the claim cache, the
   Binding, the Events and the pod's `PodScheduled` condition, and the rollback.
 
+A pod that joins a PodGroup (either API, watched where the server serves it: `served_pod_group_apis`)
+is scheduled with its gang (`_sync_gang`): once the group exists and `minCount` of its pods are
+ready, the planner places every pending pod of it at once (`decide_gang`) and the committer writes
+every pod's claims before binding any (`commit_gang`), all or none; one gang is decided and written
+at a time (the gang lock, taken before the planner's). A refused gang says its one line on each of
+its pods.
+
 A pod no node can take gets `PodScheduled=False` (reason `Unschedulable`, kube-scheduler's
 node summary plus the allocator's explanation per claim) and a Warning Event
 `FailedScheduling`, written only when the message changes; it is retried when slices,
@@ -33,10 +40,12 @@ pod assumed in `NodeFit` until the commit ends them (written: the cache then sho
 allocated and the pod bound; failed: the ledger releases what the API no longer shows and
 `NodeFit` stops counting the pod); a pod assumed on a node is not decided again (`sync_pod`
 returns) until the pod cache shows it. No part calls another while holding its own lock, except
-the planner, whose lock (one decision at a time) is held while it calls the ledger and `NodeFit`:
-the order is planner -> ledger | node fit -> allocator | caches, and inventory -> allocator |
-caches (the allocator's and the caches' locks are leaves): no two are ever taken the other way. Decisions
-are serialized; the API writes of different pods run in parallel.
+the planner, whose lock (one decision at a time) is held while it calls the ledger and `NodeFit`,
+and the gang lock, held while a gang is decided and written (any other part's lock may be taken
+under it, none is held when it is taken): the order is gang -> planner -> ledger | node fit ->
+allocator | caches, and inventory -> allocator | caches (the allocator's and the caches' locks
+are leaves): no two are ever taken the other way. Decisions are serialized; the API writes of
+different pods run in parallel (a gang's pods are written by the one sync that decided them).
 
 What it must not do: touch pods of other schedulers; write anything itself (the committer
 writes, and only the claim fields the scheduler owns, the pod's `PodScheduled` condition, its
@@ -48,16 +57,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import prometheus_client
 
-from dractl import alloc, daemon, model
+from dractl import alloc, daemon, gang, model
 from dractl.controller import loop, nodefit, schedcommit, scheddecide, schedfit, schedledger, schedplan, schedqueue
 from dractl.kube import client as kube_client
 from dractl.kube import events, informer, workqueue
+from dractl.model import decode
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +107,25 @@ def _decode_slice(raw: Mapping[str, Any]) -> model.ResourceSlice | None:
 def _decode_class(raw: Mapping[str, Any]) -> model.DeviceClass | None:
     value = kube_client.decode(raw)
     return value if isinstance(value, model.DeviceClass) else None
+
+
+def served_pod_group_apis(client: kube_client.Client) -> tuple[model.PodGroupApi, ...]:
+    """The PodGroup APIs the server serves (discovery: Kubernetes' alpha API where its runtime config turns it on,
+    scheduler-plugins' CRD where it is installed). Raises `ApiError` when discovery fails. Read-only."""
+    served = (
+        (model.PodGroupApi.WORKLOAD, client.serves(kube_client.POD_GROUPS)),
+        (model.PodGroupApi.COSCHEDULING, client.serves(kube_client.COSCHEDULING_POD_GROUPS)),
+    )
+    return tuple(api for api, yes in served if yes)
+
+
+def decode_pod_group(raw: Mapping[str, Any]) -> model.PodGroup | str:
+    """One raw PodGroup, or every problem the model finds with it as one line (fields named). Pure."""
+    try:
+        groups = decode.load_documents([dict(raw)], file="api").pod_groups
+    except decode.DecodeError as error:
+        return "; ".join(error.problems)
+    return groups[0] if groups else f"PodGroup {informer.key_of(raw)} is not one of a PodGroup API dractl reads"
 
 
 class _ClaimView(Mapping[str, model.ResourceClaim]):
@@ -208,6 +238,9 @@ class Scheduler:
     - `allocator`: the allocator (a fresh `alloc.Allocator` when None).
     - `sync_timeout`: seconds `start()` waits for the informers' first lists.
     - `confirm_timeout`: seconds a decision waits for the claim cache to deliver its own claim writes (`_confirm`).
+    - `pod_group_apis`: the PodGroup APIs to watch (`served_pod_group_apis`: those the server serves); a pod that
+      joins a PodGroup is scheduled with the rest of its gang (`_sync_gang`).
+    - `topology_levels`: node label keys, widest first, whose smallest domain that holds a gang whole it goes to.
 
     `sync(key)` and `sync_pod(namespace, name)` may be called directly (tests do) once
     `open_ledger()` ran; one pod should be synced by one thread at a time (the queue ensures it).
@@ -227,6 +260,8 @@ class Scheduler:
         allocator: schedledger.AllocatorService | None = None,
         sync_timeout: float = 60.0,
         confirm_timeout: float = schedcommit.CONFIRM_TIMEOUT,
+        pod_group_apis: Sequence[model.PodGroupApi] = (),
+        topology_levels: Sequence[str] = (),
     ) -> None:
         self.client = client
         self.scheduler_name = scheduler_name
@@ -292,7 +327,32 @@ class Scheduler:
         self._inventory = schedledger.Inventory(
             self.allocator, classes=self.classes.store, slices=self.slices.store, nodes=self.nodes.store
         )
-        self._planner = scheddecide.Planner(allocator=self.allocator, ledger=self._ledger, fit=self._fit)
+        group_handlers: informer.Handlers[model.PodGroup] = informer.Handlers(
+            on_add=self._group_changed,
+            on_update=lambda _, new: self._group_changed(new),
+            on_delete=self._group_deleted,
+        )
+        self.pod_groups: dict[model.PodGroupApi, informer.Informer[model.PodGroup]] = {}
+        if model.PodGroupApi.WORKLOAD in pod_group_apis:
+            self.pod_groups[model.PodGroupApi.WORKLOAD] = informer.Informer(
+                client, kube_client.POD_GROUPS, decode=self._decode_group, namespace=namespace, handlers=group_handlers
+            )
+        if model.PodGroupApi.COSCHEDULING in pod_group_apis:
+            self.pod_groups[model.PodGroupApi.COSCHEDULING] = informer.Informer(
+                client,
+                kube_client.COSCHEDULING_POD_GROUPS,
+                decode=self._decode_group,
+                namespace=namespace,
+                handlers=group_handlers,
+            )
+        # One gang decided and written at a time, so that two syncs of its pods never place it twice; the planner's
+        # lock (one decision at a time) is taken under it.
+        self._gang_lock = threading.Lock()
+        self._gang_refused_since: dict[str, float] = {}  # PodGroup uid -> when its gang was first refused
+        self._bad_groups: dict[str, str] = {}  # "<apiVersion> <namespace>/<name>" -> why the model refuses it
+        self._planner = scheddecide.Planner(
+            allocator=self.allocator, ledger=self._ledger, fit=self._fit, levels=topology_levels
+        )
         self._committer = schedcommit.Committer(
             client,
             recorder=self.recorder,
@@ -307,7 +367,7 @@ class Scheduler:
             name="the scheduler",
             thread_name="scheduler",
             queue=self.queue,
-            informers=(self.classes, self.slices, self.nodes, self.claims, self.pods),
+            informers=(self.classes, self.slices, self.nodes, self.claims, *self.pod_groups.values(), self.pods),
             sync=self.sync,
             failed=_failed,
             workers=workers,
@@ -387,6 +447,49 @@ class Scheduler:
         self._fit.node_changed(state.node.meta.name)
         self._inventory_changed(state)
 
+    def _decode_group(self, raw: dict[str, Any]) -> model.PodGroup | None:
+        """The PodGroup, or None when the model refuses it: the reason is kept so that its pods are told why, and
+        they are decided again."""
+        decoded = decode_pod_group(raw)
+        key = informer.key_of(raw)
+        where = f"{raw.get('apiVersion')} {key}"
+        if isinstance(decoded, model.PodGroup):
+            self._bad_groups.pop(where, None)
+            return decoded
+        log.warning("PodGroup %s (%s) is left out of scheduling: %s", key, raw.get("apiVersion"), decoded)
+        self._bad_groups[where] = decoded
+        namespace, _, name = key.partition("/")
+        for pod in self.pods.store.values():
+            ref = pod.state.pod.pod_group
+            if (
+                ref is not None
+                and ref.name == name
+                and pod.namespace == namespace
+                and ref.api.value == raw.get("apiVersion")
+            ):
+                self.queue.add(pod.key)
+        return None
+
+    def _group_changed(self, group: model.PodGroup) -> None:
+        """A PodGroup appeared or changed: its pending pods are decided again."""
+        for pod in self._members(group):
+            if pod.pending_for(self.scheduler_name):
+                self.queue.add(pod.key)
+
+    def _group_deleted(self, group: model.PodGroup) -> None:
+        """A PodGroup went: its pending pods now wait for it (they say so), and its refusals are forgotten."""
+        self._gang_refused_since.pop(group.meta.uid, None)
+        self._group_changed(group)
+
+    def _members(self, group: model.PodGroup) -> list[schedplan.PodInfo]:
+        """The pods of the cache that join `group` (by its API), in key order."""
+        ref = model.PodGroupRef(name=group.meta.name, api=group.api)
+        prefix = f"{group.meta.namespace}/"
+        return sorted(
+            (pod for pod in self.pods.store.values() if pod.key.startswith(prefix) and pod.state.pod.pod_group == ref),
+            key=lambda pod: pod.key,
+        )
+
     def _inventory_changed(self, _: object) -> None:
         self._inventory.changed()
         self._pending.requeue_unschedulable()
@@ -417,8 +520,10 @@ class Scheduler:
         if refusal is not None:
             self._refuse(pod, scheddecide.Refusal(refusal, retry=False), started=started)
             return
-        bad = self._pending.bad_claims(namespace)
-        resolved = schedplan.resolve_claims(pod, _ClaimView(self.claims.store, namespace), bad=bad)
+        if pod.state.pod.pod_group is not None:
+            self._sync_gang(pod, pod.state.pod.pod_group, started=started)
+            return
+        resolved = self._resolve(pod)
         if resolved.problem is not None:
             self._refuse(pod, scheddecide.Refusal(resolved.problem), started=started)
             return
@@ -451,6 +556,105 @@ class Scheduler:
             decided.node,
             len(decided.allocate),
             len(decided.reserve),
+        )
+
+    def _resolve(self, pod: schedplan.PodInfo) -> schedplan.Resolved:
+        bad = self._pending.bad_claims(pod.namespace)
+        return schedplan.resolve_claims(pod, _ClaimView(self.claims.store, pod.namespace), bad=bad)
+
+    def _sync_gang(self, pod: schedplan.PodInfo, ref: model.PodGroupRef, *, started: float) -> None:
+        """Schedule the pending pods of the PodGroup `pod` joins, as one decision (`Planner.decide_gang`), written all
+        or none (`Committer.commit_gang`); or say on each of them why not (the gang's one line).
+
+        The gang is decided once at least `minCount` of its pods are ready (they exist, their claims exist); pods
+        that join a gang already running go to its domain. A refused gang is retried as an unschedulable pod is; a
+        scheduler-plugins gang refused for longer than its `scheduleTimeoutSeconds` says so on its pods, and is
+        still retried. Raises `ApiError` when a write failed (after taking back what was written)."""
+        name = f"PodGroup {pod.namespace}/{ref.name} ({ref.api.value})"
+        groups = self.pod_groups.get(ref.api)
+        if groups is None:
+            problem = f"pod {pod.key} joins {name}, an API the server did not serve when this scheduler started"
+            self._refuse(pod, scheddecide.Refusal(problem, retry=False), started=started)
+            return
+        group = groups.store.get(f"{pod.namespace}/{ref.name}")
+        bad = self._bad_groups.get(f"{ref.api.value} {pod.namespace}/{ref.name}")
+        if group is None and bad is not None:
+            self._refuse(pod, scheddecide.Refusal(f"{name} is invalid: {bad}"), started=started)
+            return
+        if group is None:
+            refusal = scheddecide.Refusal(f"waiting for {name} to exist (the pods of a gang wait for their PodGroup)")
+            self._refuse(pod, refusal, started=started)
+            return
+        with self._gang_lock:
+            candidates: list[scheddecide.Candidate] = []
+            running: list[str] = []
+            for member in self._members(group):
+                node = member.node_name if member.uses_node else self._fit.node_of(member.key, member.uid)
+                if node:
+                    running.append(node)
+                elif member.pending_for(self.scheduler_name):
+                    candidate = self._candidate(member)
+                    if candidate is not None:
+                        candidates.append(candidate)
+            if all(candidate.pod.key != pod.key for candidate in candidates):
+                return  # Placed with its gang meanwhile, or waiting for a claim (`_candidate` said so).
+            self._committer.settle_doubts([claim for candidate in candidates for claim in candidate.claims])
+            self._inventory.refresh()
+            decided = self._planner.decide_gang(group, candidates, running=running)
+            if isinstance(decided, scheddecide.Wait):
+                for candidate in candidates:
+                    self._wait(candidate.pod, decided)
+                self.queue.add_after(pod.key, WAIT_RETRY)
+                return
+            if isinstance(decided, scheddecide.Refusal):
+                refusal = self._timed_out(group, decided)
+                for candidate in candidates:
+                    self._refuse(candidate.pod, refusal, started=started)
+                return
+            self._gang_refused_since.pop(group.meta.uid, None)
+            try:
+                bound = self._committer.commit_gang(decided.placed, gang=gang.describe(group))
+            except Exception:
+                self.metrics.attempts.labels(result="error").inc()
+                raise
+            finally:
+                for left, message in decided.left:
+                    self._refuse(left, scheddecide.Refusal(message), started=started)
+        decisions = {placed.key: decision for placed, decision in decided.placed}
+        for member in bound:
+            decision = decisions[member.key]
+            self._pending.forget(member.key)
+            self._committer.scheduled(member, decision.node)
+            self.metrics.attempts.labels(result="scheduled").inc()
+            self.metrics.latency.labels(result="scheduled").observe(time.monotonic() - started)
+            self.metrics.claims_allocated.inc(len(decision.allocate))
+        log.info(
+            "bound %d pod(s) of %s in %s",
+            len(bound),
+            gang.describe(group),
+            decided.domain or "the cluster",
+        )
+
+    def _candidate(self, pod: schedplan.PodInfo) -> scheddecide.Candidate | None:
+        """A pending member of a gang as the planner takes it, or None when it waits for a claim (told so)."""
+        refusal = schedplan.unsupported_message(pod)
+        if refusal is not None:
+            return scheddecide.Candidate(pod=pod, problem=refusal)
+        resolved = self._resolve(pod)
+        if resolved.waiting is not None:
+            self._wait(pod, scheddecide.Wait(resolved.waiting, claim=resolved.claim))
+            return None
+        return scheddecide.Candidate(pod=pod, claims=resolved.claims, problem=resolved.problem)
+
+    def _timed_out(self, group: model.PodGroup, refusal: scheddecide.Refusal) -> scheddecide.Refusal:
+        """The refusal of a gang, saying so once it has waited longer than its `scheduleTimeoutSeconds`."""
+        now = time.monotonic()
+        since = self._gang_refused_since.setdefault(group.meta.uid, now)
+        timeout = group.schedule_timeout_seconds
+        if timeout is None or now - since < timeout:
+            return refusal
+        return dataclasses.replace(
+            refusal, message=f"{refusal.message} (unschedulable past its scheduleTimeoutSeconds {timeout}; retried)"
         )
 
     # --- Outcomes ---------------------------------------------------------------------------

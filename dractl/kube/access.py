@@ -122,6 +122,9 @@ COMPONENTS: tuple[Component, ...] = (
             Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="binding"),
             Rule(kube_client.RESOURCE_SLICES, ("list", "watch")),
             Rule(kube_client.DEVICE_CLASSES, ("list", "watch")),
+            # PodGroups of both APIs, watched where the server serves them (gangs).
+            Rule(kube_client.POD_GROUPS, ("list", "watch")),
+            Rule(kube_client.COSCHEDULING_POD_GROUPS, ("list", "watch")),
         ),
     ),
     Component(

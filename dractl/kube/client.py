@@ -746,6 +746,20 @@ class Client:
         except ValueError:
             raise BadObject(f"the API server's /version names no version: major {major!r}, minor {minor!r}") from None
 
+    def serves(self, resource: Resource) -> bool:
+        """Whether the server serves `resource` (discovery: GET /apis/<group>/<version>, or /api/v1, lists it); an
+        alpha API turned off or a CustomResourceDefinition not installed answers 404 there. Raises `ApiError`
+        otherwise. Read-only; every client may read discovery (system:discovery)."""
+        path = f"/apis/{resource.group}/{resource.version}" if resource.group else f"/api/{resource.version}"
+        try:
+            document = self._request("GET", path)
+        except NotFound:
+            return False
+        listed = document.get("resources")
+        return isinstance(listed, list) and any(
+            isinstance(entry, dict) and entry.get("name") == resource.plural for entry in listed
+        )
+
     def list(
         self, resource: Resource, *, namespace: str = "", label_selector: str = "", field_selector: str = ""
     ) -> ListResult:

@@ -364,3 +364,74 @@ def test_a_leader_paused_past_its_lease_writes_nothing_after_the_takeover_and_no
             assert [entry["uid"] for entry in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
     finally:
         group.cleanup()
+
+
+def test_a_leader_paused_in_the_middle_of_a_gangs_commit_leaves_no_half_bound_gang(
+    kube_client: client.Client,
+    namespace: str,
+    fault_proxy: faultproxy.FaultProxy,
+    start_replica: Callable[..., Replica],
+) -> None:
+    """Guards: a leader paused (SIGSTOP) while it writes the claims of a 3-pod gang (PodGroup minCount 3), long
+    enough for the standby to take over, writes nothing once resumed and exits 1; the standby finishes the gang from
+    what the API shows: all 3 pods bound, each claim allocated once and reserved for its own pod, no device twice.
+    The pause lands while the proxy holds one of the leader's claim writes (see the test above for why)."""
+    node_group.ensure_device_classes(kube_client)
+    group = node_group.Group(kube_client, namespace=namespace, scheduler_name="dractl")
+    try:
+        nodes = [group.node("t4-node-01") for _ in range(3)]  # 2 GPUs each; every pod claims both of one node
+        kube_client.create(
+            client.POD_GROUPS,
+            {
+                "apiVersion": "scheduling.k8s.io/v1alpha2",
+                "kind": "PodGroup",
+                "metadata": {"name": "train", "namespace": namespace},
+                "spec": {"schedulingPolicy": {"gang": {"minCount": 3}}},
+            },
+        )
+        a = start_replica("a", via=fault_proxy.kubeconfig, controllers=("scheduler",), extra=["--workers", "1"])
+        a.wait_logged("controllers started")
+        b = start_replica("b", controllers=("scheduler",))
+        fault_proxy.add(faultproxy.latency(RENEW_DEADLINE / 4, method="PATCH", path="/resourceclaims/", count=None))
+        pods = []
+        for index in range(3):
+            name = f"worker-{index}"
+            group.claim(name, kube_objects.claim_spec(count=2))
+            body = kube_objects.pod(
+                name,
+                namespace=namespace,
+                claims=[kube_objects.of_claim(name)],
+                cpu="100m",
+                schedulerName="dractl",
+                nodeSelector={node_group.GROUP_LABEL: group.id},
+                tolerations=[group.toleration],
+                schedulingGroup={"podGroupName": "train"},
+            )
+            pods.append(kube_client.create(client.PODS, body))
+        controlplane.wait_until(
+            lambda: any("/resourceclaims/" in target for _, target in fault_proxy.holding),
+            what="the proxy holds one of the leader's claim writes for the gang",
+        )
+        a.process.send_signal(signal.SIGSTOP)
+        try:
+            controlplane.wait_until(
+                lambda: _holder(kube_client, namespace) == b.identity,
+                what="the standby takes the lease over",
+                timeout=TAKEOVER_TIMEOUT,
+            )
+            takeover = time.monotonic()
+            bound = sorted(group.wait_bound(pod["metadata"]["name"]) for pod in pods)
+        finally:
+            a.process.send_signal(signal.SIGCONT)
+        assert a.wait_exit() == 1
+        late = [f"{r.method} {r.target}" for r in fault_proxy.writes() if r.received >= takeover]
+        assert late == []
+        assert bound == sorted(nodes)
+        devices = []
+        for pod in pods:
+            claim = group.get_claim(pod["metadata"]["name"])
+            assert [entry["uid"] for entry in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
+            devices += [(r["pool"], r["device"]) for r in claim["status"]["allocation"]["devices"]["results"]]
+        assert len(devices) == len(set(devices)) == 6
+    finally:
+        group.cleanup()

@@ -17,6 +17,7 @@ import faultproxy
 import pytest
 import yaml
 from click.testing import CliRunner
+from support import crds
 
 from dractl import cli
 from dractl.kube import client
@@ -284,42 +285,6 @@ def test_a_server_that_refuses_a_list_is_one_line_naming_it_and_the_resource(
     assert err.count("\n") == 1
 
 
-CRDS = client.Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False)
-# scheduler-plugins' coscheduling PodGroup, as far as `dractl explain` reads it: the seed article's API.
-COSCHEDULING_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "podgroups.scheduling.x-k8s.io"},
-    "spec": {
-        "group": "scheduling.x-k8s.io",
-        "scope": "Namespaced",
-        "names": {"plural": "podgroups", "singular": "podgroup", "kind": "PodGroup", "listKind": "PodGroupList"},
-        "versions": [
-            {
-                "name": "v1alpha1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "properties": {
-                                    "minMember": {"type": "integer", "format": "int32"},
-                                    "scheduleTimeoutSeconds": {"type": "integer", "format": "int32"},
-                                },
-                            },
-                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
-
-
 def _gang_pods(gpus: Gpus, count: int, *, join: dict[str, Any]) -> None:
     """`count` pods of one GPU each (template one-gpu), joining a PodGroup as `join` says (a schedulingGroup field
     or labels)."""
@@ -396,20 +361,9 @@ def test_a_coscheduling_gang_is_read_once_its_crd_is_installed(
         f"PodGroup {gpus.namespace}/seed (scheduling.x-k8s.io/v1alpha1): the API server {control_plane.url} does not "
         "serve it (its CustomResourceDefinition (scheduler-plugins' coscheduling) is not installed)"
     )
-    groups = client.COSCHEDULING_POD_GROUPS
-    kube_client.create(CRDS, COSCHEDULING_CRD)
-    try:
-
-        def served() -> bool:
-            try:
-                kube_client.list(groups, namespace=gpus.namespace)
-            except client.NotFound:
-                return False
-            return True
-
-        controlplane.wait_until(served, what="the coscheduling PodGroup CRD is served", timeout=60)
+    with crds.installed(kube_client):
         kube_client.create(
-            groups,
+            client.COSCHEDULING_POD_GROUPS,
             {
                 "apiVersion": "scheduling.x-k8s.io/v1alpha1",
                 "kind": "PodGroup",
@@ -426,5 +380,3 @@ def test_a_coscheduling_gang_is_read_once_its_crd_is_installed(
             True,
         )
         assert gang["reason"] == f"gang {gpus.namespace}/seed (minCount 2): fits, 2 of 2 member pods in the cluster"
-    finally:
-        kube_client.delete(CRDS, COSCHEDULING_CRD["metadata"]["name"])

@@ -38,6 +38,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "controller": {
             "controllers": ["claims", "scheduler"],
             "policy": "first-fit",
+            "topologyLevels": ["example.com/block", "rack", "kubernetes.io/hostname"],
             "replicas": 3,
             "namespace": "ml",
             "metricsPort": -1,

@@ -138,3 +138,36 @@ def claim(
         "spec": {"devices": devices},
         "status": status,
     }
+
+
+def pod_group(name: str = "train", *, min_count: int | None = 4, key: str = "") -> dict[str, Any]:
+    """A `scheduling.k8s.io/v1alpha2` PodGroup: a gang of `min_count` (None: the basic policy), in one domain of the
+    node label `key` when given."""
+    spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_count}} if min_count else {"basic": {}}}
+    if key:
+        spec["schedulingConstraints"] = {"topology": [{"key": key}]}
+    return {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": spec,
+    }
+
+
+def coscheduling_group(name: str = "train", *, min_member: int = 4, timeout: int | None = None) -> dict[str, Any]:
+    """A scheduler-plugins `scheduling.x-k8s.io/v1alpha1` PodGroup (the seed article's)."""
+    spec: dict[str, Any] = {"minMember": min_member}
+    if timeout is not None:
+        spec["scheduleTimeoutSeconds"] = timeout
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": spec,
+    }
+
+
+def member(name: str, *, group: str = "train", claim: str = "", **more: Any) -> dict[str, Any]:
+    """A pod of this scheduler joining the v1alpha2 PodGroup `group`, with the direct claim `claim` (default: its own
+    name) as pod claim `gpu`."""
+    return pod(name, claims={"gpu": claim or name}, schedulingGroup={"podGroupName": group}, **more)

@@ -95,6 +95,13 @@ def test_the_default_controller_runs_only_the_scheduler_with_two_leader_elected_
     assert "kube-controller-manager's resourceclaim controller" in (chart.CHART / "values.yaml").read_text()
 
 
+def test_topology_levels_reach_the_controller_as_one_flag() -> None:
+    """Guards: controller.topologyLevels becomes --topology-levels (widest first, comma-joined); none by default."""
+    params = _parse("controller", _container(RENDERED["both-controllers-first-fit"], "Deployment")["args"])
+    assert params["topology_levels"] == "example.com/block,rack,kubernetes.io/hostname"
+    assert _parse("controller", _container(RENDERED["defaults"], "Deployment")["args"])["topology_levels"] == ""
+
+
 def test_the_node_agent_daemonset_mounts_the_kubelets_directories_and_names_its_node() -> None:
     """Guards: the DaemonSet: kubelet plugin and registry dirs, CDI dir, /dev and the driver root at fixed paths (the
     agent told both of the driver root's paths); NODE_NAME and the pod's UID from the downward API (sockets of its
@@ -265,6 +272,7 @@ def test_metrics_services_select_each_components_pods() -> None:
         ({"nodeAgent": {"kubeletPluginsDir": "var/lib/kubelet/plugins"}}, "/nodeAgent/kubeletPluginsDir"),
         ({"logFormat": "text"}, "/logFormat"),
         ({"kubeApi": {"qps": -1, "burst": 100}}, "/kubeApi/qps"),
+        ({"controller": {"topologyLevels": ["rack id"]}}, "/controller/topologyLevels/0"),
     ],
     ids=[
         "device-source",
@@ -275,6 +283,7 @@ def test_metrics_services_select_each_components_pods() -> None:
         "relative-dir",
         "log-format",
         "negative-qps",
+        "topology-level-not-a-label-key",
     ],
 )
 def test_bad_values_are_refused_naming_the_key(values: dict[str, Any], problem: str) -> None:

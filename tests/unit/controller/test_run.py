@@ -107,6 +107,8 @@ def test_flags_reach_the_settings(captured: list[config.ControllerConfig], tmp_p
         "gpu-sched",
         "--policy",
         "first-fit",
+        "--topology-levels",
+        " block, rack,,kubernetes.io/hostname",
         "--workers",
         "7",
         "--namespace",
@@ -138,6 +140,7 @@ def test_flags_reach_the_settings(captured: list[config.ControllerConfig], tmp_p
             controllers=("claims",),
             scheduler_name="gpu-sched",
             policy=config.Policy.FIRST_FIT,
+            topology_levels=("block", "rack", "kubernetes.io/hostname"),
             workers=7,
             namespace="team-a",
             leader_elect=False,
@@ -161,6 +164,7 @@ def test_env_vars_set_the_flags(captured: list[config.ControllerConfig]) -> None
         "DRACTL_CONTROLLERS": "claims",
         "DRACTL_SCHEDULER_NAME": "other",
         "DRACTL_POLICY": "first-fit",
+        "DRACTL_TOPOLOGY_LEVELS": "rack",
         "DRACTL_WORKERS": "3",
         "DRACTL_NAMESPACE": "ns1",
         "DRACTL_LEADER_ELECT": "false",
@@ -186,6 +190,7 @@ def test_env_vars_set_the_flags(captured: list[config.ControllerConfig]) -> None
     assert (settings.lease_duration, settings.renew_deadline, settings.retry_period) == (30.0, 20.0, 5.0)
     assert (settings.metrics_port, settings.health_port, settings.log_format) == (0, 0, config.LogFormat.JSON)
     assert (settings.kube_api_qps, settings.kube_api_burst) == (200.0, 400)
+    assert settings.topology_levels == ("rack",)
 
 
 BAD = {
@@ -210,6 +215,7 @@ BAD = {
     "lease-name": (["--lease-name", "bad/name"], "--lease-name"),
     "lease-namespace": (["--lease-namespace", "Bad"], "--lease-namespace"),
     "namespace": (["--namespace", "a.b"], "--namespace"),
+    "topology-levels": (["--topology-levels", "rack,not a key"], "--topology-levels"),
 }
 
 

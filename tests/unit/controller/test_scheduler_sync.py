@@ -12,6 +12,7 @@ import pytest
 from support import kube_objects
 from support import scheduler_inputs as raw
 
+from dractl import model
 from dractl.controller import nodefit, schedcommit
 from dractl.controller import scheduler as sched
 from dractl.kube import client, finalizers, informer, workqueue
@@ -177,20 +178,32 @@ def _delete(source: informer.Informer[Any], body: dict[str, Any]) -> None:
 class Cluster:
     """A scheduler over a `StubApi`, its caches filled by hand; `sync` the pod, `seen` re-feeds the API's state."""
 
-    def __init__(self, *, nodes: int = 1, gpus: int = 2, cpu: str = "8") -> None:
+    def __init__(
+        self,
+        *,
+        nodes: int = 1,
+        gpus: int = 2,
+        cpu: str = "8",
+        racks: tuple[str, ...] = (),
+        levels: tuple[str, ...] = (),
+        pod_group_apis: tuple[model.PodGroupApi, ...] = (),
+    ) -> None:
         self.api = StubApi()
         self.queue = workqueue.WorkQueue()
         self.scheduler = sched.Scheduler(
             self.api,  # type: ignore[arg-type]
             registry=prometheus_client.CollectorRegistry(),
             queue=self.queue,
+            pod_group_apis=pod_group_apis,
+            topology_levels=levels,
         )
         # Decisions wait for the claim cache to deliver their own allocation writes: here the cache counts as
         # having delivered every version the stub gives (they stay far below this one).
         self.scheduler.claims._delivered(str(10**9))
         _feed(self.scheduler.classes, raw.device_class())
         for index in range(1, nodes + 1):
-            _feed(self.scheduler.nodes, raw.node(f"n{index}", cpu=cpu))
+            labels = {"rack": racks[index - 1]} if racks else None
+            _feed(self.scheduler.nodes, raw.node(f"n{index}", cpu=cpu, labels=labels))
             _feed(self.scheduler.slices, raw.resource_slice(f"n{index}", gpus=gpus))
 
     def add(self, *bodies: dict[str, Any]) -> None:
@@ -776,3 +789,242 @@ def test_a_claim_cache_that_does_not_catch_up_in_time_leaves_the_pod_unbound_and
     assert ("POST", "ns/pods/trainer/binding") not in cluster.api.writes
     assert _devices(cluster.api.claim("c")) == []
     assert cluster.scheduler.allocator.held("uid-c") is None
+
+
+# --- Gangs (PodGroups) -------------------------------------------------------------------------
+
+WORKLOAD = model.PodGroupApi.WORKLOAD
+COSCHEDULING = model.PodGroupApi.COSCHEDULING
+
+
+def _gang(cluster: Cluster, group: dict[str, Any], *members: str, gpus: int = 2) -> None:
+    """Feed the PodGroup, and per member a claim for `gpus` GPUs and the pod joining the group."""
+    api = COSCHEDULING if group["apiVersion"].startswith("scheduling.x-k8s.io") else WORKLOAD
+    _feed(cluster.scheduler.pod_groups[api], group)
+    for name in members:
+        pod = raw.member(name, group=group["metadata"]["name"])
+        if api is COSCHEDULING:
+            del pod["spec"]["schedulingGroup"]
+            pod["metadata"]["labels"] = {model.POD_GROUP_LABEL: group["metadata"]["name"]}
+        cluster.add(raw.claim(name, count=gpus), pod)
+
+
+def test_a_gang_that_does_not_fit_whole_writes_no_claim_and_every_pod_says_the_gangs_line() -> None:
+    """Guards: a 4-pod gang on room for 3 gets no claim write and no binding; each of its pods gets
+    PodScheduled=False (Unschedulable) with the gang's one line and a FailedScheduling Event; a resync writes
+    nothing."""
+    cluster = Cluster(nodes=3, pod_group_apis=(WORKLOAD,))
+    _gang(cluster, raw.pod_group(min_count=4), "p0", "p1", "p2", "p3")
+    cluster.scheduler.open_ledger()
+    cluster.sync("p0")
+    assert all("resourceclaims" not in path and "binding" not in path for _, path in cluster.api.writes)
+    line = "gang ns/train (minCount 4): the cluster fits 3 of 4 pods: 1 pod short, 2 GPUs of class gpu.nvidia.com"
+    for name in ("p0", "p1", "p2", "p3"):
+        condition = cluster.api.condition(name)
+        assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
+        assert condition["message"] == line
+    assert cluster.api.writes.count(("POST", "ns/events")) == 4
+    cluster.seen()
+    before = len(cluster.api.writes)
+    for name in ("p0", "p1", "p2", "p3"):
+        cluster.sync(name)
+    assert len(cluster.api.writes) == before
+
+
+def test_a_gang_that_fits_writes_every_pods_claims_before_binding_any() -> None:
+    """Guards: one sync of one member places the whole gang: every claim's finalizer and allocation are written
+    before the first binding, then every pod is bound, each to its own node."""
+    cluster = Cluster(nodes=4, pod_group_apis=(WORKLOAD,))
+    _gang(cluster, raw.pod_group(min_count=4), "p0", "p1", "p2", "p3")
+    cluster.scheduler.open_ledger()
+    cluster.sync("p2")
+    bindings = [index for index, (_, path) in enumerate(cluster.api.writes) if path.endswith("/binding")]
+    claim_writes = [index for index, (_, path) in enumerate(cluster.api.writes) if "resourceclaims" in path]
+    assert len(bindings) == 4 and len(claim_writes) == 8
+    assert max(claim_writes) < min(bindings)
+    nodes = {cluster.api.pod(name)["spec"]["nodeName"] for name in ("p0", "p1", "p2", "p3")}
+    assert nodes == {"n1", "n2", "n3", "n4"}
+    assert cluster.metric("dractl_scheduler_attempts_total", result="scheduled") == 4
+    writes = len(cluster.api.writes)
+    cluster.sync("p0")  # assumed with its gang: nothing more
+    assert len(cluster.api.writes) == writes
+
+
+def test_a_failed_allocation_write_of_one_member_takes_back_every_members_writes() -> None:
+    """Guards: all or none: when the third member's allocation cannot be written, the two written before are taken
+    back (allocation and finalizer), no pod is bound, every pod says which pod and step failed, and the devices are
+    free again: the retry binds the whole gang."""
+    cluster = Cluster(nodes=3, pod_group_apis=(WORKLOAD,))
+    _gang(cluster, raw.pod_group(min_count=3), "p0", "p1", "p2")
+    cluster.scheduler.open_ledger()
+    cluster.api.fail("PATCH", "ns/resourceclaims/p2/status", client.ApiError(500, "InternalError", "etcd hiccup"))
+    with pytest.raises(client.ApiError):
+        cluster.sync("p0")
+    assert all(not path.endswith("/binding") for _, path in cluster.api.writes)
+    for name in ("p0", "p1", "p2"):
+        stored = cluster.api.claim(name)
+        assert "allocation" not in (stored.get("status") or {})
+        assert not stored["metadata"].get("finalizers")
+        condition = cluster.api.condition(name)
+        assert condition["reason"] == "SchedulerError"
+        assert "pod ns/p2 failed while writing the allocation of ResourceClaim ns/p2" in condition["message"]
+    cluster.api.faults.clear()
+    cluster.seen()
+    cluster.sync("p1")
+    assert sorted(cluster.api.pod(name)["spec"]["nodeName"] for name in ("p0", "p1", "p2")) == ["n1", "n2", "n3"]
+
+
+def test_two_gangs_for_the_same_room_end_one_bound_and_one_waiting() -> None:
+    """Guards: two gangs that fit one at a time: the first decided is bound whole, the other none of it, with the
+    gang's line."""
+    cluster = Cluster(nodes=2, pod_group_apis=(WORKLOAD,))
+    _gang(cluster, raw.pod_group("a", min_count=2), "a0", "a1")
+    _gang(cluster, raw.pod_group("b", min_count=2), "b0", "b1")
+    cluster.scheduler.open_ledger()
+    cluster.sync("b1")
+    cluster.sync("a0")
+    cluster.seen()
+    cluster.sync("a1")
+    assert [cluster.api.pod(name)["spec"].get("nodeName", "") for name in ("a0", "a1")] == ["", ""]
+    assert sorted(cluster.api.pod(name)["spec"]["nodeName"] for name in ("b0", "b1")) == ["n1", "n2"]
+    assert cluster.api.condition("a0")["message"].startswith("gang ns/a (minCount 2): the cluster fits 0 of 2 pods")
+
+
+def test_a_gang_with_a_rack_key_goes_to_one_rack_and_a_pod_that_joins_later_goes_there_too() -> None:
+    """Guards: the required topology key keeps the gang in one rack (the one that holds it), and a member created
+    after the gang runs goes to the gang's rack though a node of another rack comes first."""
+    cluster = Cluster(nodes=4, racks=("r1", "r2", "r2", "r2"), pod_group_apis=(WORKLOAD,))
+    _gang(cluster, raw.pod_group(min_count=2, key="rack"), "p0", "p1")
+    cluster.scheduler.open_ledger()
+    cluster.sync("p0")
+    placed = sorted(cluster.api.pod(name)["spec"]["nodeName"] for name in ("p0", "p1"))
+    assert placed == ["n2", "n3"]  # r1 holds one 2-GPU pod only
+    cluster.seen()
+    _gang(cluster, raw.pod_group(min_count=2, key="rack"), "p2")
+    cluster.sync("p2")
+    assert cluster.api.pod("p2")["spec"]["nodeName"] == "n4"
+
+
+def test_a_pod_joining_a_running_gang_whose_rack_is_full_waits_and_says_so() -> None:
+    """Guards: a pod that joins a running gang is never placed outside the gang's rack, even where another rack has
+    room: it says the gang runs there and why it does not fit."""
+    cluster = Cluster(nodes=3, racks=("r1", "r2", "r2"), pod_group_apis=(WORKLOAD,))
+    _gang(cluster, raw.pod_group(min_count=2, key="rack"), "p0", "p1")
+    cluster.scheduler.open_ledger()
+    cluster.sync("p0")
+    cluster.seen()
+    _gang(cluster, raw.pod_group(min_count=2, key="rack"), "p2")
+    cluster.sync("p2")
+    assert not cluster.api.pod("p2")["spec"].get("nodeName")
+    message = cluster.api.condition("p2")["message"]
+    assert message.startswith(
+        "gang ns/train (minCount 2, topology rack) runs in rack=r2; the pods joining it do not fit there: ns/p2: "
+    ), message
+
+
+def test_a_member_without_claims_goes_to_its_gangs_rack_too() -> None:
+    """Guards: a pod of a gang that no claim pins to a node is placed in the gang's rack, not on the first node that
+    fits it."""
+    cluster = Cluster(nodes=3, racks=("r1", "r2", "r2"), pod_group_apis=(WORKLOAD,))
+    _gang(cluster, raw.pod_group(min_count=3, key="rack"), "p0", "p1")
+    cluster.add(raw.pod("helper", schedulingGroup={"podGroupName": "train"}))
+    cluster.scheduler.open_ledger()
+    cluster.sync("helper")
+    assert sorted(cluster.api.pod(name)["spec"]["nodeName"] for name in ("p0", "p1")) == ["n2", "n3"]
+    assert cluster.api.pod("helper")["spec"]["nodeName"] in ("n2", "n3")
+
+
+def test_a_gang_goes_to_the_smallest_domain_of_the_preferred_levels_that_holds_it() -> None:
+    """Guards: --topology-levels: with no key of its own, a 2-pod gang goes to the smaller rack that holds it whole,
+    leaving the larger rack whole for a larger gang."""
+    cluster = Cluster(nodes=5, racks=("r1", "r1", "r1", "r2", "r2"), levels=("rack",), pod_group_apis=(WORKLOAD,))
+    _gang(cluster, raw.pod_group(min_count=2), "p0", "p1")
+    cluster.scheduler.open_ledger()
+    cluster.sync("p0")
+    assert sorted(cluster.api.pod(name)["spec"]["nodeName"] for name in ("p0", "p1")) == ["n4", "n5"]
+
+
+def test_a_gang_with_fewer_pods_than_its_min_count_waits_and_says_so() -> None:
+    """Guards: pods of a gang are not placed before minCount of them exist; they say how many exist."""
+    cluster = Cluster(nodes=4, pod_group_apis=(WORKLOAD,))
+    _gang(cluster, raw.pod_group(min_count=3), "p0", "p1")
+    cluster.scheduler.open_ledger()
+    cluster.sync("p0")
+    assert all("resourceclaims" not in path for _, path in cluster.api.writes)
+    assert (
+        cluster.api.condition("p1")["message"] == "gang ns/train (minCount 3): 2 member pods, fewer than its minCount"
+    )
+
+
+def test_pods_wait_for_their_pod_group_and_are_queued_when_it_appears() -> None:
+    """Guards: a pod naming a PodGroup that does not exist is not scheduled alone: it says it waits for the group,
+    and is queued again when the group appears; a group of an API the server does not serve is named as such."""
+    cluster = Cluster(nodes=2, pod_group_apis=(WORKLOAD,))
+    cluster.add(raw.claim("p0"), raw.member("p0"))
+    cluster.scheduler.open_ledger()
+    cluster.sync("p0")
+    message = cluster.api.condition("p0")["message"]
+    assert message == (
+        "waiting for PodGroup ns/train (scheduling.k8s.io/v1alpha2) to exist (the pods of a gang wait for their "
+        "PodGroup)"
+    )
+    cluster.queued()
+    _feed(cluster.scheduler.pod_groups[WORKLOAD], raw.pod_group(min_count=1))
+    assert cluster.queued() == ["ns/p0"]
+    cluster.seen()
+    cluster.sync("p0")
+    assert cluster.api.pod("p0")["spec"]["nodeName"]
+
+    pod = raw.pod("seed", claims={"gpu": "p0"})
+    pod["metadata"]["labels"] = {model.POD_GROUP_LABEL: "train"}
+    cluster.add(pod)
+    cluster.sync("seed")
+    assert cluster.api.condition("seed")["message"] == (
+        "pod ns/seed joins PodGroup ns/train (scheduling.x-k8s.io/v1alpha1), an API the server did not serve when "
+        "this scheduler started"
+    )
+
+
+def test_a_coscheduling_gang_past_its_timeout_says_so_and_is_still_retried() -> None:
+    """Guards: scheduler-plugins' PodGroup (label, minMember): refused, its pods say the gang's line; once refused
+    for longer than scheduleTimeoutSeconds they say that too, and it still binds when room appears."""
+    cluster = Cluster(nodes=1, pod_group_apis=(COSCHEDULING,))
+    _gang(cluster, raw.coscheduling_group(min_member=2, timeout=30), "p0", "p1")
+    cluster.scheduler.open_ledger()
+    cluster.sync("p0")
+    assert cluster.api.condition("p0")["message"].startswith("gang ns/train (minCount 2): the cluster fits 1 of 2")
+    cluster.scheduler._gang_refused_since["uid-train"] -= 31  # as if refused 31 s ago
+    cluster.seen()
+    cluster.sync("p0")
+    assert cluster.api.condition("p1")["message"].endswith(
+        "(unschedulable past its scheduleTimeoutSeconds 30; retried)"
+    )
+    _feed(cluster.scheduler.nodes, raw.node("n2"))
+    _feed(cluster.scheduler.slices, raw.resource_slice("n2"))
+    cluster.seen()
+    cluster.sync("p1")
+    assert sorted(cluster.api.pod(name)["spec"]["nodeName"] for name in ("p0", "p1")) == ["n1", "n2"]
+
+
+def test_a_pod_group_dractl_cannot_read_is_named_on_its_pods_with_the_field() -> None:
+    """Guards: bad input: a PodGroup the model refuses (minMember 0, which a loose CRD schema lets through) is named on
+    each of its pods with the field and why, not a wait for a group that "does not exist"; its pods are queued again
+    when it is fixed, and then scheduled."""
+    cluster = Cluster(nodes=2, pod_group_apis=(COSCHEDULING,))
+    bad = raw.coscheduling_group(min_member=2)
+    bad["spec"]["minMember"] = 0
+    _feed(cluster.scheduler.pod_groups[COSCHEDULING], bad)
+    _gang(cluster, raw.coscheduling_group(min_member=2), "p0", "p1")
+    _feed(cluster.scheduler.pod_groups[COSCHEDULING], bad)
+    cluster.scheduler.open_ledger()
+    cluster.sync("p0")
+    message = cluster.api.condition("p0")["message"]
+    assert message.startswith("PodGroup ns/train (scheduling.x-k8s.io/v1alpha1) is invalid: ") and (
+        "spec.minMember" in message and "must be a positive integer" in message
+    ), message
+    cluster.queued()
+    _feed(cluster.scheduler.pod_groups[COSCHEDULING], raw.coscheduling_group(min_member=2))
+    assert sorted(cluster.queued()) == ["ns/p0", "ns/p1"]
+    cluster.seen()
+    cluster.sync("p1")
+    assert sorted(cluster.api.pod(name)["spec"]["nodeName"] for name in ("p0", "p1")) == ["n1", "n2"]

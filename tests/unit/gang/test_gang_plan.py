@@ -167,3 +167,20 @@ def test_a_claim_two_members_share_is_allocated_once_and_pins_both(shared: bool)
     assert allocated == (["ml/w0", "ml/w2", "ml/w1"] if shared else ["ml/w0", "ml/w1"])
     if shared:
         assert _nodes(result)[0] == _nodes(result)[1]
+
+
+def test_pods_joining_a_running_gang_go_to_its_narrowest_shared_domain_first_and_never_leave_its_key() -> None:
+    """Guards: `running_domains`: the preferred levels that hold every node the gang runs on, narrowest first, then
+    the required key's domain (the whole cluster without a key); none when the gang is not in one domain of its
+    key."""
+    labels = {
+        "a1": {"block": "b1", "rack": "r1", "kubernetes.io/hostname": "a1"},
+        "a2": {"block": "b1", "rack": "r1", "kubernetes.io/hostname": "a2"},
+        "c1": {"block": "b1", "rack": "r2", "kubernetes.io/hostname": "c1"},
+    }
+    cluster = placement.Cluster(names=tuple(labels), labels=labels, has_nodes=True)
+    levels = ("block", "rack", "kubernetes.io/hostname")
+    assert gang.running_domains(cluster, ["a1", "a2"], key="block", levels=levels) == ("rack=r1", "block=b1")
+    assert gang.running_domains(cluster, ["a1"], key=None, levels=("rack",)) == ("rack=r1", None)
+    assert gang.running_domains(cluster, ["a1", "c1"], key="block", levels=levels) == ("block=b1",)
+    assert gang.running_domains(cluster, ["a1", "c1"], key="rack", levels=()) == ()

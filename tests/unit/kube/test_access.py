@@ -36,6 +36,8 @@ _TYPED = {
     "get_resource_claim": ("get", kube_client.RESOURCE_CLAIMS),
     "list_resource_slices": ("list", kube_client.RESOURCE_SLICES),
 }
+# Client methods that read discovery (/apis/<group>/<version>), which the system:discovery role lets every client read.
+_DISCOVERY = {"serves"}
 _CONSTANTS = {name: value for name, value in vars(kube_client).items() if isinstance(value, kube_client.Resource)}
 # These take the resource from their callers (whose call sites are read instead).
 _GENERIC = {"dractl.kube.client", "dractl.kube.informer", "dractl.kube.access", "dractl.kube.finalizers"}
@@ -105,6 +107,8 @@ def scan(source: str, module: str) -> Uses:
             understood.add(id(node.args[1]))
             for verb in _FINALIZER_VERBS[called]:
                 uses.add(resource, verb, "", where)
+        elif called in _DISCOVERY and node.args and constant(node.args[0]) is not None:
+            understood.add(id(node.args[0]))  # discovery: every client may read it, no rule needed
         elif called == "Informer" and len(node.args) >= 2 and (resource := constant(node.args[1])) is not None:
             understood.add(id(node.args[1]))
             uses.add(resource, "list", "", where)
