@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -412,8 +413,11 @@ def _used(entries: list[dict[str, Any]]) -> tuple[set[tuple[str, str, str]], lis
     beside it when it succeeded, access.IMPLIED), and the requests refused with 403."""
     used, forbidden = set(), []
     for entry in entries:
-        if "objectRef" not in entry and entry.get("requestURI", "").split("?")[0] in PUBLIC_URLS:
-            continue  # a non-resource URL every identity may read (system:public-info-viewer), not the chart's RBAC
+        url = entry.get("requestURI", "").split("?")[0]
+        if "objectRef" not in entry and (url in PUBLIC_URLS or DISCOVERY.fullmatch(url)):
+            # A non-resource URL every identity may read (system:public-info-viewer, system:discovery), not the
+            # chart's RBAC.
+            continue
         ref = entry.get("objectRef") or {}
         resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
         key = (ref.get("apiGroup", ""), resource, entry["verb"])
@@ -427,6 +431,8 @@ def _used(entries: list[dict[str, Any]]) -> tuple[set[tuple[str, str, str]], lis
 
 
 PUBLIC_URLS = {"/version", "/healthz", "/livez", "/readyz"}
+DISCOVERY = re.compile(r"/api(/v1)?|/apis(/[^/]+){0,2}")
+"""Discovery documents (`/api/v1`, `/apis/<group>/<version>`): the scheduler asks which PodGroup APIs are served."""
 
 
 def _granted(components: list[str]) -> set[tuple[str, str, str]]:
@@ -446,6 +452,8 @@ CONTROLLER_UNREACHED = {
     ("", "pods", "get"): "a pod that changed between the scheduler's decision and its Binding (read live only then)",
     ("", "events", "patch"): "the same Event twice in one process (the scheduler warns only when its message changes)",
     ("resource.k8s.io", "resourceclaimtemplates", "get"): "a template the claim controller's cache does not hold yet",
+    ("scheduling.x-k8s.io", "podgroups", "list"): "scheduler-plugins' PodGroup CRD, not installed in this cluster",
+    ("scheduling.x-k8s.io", "podgroups", "watch"): "scheduler-plugins' PodGroup CRD, not installed in this cluster",
 }
 
 
