@@ -1,0 +1,156 @@
+"""What kube-controller-manager 1.36.2's resourceclaim controller does with a PodGroup's claims
+(`scheduling.k8s.io/v1alpha2` `spec.resourceClaims`, gate DRAWorkloadResourceClaims): the behaviour dractl's
+claim controller copies, recorded against the real components so that a change upstream shows here.
+
+kube-controller-manager runs with every controller (the `upstream` fixture), kube-scheduler too; the pods name a
+scheduler nobody runs, or a node, so that the tests play the scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import controlplane
+import pytest
+from support import kube_objects
+
+from dractl.kube import client
+from dractl.model import podclaims
+
+pytestmark = pytest.mark.timeout(180)
+
+SHARED = {"name": "shared", "resourceClaimTemplateName": "gpu-template"}
+FINALIZER = "resource.kubernetes.io/delete-protection"
+
+
+def pod_group(name: str, *, namespace: str, claims: list[dict[str, str]]) -> dict[str, Any]:
+    """A v1alpha2 PodGroup of the basic policy with `claims` as its spec.resourceClaims."""
+    return {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"schedulingPolicy": {"basic": {}}, "resourceClaims": claims},
+    }
+
+
+def member(name: str, *, namespace: str, group: str, claims: list[dict[str, str]], **spec: Any) -> dict[str, Any]:
+    """A pod joining `group` (spec.schedulingGroup), left to a scheduler nobody runs unless `spec` says otherwise."""
+    return kube_objects.pod(
+        name,
+        namespace=namespace,
+        claims=claims,
+        **{"schedulerName": "nobody", "schedulingGroup": {"podGroupName": group}, **spec},
+    )
+
+
+def group_records(api: client.Client, namespace: str, name: str) -> dict[str, str]:
+    """The PodGroup's status.resourceClaimStatuses as {entry name: claim name}."""
+    status = api.get(client.POD_GROUPS, name, namespace=namespace).get("status") or {}
+    return {entry["name"]: entry.get("resourceClaimName", "") for entry in status.get("resourceClaimStatuses") or ()}
+
+
+def pod_records(api: client.Client, namespace: str, name: str) -> dict[str, str]:
+    status = api.get(client.PODS, name, namespace=namespace).get("status") or {}
+    return {entry["name"]: entry.get("resourceClaimName", "") for entry in status.get("resourceClaimStatuses") or ()}
+
+
+def claims(api: client.Client, namespace: str) -> dict[str, dict[str, Any]]:
+    return {c["metadata"]["name"]: c for c in api.list(client.RESOURCE_CLAIMS, namespace=namespace).items}
+
+
+def test_upstream_makes_one_claim_per_pod_group_records_it_in_the_group_and_its_pods(
+    upstream: object, kube_client: client.Client, namespace: str
+) -> None:
+    """Guards (upstream's protocol): a PodGroup's template claim is made once the group exists, before any pod, as
+    generateName `<group>-<entry>-` with the pod-claim-name annotation, the template's labels and a
+    controller owner reference to the PodGroup without blockOwnerDeletion; the group's
+    status.resourceClaimStatuses records it (server-side apply as ResourceClaimController); a member pod whose entry
+    repeats the group's records that same claim and gets no claim of its own for it; a pod of a group that does not
+    exist yet gets none of its claims until the group exists."""
+    kube_client.create(
+        client.RESOURCE_CLAIM_TEMPLATES,
+        kube_objects.template(
+            # No annotations: kube-controller-manager 1.36.2 writes the pod-claim-name annotation into the template's
+            # annotation map it shares between claims made at once, so a group claim made beside a pod's can carry
+            # the pod's entry name (seen here once: `train-shared-...` annotated `own`).
+            "gpu-template",
+            namespace=namespace,
+            claim_metadata={"labels": {"team": "ml"}},
+        ),
+    )
+    own = kube_objects.from_template("gpu-template", pod_claim="own")
+    kube_client.create(client.PODS, member("early", namespace=namespace, group="train", claims=[SHARED, own]))
+    kube_client.create(
+        client.PODS, kube_objects.pod("plain", namespace=namespace, claims=[own], schedulerName="nobody")
+    )
+    controlplane.wait_until(lambda: pod_records(kube_client, namespace, "plain"), what="the plain pod's claim")
+    assert pod_records(kube_client, namespace, "early") == {}, "a pod of a missing group waits for it"
+
+    group = kube_client.create(client.POD_GROUPS, pod_group("train", namespace=namespace, claims=[SHARED]))
+    recorded = controlplane.wait_until(
+        lambda: group_records(kube_client, namespace, "train").get("shared"), what="the group records its claim"
+    )
+    claim = claims(kube_client, namespace)[recorded]
+    meta = claim["metadata"]
+    assert meta["generateName"] == "train-shared-"
+    assert meta["annotations"] == {podclaims.POD_CLAIM_NAME_ANNOTATION: "shared"}
+    assert meta["labels"] == {"team": "ml"}
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "scheduling.k8s.io/v1alpha2",
+            "kind": "PodGroup",
+            "name": "train",
+            "uid": group["metadata"]["uid"],
+            "controller": True,
+        }
+    ]
+    stored = kube_client.get(client.POD_GROUPS, "train", namespace=namespace)
+    writers = {
+        (entry["manager"], entry["operation"], entry.get("subresource"))
+        for entry in stored["metadata"]["managedFields"]
+        if "f:resourceClaimStatuses" in (entry.get("fieldsV1") or {}).get("f:status", {})
+    }
+    assert writers == {("ResourceClaimController", "Apply", "status")}
+
+    def both() -> dict[str, str] | None:
+        found = pod_records(kube_client, namespace, "early")
+        return found if len(found) == 2 else None
+
+    records = controlplane.wait_until(both, what="the early pod records both claims")
+    assert records["shared"] == recorded and records["own"] != recorded
+    owners = {name: c["metadata"]["ownerReferences"][0]["name"] for name, c in claims(kube_client, namespace).items()}
+    assert sorted(name for name, owner in owners.items() if owner == "early") == [records["own"]]
+
+
+def test_upstream_reserves_a_group_claim_for_the_group_and_releases_it_when_the_group_is_gone(
+    upstream: object, kube_client: client.Client, namespace: str
+) -> None:
+    """Guards (upstream's split): for a member pod bound to a node, the resourceclaim controller reserves the
+    group's allocated claim for the PodGroup (`scheduling.k8s.io` `podgroups` entry, not the pod); once the
+    PodGroup is gone the reservation is dropped, the claim deallocated and unprotected, and the claim (owned by the
+    PodGroup) is deleted."""
+    kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("gpu-template", namespace=namespace))
+    group = kube_client.create(client.POD_GROUPS, pod_group("train", namespace=namespace, claims=[SHARED]))
+    name = controlplane.wait_until(
+        lambda: group_records(kube_client, namespace, "train").get("shared"), what="the group records its claim"
+    )
+    stored = kube_client.get(client.RESOURCE_CLAIMS, name, namespace=namespace)
+    stored["metadata"]["finalizers"] = [FINALIZER]
+    stored = kube_client.update(client.RESOURCE_CLAIMS, stored)
+    kube_client.update_status(
+        client.RESOURCE_CLAIMS, {**stored, "status": {"allocation": kube_objects.allocation("node-a", ["gpu-0"])}}
+    )
+    kube_client.create(
+        client.PODS, member("bound", namespace=namespace, group="train", claims=[SHARED], nodeName="node-a")
+    )
+    entry = {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "train", "uid": group["metadata"]["uid"]}
+    controlplane.wait_until(
+        lambda: (
+            (kube_client.get(client.RESOURCE_CLAIMS, name, namespace=namespace).get("status") or {}).get("reservedFor")
+            == [entry]
+        ),
+        what="the claim is reserved for the PodGroup",
+    )
+    kube_client.delete(client.PODS, "bound", namespace=namespace)
+    kube_client.delete(client.POD_GROUPS, "train", namespace=namespace)
+    controlplane.wait_until(lambda: name not in claims(kube_client, namespace), what="the group's claim is deleted")
