@@ -23,26 +23,6 @@ SHARED = {"name": "shared", "resourceClaimTemplateName": "gpu-template"}
 FINALIZER = "resource.kubernetes.io/delete-protection"
 
 
-def pod_group(name: str, *, namespace: str, claims: list[dict[str, str]]) -> dict[str, Any]:
-    """A v1alpha2 PodGroup of the basic policy with `claims` as its spec.resourceClaims."""
-    return {
-        "apiVersion": "scheduling.k8s.io/v1alpha2",
-        "kind": "PodGroup",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"schedulingPolicy": {"basic": {}}, "resourceClaims": claims},
-    }
-
-
-def member(name: str, *, namespace: str, group: str, claims: list[dict[str, str]], **spec: Any) -> dict[str, Any]:
-    """A pod joining `group` (spec.schedulingGroup), left to a scheduler nobody runs unless `spec` says otherwise."""
-    return kube_objects.pod(
-        name,
-        namespace=namespace,
-        claims=claims,
-        **{"schedulerName": "nobody", "schedulingGroup": {"podGroupName": group}, **spec},
-    )
-
-
 def group_records(api: client.Client, namespace: str, name: str) -> dict[str, str]:
     """The PodGroup's status.resourceClaimStatuses as {entry name: claim name}."""
     status = api.get(client.POD_GROUPS, name, namespace=namespace).get("status") or {}
@@ -79,14 +59,16 @@ def test_upstream_makes_one_claim_per_pod_group_records_it_in_the_group_and_its_
         ),
     )
     own = kube_objects.from_template("gpu-template", pod_claim="own")
-    kube_client.create(client.PODS, member("early", namespace=namespace, group="train", claims=[SHARED, own]))
+    kube_client.create(
+        client.PODS, kube_objects.group_member("early", namespace=namespace, group="train", claims=[SHARED, own])
+    )
     kube_client.create(
         client.PODS, kube_objects.pod("plain", namespace=namespace, claims=[own], schedulerName="nobody")
     )
     controlplane.wait_until(lambda: pod_records(kube_client, namespace, "plain"), what="the plain pod's claim")
     assert pod_records(kube_client, namespace, "early") == {}, "a pod of a missing group waits for it"
 
-    group = kube_client.create(client.POD_GROUPS, pod_group("train", namespace=namespace, claims=[SHARED]))
+    group = kube_client.create(client.POD_GROUPS, kube_objects.pod_group("train", namespace=namespace, claims=[SHARED]))
     recorded = controlplane.wait_until(
         lambda: group_records(kube_client, namespace, "train").get("shared"), what="the group records its claim"
     )
@@ -130,7 +112,7 @@ def test_upstream_reserves_a_group_claim_for_the_group_and_releases_it_when_the_
     PodGroup is gone the reservation is dropped, the claim deallocated and unprotected, and the claim (owned by the
     PodGroup) is deleted."""
     kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("gpu-template", namespace=namespace))
-    group = kube_client.create(client.POD_GROUPS, pod_group("train", namespace=namespace, claims=[SHARED]))
+    group = kube_client.create(client.POD_GROUPS, kube_objects.pod_group("train", namespace=namespace, claims=[SHARED]))
     name = controlplane.wait_until(
         lambda: group_records(kube_client, namespace, "train").get("shared"), what="the group records its claim"
     )
@@ -141,9 +123,10 @@ def test_upstream_reserves_a_group_claim_for_the_group_and_releases_it_when_the_
         client.RESOURCE_CLAIMS, {**stored, "status": {"allocation": kube_objects.allocation("node-a", ["gpu-0"])}}
     )
     kube_client.create(
-        client.PODS, member("bound", namespace=namespace, group="train", claims=[SHARED], nodeName="node-a")
+        client.PODS,
+        kube_objects.group_member("bound", namespace=namespace, group="train", claims=[SHARED], nodeName="node-a"),
     )
-    entry = {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "train", "uid": group["metadata"]["uid"]}
+    entry = kube_objects.group_reference(group)
     controlplane.wait_until(
         lambda: (
             (kube_client.get(client.RESOURCE_CLAIMS, name, namespace=namespace).get("status") or {}).get("reservedFor")
