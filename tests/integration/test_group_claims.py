@@ -244,3 +244,32 @@ def test_beside_kube_controller_managers_claim_controller_a_group_gets_one_claim
 
     controlplane.wait_until(one_each, what="every group has exactly its recorded claim")
     assert _owners(kube_client, namespace) == [(f"PodGroup/{name}", "shared") for name in groups]
+
+
+def test_in_a_cluster_without_the_upstream_claim_controller_a_deleted_groups_claim_is_released_then_collected(
+    upstream_without_claims: controlplane.Components,
+    kube_client: client.Client,
+    namespace: str,
+    make_controller: Callable[[], controller.ClaimController],
+) -> None:
+    """Guards: where kube-controller-manager runs without its resourceclaim controller (dractl's makes the claims),
+    deleting a PodGroup whose claim is allocated and reserved for it ends with the claim gone: dractl releases it
+    (reservation, allocation, delete-protection finalizer) and the garbage collector deletes it by its owner
+    reference."""
+    _template(kube_client, namespace)
+    group = _group(kube_client, namespace)
+    make_controller()
+    name = controlplane.wait_until(
+        lambda: _records(kube_client, client.POD_GROUPS, namespace, "train").get("shared"),
+        what="the group records its claim",
+    )
+    stored = kube_client.get(client.RESOURCE_CLAIMS, name, namespace=namespace)
+    stored["metadata"]["finalizers"] = [FINALIZER]
+    stored = kube_client.update(client.RESOURCE_CLAIMS, stored)
+    allocated = {"allocation": kube_objects.allocation("node-a", ["gpu-0"])}
+    kube_client.update_status(
+        client.RESOURCE_CLAIMS,
+        {**stored, "status": {**allocated, "reservedFor": [kube_objects.group_reference(group)]}},
+    )
+    kube_client.delete(client.POD_GROUPS, "train", namespace=namespace)
+    controlplane.wait_until(lambda: name not in _claims(kube_client, namespace), what="the group's claim is deleted")
