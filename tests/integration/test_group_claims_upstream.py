@@ -137,3 +137,42 @@ def test_upstream_reserves_a_group_claim_for_the_group_and_releases_it_when_the_
     kube_client.delete(client.PODS, "bound", namespace=namespace)
     kube_client.delete(client.POD_GROUPS, "train", namespace=namespace)
     controlplane.wait_until(lambda: name not in claims(kube_client, namespace), what="the group's claim is deleted")
+
+
+def test_upstreams_claim_controller_releases_a_gone_groups_claim_but_leaves_deleting_it_to_the_collector(
+    control_plane: controlplane.ControlPlane, kube_client: client.Client, namespace: str
+) -> None:
+    """Guards (upstream's split, which dractl copies): with only the resourceclaim controller running (no garbage
+    collector, no PodGroup protection), once a PodGroup is gone the reservation for it is dropped, the claim
+    deallocated and unprotected, and the claim itself is not deleted (the garbage collector does that: see the
+    test above)."""
+    components = control_plane.start_components(only_controllers=["resource-claim-controller"])
+    try:
+        kube_client.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("gpu-template", namespace=namespace))
+        group = kube_client.create(
+            client.POD_GROUPS, kube_objects.pod_group("train", namespace=namespace, claims=[SHARED])
+        )
+        name = controlplane.wait_until(
+            lambda: group_records(kube_client, namespace, "train").get("shared"), what="the group records its claim"
+        )
+        stored = kube_client.get(client.RESOURCE_CLAIMS, name, namespace=namespace)
+        stored["metadata"]["finalizers"] = [FINALIZER]
+        stored = kube_client.update(client.RESOURCE_CLAIMS, stored)
+        status = {
+            "allocation": kube_objects.allocation("node-a", ["gpu-0"]),
+            "reservedFor": [kube_objects.group_reference(group)],
+        }
+        kube_client.update_status(client.RESOURCE_CLAIMS, {**stored, "status": status})
+        kube_client.delete(client.POD_GROUPS, "train", namespace=namespace)
+        # A later write the controller sees after the deletion: the PodGroup's finalizer goes, and with it the group.
+        kube_client.patch(client.POD_GROUPS, "train", namespace=namespace, patch={"metadata": {"finalizers": None}})
+
+        def released() -> dict[str, Any] | None:
+            claim = claims(kube_client, namespace).get(name)
+            assert claim is not None, "the resourceclaim controller deleted the claim"
+            return claim if not claim.get("status") and not claim["metadata"].get("finalizers") else None
+
+        claim = controlplane.wait_until(released, what="the claim is released and unprotected")
+        assert claim["metadata"].get("deletionTimestamp") is None
+    finally:
+        components.stop()
