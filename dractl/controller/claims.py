@@ -13,6 +13,19 @@ finalizer, removes that finalizer, and deletes generated claims nobody reserves 
 is done, gone, or records another claim for the same pod claim (a duplicate from a race with
 kube-controller-manager).
 
+PodGroup claims (`scheduling.k8s.io/v1alpha2` PodGroup `spec.resourceClaims`, where the server
+serves PodGroups: asked once by `start()`), as kube-controller-manager 1.36 handles them
+(`tests/integration/test_group_claims_upstream.py` records it): a third key kind,
+`podgroup:<ns>/<name>`, whose `sync_group` makes one claim per template entry and group (named
+and annotated as a pod's, owned by the PodGroup without blockOwnerDeletion) and records it in the
+group's `status.resourceClaimStatuses`. A pod that joins a PodGroup gets nothing until the group
+exists; its entries equal to the group's record the group's claim, never one of their own, and
+when it is bound the group's allocated claims are reserved for the PodGroup (a `podgroups`
+entry), not for the pod. `sync_claim` drops a `podgroups` entry once its group is gone or
+replaced (not while it is being deleted) and deallocates as for pods; deleting a gone group's
+claim is the garbage collector's (its owner reference), as upstream, but a duplicate of a group
+claim is deleted here as a pod's is.
+
 Deallocation rule (decided as upstream): only a claim with the finalizer
 `resource.kubernetes.io/delete-protection` is ever deallocated. kube-scheduler adds it before
 it writes an allocation, and dractl's scheduler does the same, so "has the finalizer" is
@@ -37,14 +50,15 @@ Beside another claim controller: kube-controller-manager runs its own resourcecl
 unless started with `--controllers=*,-resource-claim-controller`. Two controllers recording claims
 for one pod can leave it bound to a claim that is not the one allocated (one records its claim
 after the other's was scheduled), so this controller only runs where that one is off. It watches
-for the proof that it is not: a pod whose `status.resourceClaimStatuses` another field manager
+for the proof that it is not: a pod (or PodGroup) whose `status.resourceClaimStatuses` another field manager
 wrote while this controller runs (kube-controller-manager's is `ResourceClaimController`; what
 the first list shows is history, e.g. from before the switch, and does not count). It then stops
 writing for good, with one warning log line and `dractl_claim_controller_deferring` at 1.
 
 What it must not do: import `dractl.node`, talk to the API except through `dractl.kube`, write
 anything once another claim controller was seen, write fields it does not own, deallocate
-claims without the finalizer, or delete a claim that is reserved or not controlled by a pod.
+claims without the finalizer, delete a claim that is reserved or not controlled by a pod (or, as
+a duplicate, by a PodGroup), or take a PodGroup as gone where PodGroups are not served.
 """
 
 from __future__ import annotations
