@@ -954,8 +954,8 @@ class ClaimController:
         self.queue.add(GROUP_PREFIX + group.key)
         # Its members may be waiting for it (or for its claim), and a new record may leave a duplicate behind.
         self._enqueue_members(group)
-        for name in sorted(name for name in group.claim_statuses.values() if name):
-            self.queue.add(f"{CLAIM_PREFIX}{group.namespace}/{name}")
+        for claim in sorted(self._claims_of_group(group).values(), key=lambda claim: claim.key):
+            self.queue.add(CLAIM_PREFIX + claim.key)
 
     def _group_deleted(self, group: GroupState) -> None:
         with self._lock:
@@ -987,6 +987,12 @@ class ClaimController:
                     None,
                 )
             self.queue.add(f"{GROUP_PREFIX}{claim.meta.namespace}/{group_owner.get('name')}")
+            if old is None:
+                # As for a pod's: a new claim of the group may make an earlier sibling a duplicate to delete.
+                for sibling in self.claims.store.values():
+                    uid = str(group_owner.get("uid") or "")
+                    if sibling.key != claim.key and controlled_by(sibling, uid, POD_GROUP):
+                        self.queue.add(CLAIM_PREFIX + sibling.key)
         owner = controller_of(claim)
         if owner is not None:
             uid = str(owner.get("uid") or "")
@@ -1020,6 +1026,10 @@ class ClaimController:
                     self._owned.pop(uid, None)
             # The pod may need the claim made again (it was deleted while the pod still runs).
             self.queue.add(f"{POD_PREFIX}{claim.meta.namespace}/{owner.get('name')}")
+        group_owner = controller_of(claim, POD_GROUP)
+        if group_owner is not None:
+            # So may the PodGroup.
+            self.queue.add(f"{GROUP_PREFIX}{claim.meta.namespace}/{group_owner.get('name')}")
 
     def _template_changed(self, raw: dict[str, Any]) -> None:
         namespace, name = _split(informer.key_of(raw))

@@ -273,3 +273,54 @@ def test_in_a_cluster_without_the_upstream_claim_controller_a_deleted_groups_cla
     )
     kube_client.delete(client.POD_GROUPS, "train", namespace=namespace)
     controlplane.wait_until(lambda: name not in _claims(kube_client, namespace), what="the group's claim is deleted")
+
+
+def _group_claim(api: client.Client, namespace: str, name: str, group: dict[str, Any]) -> None:
+    """Create claim `name` as a claim controller makes one for `group`'s entry `shared`."""
+    owner = {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "name": group["metadata"]["name"],
+        "uid": group["metadata"]["uid"],
+        "controller": True,
+    }
+    body = kube_objects.claim(name, namespace=namespace, annotations={podclaims.POD_CLAIM_NAME_ANNOTATION: "shared"})
+    body["metadata"]["ownerReferences"] = [owner]
+    api.create(client.RESOURCE_CLAIMS, body)
+
+
+def test_a_groups_duplicate_is_deleted_and_a_deleted_claim_made_again(
+    kube_client: client.Client,
+    fault_proxy: faultproxy.FaultProxy,
+    namespace: str,
+    make_controller: Callable[[], controller.ClaimController],
+) -> None:
+    """Guards: of two claims made for one group entry (a race between two controllers), the one the group does not
+    record is deleted and the recorded one kept, with nothing created; a group's recorded claim deleted while the
+    group lives is made again and recorded."""
+    _template(kube_client, namespace)
+    group = _group(kube_client, namespace)
+    _group_claim(kube_client, namespace, "train-shared-aaaaa", group)
+    _group_claim(kube_client, namespace, "train-shared-bbbbb", group)
+    kube_client.patch(
+        client.POD_GROUPS,
+        "train",
+        namespace=namespace,
+        subresource="status",
+        patch={"status": {"resourceClaimStatuses": [{"name": "shared", "resourceClaimName": "train-shared-bbbbb"}]}},
+    )
+    make_controller()
+    controlplane.wait_until(
+        lambda: list(_claims(kube_client, namespace)) == ["train-shared-bbbbb"], what="the duplicate is deleted"
+    )
+    assert [r for r in fault_proxy.writes() if r.method == "POST" and "/resourceclaims" in r.target] == []
+
+    kube_client.delete(client.RESOURCE_CLAIMS, "train-shared-bbbbb", namespace=namespace)
+    again = controlplane.wait_until(
+        lambda: (
+            (name := _records(kube_client, client.POD_GROUPS, namespace, "train").get("shared")) != "train-shared-bbbbb"
+            and name
+        ),
+        what="the group records a new claim",
+    )
+    assert list(_claims(kube_client, namespace)) == [again] and again.startswith("train-shared-")
