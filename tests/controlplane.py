@@ -578,7 +578,9 @@ class ControlPlane:
         self.processes.clear()
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def start_components(self, *, resource_claim_controller: bool = True, api_qps: int = 0) -> Components:
+    def start_components(
+        self, *, resource_claim_controller: bool = True, api_qps: int = 0, only_controllers: Sequence[str] = ()
+    ) -> Components:
         """Start kube-controller-manager and kube-scheduler against this plane; wait until both are healthy.
 
         Each has its own identity (`system:kube-controller-manager`, `system:kube-scheduler`), the
@@ -586,10 +588,11 @@ class ControlPlane:
         kubelet runs, and the resourceclaim controller too without `resource_claim_controller` (as in
         a cluster where dractl's claim controller makes the claims). `api_qps` > 0 raises both
         clients' limits (`--kube-api-qps`, burst twice that) from their defaults (20 and 50 QPS).
-        Stop them with `Components.stop()`.
+        `only_controllers` runs just those kube-controller-manager controllers (e.g. to tell what one
+        of them does from what the garbage collector does). Stop them with `Components.stop()`.
         """
         binaries = find_binaries(OPTIONAL)
-        controllers = "*,-node-lifecycle-controller" + (
+        controllers = ",".join(only_controllers) or "*,-node-lifecycle-controller" + (
             "" if resource_claim_controller else ",-resource-claim-controller"
         )
         limits = ["--kube-api-qps", str(api_qps), "--kube-api-burst", str(2 * api_qps)] if api_qps > 0 else []

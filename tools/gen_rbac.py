@@ -61,10 +61,15 @@ def table() -> str:
     for account, names, shown in ROWS:
         known = granted(shown)
         parts = []
-        for key, verbs in sorted(granted(names).items()):
+        rules = granted(names)
+        # A resource of the same name in two groups (podgroups of scheduling.k8s.io and of scheduling.x-k8s.io)
+        # is told apart by its group.
+        plurals = [resource for _, resource in rules]
+        for key, verbs in sorted(rules.items()):
             new = [verb for verb in access.VERBS if verb in verbs and verb not in known.get(key, ())]
             if new:
-                parts.append(f"{key[1]} {', '.join(new)}")
+                name = f"{key[1]} ({key[0]})" if plurals.count(key[1]) > 1 else key[1]
+                parts.append(f"{name} {', '.join(new)}")
         lines.append(f"| {account} | {'; '.join(parts)} |")
     return "\n".join(lines) + "\n"
 

@@ -7,7 +7,9 @@ default): it creates ResourceClaims from ResourceClaimTemplates for pods and rec
 `pod.status.resourceClaimStatuses` (adopting claims that already exist rather than making a
 second one), keeps `status.reservedFor` current (removes pods that are gone or finished, adds
 bound pods), deallocates claims carrying the `resource.kubernetes.io/delete-protection`
-finalizer once nothing reserves them, and deletes generated claims whose pod is done.
+finalizer once nothing reserves them, and deletes generated claims whose pod is done; a
+PodGroup's claims likewise (one per group, recorded in the group's status and by its pods,
+reserved for the group, released once it is gone).
 `scheduler.Scheduler` is the GPU-aware scheduler for pods with `spec.schedulerName: dractl`: it
 picks node and devices together on one long-lived `alloc.Allocator`, writes the claims, binds
 the pod, and takes its writes back when one fails; it wires parts that each own their state

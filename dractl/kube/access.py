@@ -106,6 +106,8 @@ COMPONENTS: tuple[Component, ...] = (
             Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="status"),
             Rule(kube_client.RESOURCE_CLAIMS, ("patch",), subresource="binding"),
             Rule(kube_client.RESOURCE_CLAIM_TEMPLATES, ("get", "list", "watch")),
+            Rule(kube_client.POD_GROUPS, ("get", "list", "watch")),
+            Rule(kube_client.POD_GROUPS, ("patch",), subresource="status"),
         ),
     ),
     Component(

@@ -223,10 +223,12 @@ def claim_for_group(
     template: model.ResourceClaimTemplate, *, group: model.PodGroup, pod_claim_name: str, name: str
 ) -> model.ResourceClaim:
     """The claim made from `template` for a PodGroup: as for a pod (`claim_from_template`), but owned by the
-    group. Pure."""
+    group, with a controller reference without blockOwnerDeletion (as kube-controller-manager 1.36 makes it).
+    Pure."""
     as_pod = model.Pod(meta=group.meta)
     claim = claim_from_template(template, pod=as_pod, uid=group_uid(group), pod_claim_name=pod_claim_name, name=name)
-    owner = {**claim.meta.owner_references[0], "apiVersion": group.api.value, "kind": "PodGroup"}
+    pods_owner = {key: value for key, value in claim.meta.owner_references[0].items() if key != "blockOwnerDeletion"}
+    owner = {**pods_owner, "apiVersion": group.api.value, "kind": "PodGroup"}
     return dataclasses.replace(claim, meta=dataclasses.replace(claim.meta, owner_references=(owner,)))
 
 

@@ -38,8 +38,10 @@ def pod(
     node: str = "",
     recorded: Mapping[str, str | None] | None = None,
     deleting: bool = False,
+    group: str = "",
 ) -> controller.PodState:
-    """A pod with template entries (`templates`: pod claim -> template) and direct ones (pod claim -> claim)."""
+    """A pod with template entries (`templates`: pod claim -> template) and direct ones (pod claim -> claim),
+    joining the `scheduling.k8s.io` PodGroup `group` when given."""
     entries = [
         model.PodResourceClaim(name=key, resource_claim_template_name=value) for key, value in (templates or {}).items()
     ]
@@ -52,20 +54,56 @@ def pod(
         deletion_timestamp="2026-01-01T00:00:00Z" if deleting else None,
     )
     return controller.PodState(
-        pod=model.Pod(meta=meta, resource_claims=tuple(entries), node_name=node),
+        pod=model.Pod(
+            meta=meta,
+            resource_claims=tuple(entries),
+            node_name=node,
+            pod_group=model.PodGroupRef(name=group, api=model.PodGroupApi.WORKLOAD) if group else None,
+        ),
         phase=phase,
         claim_statuses=dict(recorded or {}),
     )
 
 
-def ref(owner: controller.PodState) -> model.ResourceClaimConsumerReference:
+def group(
+    name: str = "train",
+    *,
+    uid: str = "",
+    templates: Mapping[str, str] | None = None,
+    direct: Mapping[str, str] | None = None,
+    recorded: Mapping[str, str | None] | None = None,
+    deleting: bool = False,
+) -> controller.GroupState:
+    """A v1alpha2 PodGroup with template entries (entry -> template) and direct ones (entry -> claim)."""
+    entries = [
+        model.PodResourceClaim(name=key, resource_claim_template_name=value) for key, value in (templates or {}).items()
+    ]
+    entries += [model.PodResourceClaim(name=key, resource_claim_name=value) for key, value in (direct or {}).items()]
+    meta = model.ObjectMeta(
+        name=name,
+        namespace="ns",
+        uid=uid or f"uid-{name}",
+        resource_version="5",
+        deletion_timestamp="2026-01-01T00:00:00Z" if deleting else None,
+    )
+    return controller.GroupState(
+        group=model.PodGroup(meta=meta, api=model.PodGroupApi.WORKLOAD, resource_claims=tuple(entries)),
+        claim_statuses=dict(recorded or {}),
+    )
+
+
+def ref(owner: controller.PodState | controller.GroupState) -> model.ResourceClaimConsumerReference:
+    if isinstance(owner, controller.GroupState):
+        return model.ResourceClaimConsumerReference(
+            resource="podgroups", name=owner.name, uid=owner.uid, api_group="scheduling.k8s.io"
+        )
     return model.ResourceClaimConsumerReference(resource="pods", name=owner.name, uid=owner.uid)
 
 
 def claim(
     name: str,
     *,
-    owner: controller.PodState | None = None,
+    owner: controller.PodState | controller.GroupState | None = None,
     pod_claim: str = "gpu",
     reserved: tuple[model.ResourceClaimConsumerReference, ...] = (),
     allocated: bool = False,
@@ -75,7 +113,11 @@ def claim(
     """A claim, generated for `owner`'s `pod_claim` when `owner` is given."""
     owners: tuple[Mapping[str, object], ...] = ()
     annotations: dict[str, str] = {}
-    if owner is not None:
+    if isinstance(owner, controller.GroupState):
+        kind = {"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup"}
+        owners = ({**kind, "name": owner.name, "uid": owner.uid, "controller": True},)
+        annotations[podclaims.POD_CLAIM_NAME_ANNOTATION] = pod_claim
+    elif owner is not None:
         owners = (
             {
                 "apiVersion": "v1",

@@ -106,6 +106,35 @@ def pod(
     }
 
 
+def pod_group(name: str, *, namespace: str, claims: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
+    """A `scheduling.k8s.io/v1alpha2` PodGroup of the basic policy with `claims` as its spec.resourceClaims."""
+    return {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"schedulingPolicy": {"basic": {}}, "resourceClaims": [dict(entry) for entry in claims]},
+    }
+
+
+def group_member(
+    name: str, *, namespace: str, group: str, claims: Sequence[Mapping[str, str]], **spec: Any
+) -> dict[str, Any]:
+    """A pod joining PodGroup `group` (spec.schedulingGroup), left to a scheduler nobody runs unless `spec` names
+    one or a node."""
+    return pod(
+        name,
+        namespace=namespace,
+        claims=claims,
+        **{"schedulerName": "nobody", "schedulingGroup": {"podGroupName": group}, **spec},
+    )
+
+
+def group_reference(group: Mapping[str, Any]) -> dict[str, str]:
+    """The reservedFor entry naming a created PodGroup."""
+    uid = group["metadata"]["uid"]
+    return {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": group["metadata"]["name"], "uid": uid}
+
+
 def controller_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
     """The controller owner reference to a created Pod, as the claim controller writes it."""
     return {

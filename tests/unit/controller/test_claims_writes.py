@@ -270,3 +270,32 @@ def test_another_claim_controller_seen_at_work_stops_every_write_with_one_log_li
     ctl.pods.store._put(needy.key, "7", needy)
     ctl.sync("pod:ns/needy")
     assert stub.writes == []
+
+
+def test_a_groups_claim_is_created_and_recorded_in_its_status_with_its_version() -> None:
+    """Guards: a PodGroup sync writes exactly the claim (owned by the group) and one merge patch of the group's
+    status subresource carrying the group's resourceVersion; a missing template warns on the PodGroup and
+    retries."""
+    stub = StubClient(templates={"t": kube_objects.template("t", namespace="ns")})
+    group = build.group(templates={"shared": "t"})
+    ctl = _controller(stub)
+    ctl.pod_groups.store._put(group.key, "5", group)
+    ctl.sync_group("ns", "train")
+    [(_, _, body), patch] = stub.writes
+    assert body["metadata"]["ownerReferences"][0]["kind"] == "PodGroup"
+    assert patch == (
+        "PATCH",
+        "podgroups/status",
+        {
+            "metadata": {"resourceVersion": "5"},
+            "status": {"resourceClaimStatuses": [{"name": "shared", "resourceClaimName": "made"}]},
+        },
+    )
+
+    missing = build.group("other", templates={"shared": "gone"})
+    ctl.pod_groups.store._put(missing.key, "5", missing)
+    with pytest.raises(controller.RetryLater):
+        ctl.sync_group("ns", "other")
+    [event] = [body for method, plural, body in stub.writes if plural == "events"]
+    assert event["involvedObject"]["kind"] == "PodGroup" and event["reason"] == controller.FAILED_CREATION
+    assert "PodGroup ns/other spec.resourceClaims[shared].resourceClaimTemplateName" in event["message"]

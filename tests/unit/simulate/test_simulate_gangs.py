@@ -175,7 +175,8 @@ def test_a_pod_naming_a_group_not_in_the_input_stays_pending() -> None:
 
 def test_a_pod_group_claim_is_allocated_once_shared_and_reserved_for_the_group() -> None:
     """Guards: a v1alpha2 PodGroup's own claim (from a template) is made once, allocated on one node, and pins
-    every member there; it is reserved for the PodGroup, each member's own claim for its pod."""
+    every member there; it is reserved for the PodGroup, each member's own claim for its pod; it is owned by the
+    PodGroup as kube-controller-manager makes it (no blockOwnerDeletion)."""
     group = gang_manifests.gang("train", 2) + "  resourceClaims:\n  - {name: shared, resourceClaimTemplateName: one}\n"
     own = "      - {name: gpus, resourceClaimTemplateName: two}\n"
     job = gang_manifests.job("train", 2, group="train", template_name="two").replace(
@@ -195,6 +196,14 @@ def test_a_pod_group_claim_is_allocated_once_shared_and_reserved_for_the_group()
     assert shared[0].claim is not None
     (consumer,) = shared[0].claim.reserved_for
     assert (consumer.resource, consumer.name, consumer.api_group) == ("podgroups", "train", "scheduling.k8s.io")
+    (owner,) = shared[0].claim.meta.owner_references
+    assert {key: owner[key] for key in ("apiVersion", "kind", "name", "controller")} == {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "name": "train",
+        "controller": True,
+    }
+    assert "blockOwnerDeletion" not in owner, "kube-controller-manager 1.36 leaves it out for a PodGroup's claim"
 
 
 def test_the_example_places_its_gang_in_the_rack_that_holds_it() -> None:
