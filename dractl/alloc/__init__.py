@@ -343,6 +343,7 @@ class Allocator:
                 plans,
                 core=self._core,
                 index=self._index,
+                compiler=self._compiler,
                 status=status,
                 stats=stats,
                 node_array=node_array,
