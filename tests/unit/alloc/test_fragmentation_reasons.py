@@ -23,7 +23,8 @@ def test_no_node_has_enough_names_the_best_node() -> None:
     outcome = allocator(slices, allocated=allocated).allocate([claim("c", request("gpu", count=4))])
     assert reasons(outcome) == (
         "gpu: device class class-a matches 12 devices; 12 pass the request's selectors; 6 of those are free on the "
-        "candidate nodes (4 needed); no node has 4 free: the best, node-2, has 3"
+        "candidate nodes (4 needed); no node has 4 free: the best, node-2, has 3\n"
+        "None: a repack would admit it: move default/h-2 (device-4 on node-2 -> device-1 on node-1)"
     )
 
 
@@ -40,8 +41,10 @@ def test_the_best_node_is_among_the_candidate_nodes() -> None:
     outcome = allocator(slices, allocated=allocated).allocate(
         [claim("c", request("gpu", count=4))], nodes=("node-2", "node-3")
     )
-    assert reasons(outcome).endswith(
-        "4 of those are free on the candidate nodes (4 needed); no node has 4 free: the best, node-2, has 2"
+    assert reasons(outcome) == (
+        "gpu: device class class-a matches 12 devices; 12 pass the request's selectors; 4 of those are free on the "
+        "candidate nodes (4 needed); no node has 4 free: the best, node-2, has 2\n"
+        "None: a repack would admit it: move default/h-2 (device-3, device-4 on node-2 -> device-1 on node-1)"
     )
 
 
