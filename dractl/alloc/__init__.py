@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import array
 import dataclasses
+import heapq
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar
@@ -462,13 +463,13 @@ class Allocator:
             node = node_array[i]
             for k in range(index.node_off[node], index.node_off[node + 1]):
                 rank_of.setdefault(index.node_dev[k], rank)
-        candidates = []
-        for holding in self._ledger:
-            ranks = [rank_of[d] for d, _ in holding.devices if d in rank_of]
-            if ranks:
-                candidates.append(allocrepack.Candidate(claim_id(holding.claim), len(holding.devices), min(ranks)))
-        candidates.sort(key=lambda c: (c.rank, c.devices, c.claim_id))
-        return candidates[:limit]
+        unseen = len(ranked)
+        scored = []
+        for key, holding in self._ledger.items():
+            best = min([rank_of.get(d, unseen) for d, _ in holding.devices], default=unseen)
+            if best < unseen:
+                scored.append((best, len(holding.devices), key))
+        return [allocrepack.Candidate(key, devices, rank) for rank, devices, key in heapq.nsmallest(limit, scored)]
 
     def _released_fit(
         self,

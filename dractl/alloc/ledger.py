@@ -58,6 +58,10 @@ class Ledger:
     def __iter__(self) -> Iterator[Holding]:
         return iter(self._holdings.values())
 
+    def items(self) -> Iterator[tuple[str, Holding]]:
+        """(claim id, holding) pairs, in the order the holdings were added."""
+        return iter(self._holdings.items())
+
     def get(self, key: str) -> Holding | None:
         return self._holdings.get(key)
 
