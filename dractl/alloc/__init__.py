@@ -188,14 +188,14 @@ class Allocator:
         claims cannot be allocated at all (compile errors, a claim already holding devices); a plan without moves
         when they fit as things are.
 
-        The bound: at most `max_candidates` held claims are considered, those holding devices on the candidate nodes
-        closest to taking the claims (nodes with enough candidates of their first request's first alternative before the
-        others, then the most such devices free first), fewest devices first within a node; and at most `max_moves` of
-        them move at once, so at most C(n, 1) + ... + C(n, max_moves) sets are tried. If releasing every candidate at
-        once does not let the claims fit, no set of them can, and nothing more is tried. For each set, released
-        together: the claims are placed first and then each moved claim (largest first) anywhere it fits, else the moved
-        claims first and then the claims, else all of them jointly on one node (complete for that node). The moved
-        claims' new places ignore where their pods may run (the allocator knows no pods).
+        The bound: at most `max_candidates` held claims are considered, those holding devices on the `max_candidates`
+        candidate nodes closest to taking the claims (nodes with enough candidates of their first request's first
+        alternative before the others, then the most such devices free first), fewest devices first within a node; and
+        at most `max_moves` of them move at once, so at most C(n, 1) + ... + C(n, max_moves) sets are tried. If
+        releasing every candidate at once does not let the claims fit, no set of them can, and nothing more is tried.
+        For each set, released together: the claims are placed first and then each moved claim (largest first) anywhere
+        it fits, else the moved claims first and then the claims, else all of them jointly on one node (complete for
+        that node). The moved claims' new places ignore where their pods may run (the allocator knows no pods).
 
         Deterministic (the same inventory and holdings give the same answer). Leaves the allocator as it was: every
         trial placement is given back and every released claim restored before it returns, whatever happens."""
@@ -457,16 +457,21 @@ class Allocator:
         free = self._core.free_per_node(alt.shape.shape_id, admin=False, nodes=node_array)
         # Nodes with too few such devices come last rather than not at all: another alternative may fit there.
         ranked = sorted(range(len(node_array)), key=lambda i: (total[i] < need, -free[i], i))
+        # Each of the `limit` best nodes that holds anything gives a candidate, and candidates are taken best node
+        # first, so farther nodes could only fill in for best nodes that hold nothing: they are not looked at.
         rank_of: dict[int, int] = {}  # device -> rank of the best ranked node that sees it
         index = self._index
-        for rank, i in enumerate(ranked):
+        for rank, i in enumerate(ranked[:limit]):
             node = node_array[i]
             for k in range(index.node_off[node], index.node_off[node + 1]):
                 rank_of.setdefault(index.node_dev[k], rank)
-        unseen = len(ranked)
+        unseen = limit
         scored = []
+        get = rank_of.get
         for key, holding in self._ledger.items():
-            best = min([rank_of.get(d, unseen) for d, _ in holding.devices], default=unseen)
+            best = unseen
+            for d, _ in holding.devices:
+                best = min(best, get(d, unseen))
             if best < unseen:
                 scored.append((best, len(holding.devices), key))
         return [allocrepack.Candidate(key, devices, rank) for rank, devices, key in heapq.nsmallest(limit, scored)]

@@ -17,8 +17,9 @@ from dractl.model import nodes as model_nodes
 MAX_MOVES = 2
 """Held claims a repack named in a refusal's reason may move: past this it is no longer a hint a person acts on."""
 
-MAX_CANDIDATES = 12
-"""Held claims the what-if considers moving, by default: with `MAX_MOVES` at most 12 + 66 subsets are tried."""
+MAX_CANDIDATES = 8
+"""Held claims the what-if considers moving, by default: with `MAX_MOVES` at most 8 + 28 subsets are tried (each
+costs a few searches, and every refusal's reasons run it)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
