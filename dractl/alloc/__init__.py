@@ -147,6 +147,10 @@ class Allocator:
         self._nodes = _by_name(snapshot.nodes)
         self._dirty = False
         self._selectors: allocselectors.Selectors | None = None
+        # Refusals the what-if found no repack for, by (plans, nodes, shapes known), while nothing held changes: a
+        # pending pod refused again and again (each scheduling cycle, each retry of a replay) costs one lookup. The
+        # plans are kept so that their ids stay theirs.
+        self._unrepackable: dict[tuple[object, ...], tuple[allocplans.Plan, ...]] = {}
         self._build(snapshot.allocated_claims, check=snapshot.check_allocated)
         self._rejected = self._index.rejected
 
@@ -170,6 +174,7 @@ class Allocator:
                 return Outcome(node=None, allocations=None, reasons=refused)
             answer, taken = self._allocate(claims, nodes)
             if answer.allocations is not None:
+                self._unrepackable.clear()
                 for claim, allocation, indices in zip(claims, answer.allocations, taken, strict=True):
                     self._ledger.record(claim, allocation, indices)
             return answer
@@ -224,6 +229,7 @@ class Allocator:
             holding = self._ledger.pop(claim)
             if holding is None:
                 return False
+            self._unrepackable.clear()
             if not self._dirty:
                 self._ledger.apply(holding, -1)
             return True
@@ -241,6 +247,7 @@ class Allocator:
             self.release(key)
             if claim.allocation is None:
                 return
+            self._unrepackable.clear()
             self._ledger.hold(claim, claim.allocation, stale=self._dirty)
 
     def contested(self, claim: str) -> str | None:
@@ -348,6 +355,7 @@ class Allocator:
             if claim.allocation is None or claim.key in index.rejected:
                 continue
             self._ledger.enter(claim, claim.allocation)
+        self._unrepackable.clear()
         self._dirty = False
 
     # --- the search ------------------------------------------------------------------------
@@ -422,8 +430,15 @@ class Allocator:
     def _repack_reason(self, claims: Sequence[model.ResourceClaim], nodes: Sequence[str] | None) -> tuple[Reason, ...]:
         """The reason that names a repack of at most `allocrepack.MAX_MOVES` moves admitting the refused `claims`, if
         the what-if finds one. Information only: nothing moves."""
+        plans = tuple(self._compiler.plan(claim.spec) for claim in claims)
+        key = (*(id(p) for p in plans), None if nodes is None else tuple(nodes), len(self._compiler.shapes))
+        if key in self._unrepackable:
+            return ()
         plan = self._repack(claims, nodes, max_moves=allocrepack.MAX_MOVES, max_candidates=allocrepack.MAX_CANDIDATES)
         if plan is None or not plan.moves:
+            if len(self._unrepackable) >= _MAX_PLANS:
+                self._unrepackable.clear()
+            self._unrepackable[key] = plans
             return ()
         them = "it" if len(claims) == 1 else "them"
         return (Reason(claims[0].key, None, f"a repack would admit {them}: {plan.describe()}"),)

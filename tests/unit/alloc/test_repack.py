@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from support.alloc_inputs import allocator, claim, held, reasons, request
+import dataclasses
+
+from support import alloc_inputs
+from support.alloc_inputs import allocator, claim, reasons, request
 from support.devices import devices, rslice
 
-from dractl import alloc
+from dractl import alloc, model
+
+
+def held(name: str, *names: str, pool: str) -> model.ResourceClaim:
+    """A claim holding `names` on `pool` whose spec asks for as many devices: moved, it takes as many again."""
+    holding = alloc_inputs.held(name, *names, pool=pool)
+    return dataclasses.replace(holding, spec=claim(name, request("req-0", count=len(names))).spec)
 
 
 def _two_nodes_fragmented() -> alloc.Allocator:
@@ -98,3 +107,22 @@ def test_the_refusal_reason_names_the_repack() -> None:
         "None: a repack would admit it: move default/a (device-2 on node-1 -> device-2 on node-2)"
     )
     assert a.usage() == before
+
+
+def test_a_refusal_without_a_repack_is_asked_again_after_a_release() -> None:
+    """The what-if's answer "no repack" is remembered only while nothing held changes: after a release the same
+    refusal names the repack that now exists."""
+    slices = [rslice(*devices(4), node="node-1"), rslice(*devices(4), node="node-2")]
+    allocated = [
+        held("a", "device-1", "device-2", pool="node-1"),
+        held("b", "device-1", "device-2", "device-3", pool="node-2"),
+        held("d", "device-4", pool="node-2"),
+    ]
+    a = allocator(slices, allocated=allocated)
+    wanted = claim("c", request("gpu", count=4))
+    assert "repack" not in reasons(a.allocate([wanted]))
+    assert "repack" not in reasons(a.allocate([wanted]))
+    assert a.release("default/b")
+    assert reasons(a.allocate([wanted])).endswith(
+        "a repack would admit it: move default/d (device-4 on node-2 -> device-3 on node-1)"
+    )
