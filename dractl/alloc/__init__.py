@@ -500,7 +500,7 @@ class Allocator:
         """Whether `claims` fit with every candidate released: if not, no set of them lets them fit."""
         released = self._release_all(candidates)
         try:
-            return self._place([(claims, nodes)]) is not None
+            return self._fits(claims, nodes)
         finally:
             for holding in released:
                 self._ledger.restore(holding)
@@ -515,6 +515,9 @@ class Allocator:
         ledger and the core are restored before it returns."""
         released = self._release_all(subset)
         try:
+            # Placing more never frees anything: if the claims do not fit alone now, no order of this set helps.
+            if subset and not self._fits(claims, nodes):
+                return None
             # Larger claims are harder to place: they go first.
             moved = [h.claim for h in sorted(released, key=lambda h: (-len(h.devices), h.claim.key))]
             orders: list[list[tuple[Sequence[model.ResourceClaim], Sequence[str] | None]]] = [
@@ -531,6 +534,15 @@ class Allocator:
         finally:
             for holding in released:
                 self._ledger.restore(holding)
+
+    def _fits(self, claims: Sequence[model.ResourceClaim], nodes: Sequence[str] | None) -> bool:
+        """Whether `claims` fit jointly on one of `nodes` as things are: a search that holds nothing."""
+        plans = [self._compiler.plan(claim.spec) for claim in claims]
+        encoded = plans[0].encoded if len(plans) == 1 else allocplans.encode(plans)
+        assert encoded is not None
+        node_array = None if nodes is None else self._node_array(nodes)
+        status = self._core.search(encoded, node_array, limit=self._limit, commit=False)[0]
+        return status == _alloc.OK
 
     def _release_all(self, subset: Sequence[allocrepack.Candidate]) -> list[allocledger.Holding]:
         released = []
