@@ -48,11 +48,6 @@ class Repack:
     node: str | None
     allocations: tuple[model.AllocationResult, ...]
 
-    @property
-    def devices_moved(self) -> int:
-        """The devices the moved claims held: how disruptive the plan is, after how many claims it moves."""
-        return sum(len(move.before.results) for move in self.moves)
-
     def describe(self) -> str:
         """'move ns/a (gpu-3 on dgx-07 -> gpu-1 on dgx-02), ns/b (...)'."""
         return "move " + ", ".join(move.describe() for move in self.moves)
