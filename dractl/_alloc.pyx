@@ -596,6 +596,46 @@ cdef class Core:
                     n += 1
         return n
 
+    def free_per_node(self, int32_t shape, *, bint admin, nodes):
+        """For each of `nodes`, how many candidates of `shape` it sees that are not held by
+        earlier allocations (admin requests ignore them): `count_free` one node at a time, for
+        reasons that name the best node. A device several nodes see counts on each."""
+        cdef const int32_t[:] nv = nodes
+        cdef int32_t i, k, d, node, n
+        cdef Shape* s
+        if shape < 0 or shape >= self.n_shapes:
+            raise ValueError("unknown shape")
+        s = &self.shapes[shape]
+        counts = []
+        for i in range(len(nodes)):
+            node = nv[i]
+            if node < 0 or node >= self.n_nodes:
+                raise ValueError("unknown node")
+            n = 0
+            for k in range(self.node_off[node], self.node_off[node + 1]):
+                d = self.node_dev[k]
+                if s.cand[d] and (admin or self.multi[d] or not self.in_use[d]):
+                    n += 1
+            counts.append(n)
+        return counts
+
+    def free_on(self, int32_t shape, *, bint admin, int32_t node):
+        """The candidates of `shape` that `node` sees and earlier allocations do not hold
+        (admin requests ignore them), in the node's device order."""
+        cdef int32_t k, d
+        cdef Shape* s
+        if shape < 0 or shape >= self.n_shapes:
+            raise ValueError("unknown shape")
+        if node < 0 or node >= self.n_nodes:
+            raise ValueError("unknown node")
+        s = &self.shapes[shape]
+        found = []
+        for k in range(self.node_off[node], self.node_off[node + 1]):
+            d = self.node_dev[k]
+            if s.cand[d] and (admin or self.multi[d] or not self.in_use[d]):
+                found.append(d)
+        return found
+
     def search(self, plan, nodes, *, long long limit, bint commit):
         """Find devices for every request of the plan on the first node (in `nodes` order,
         or by score with the binpack policy) where they fit. Returns (status, node, alternative per

@@ -10,15 +10,17 @@ Layout, one concern per module: `index` turns the snapshot into indices (pools p
 counters, capacity slots, usage held by the input); `selectors` evaluates CEL selectors over
 the devices; `plans` compiles claim specs into request shapes and plans for the core;
 `ledger` keeps what each claim holds; `results` builds allocations in the API's shape;
-`reasons` explains failures; `outcome` holds the values it answers with. This module is the
-service around them: the lock, inventory updates and rebuilds, and the search. The Cython
-core is reached only from this package.
+`reasons` explains failures; `outcome` holds the values it answers with; `repack` the values of
+the what-if (which held claims, moved, let a refused claim fit) and the order it tries them in.
+This module is the service around them: the lock, inventory updates and rebuilds, the search
+and the what-if's trials. The Cython core is reached only from this package.
 """
 
 from __future__ import annotations
 
 import array
 import dataclasses
+import heapq
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar
@@ -29,6 +31,7 @@ from dractl.alloc import ledger as allocledger
 from dractl.alloc import outcome
 from dractl.alloc import plans as allocplans
 from dractl.alloc import reasons as allocreasons
+from dractl.alloc import repack as allocrepack
 from dractl.alloc import results as allocresults
 from dractl.alloc import selectors as allocselectors
 
@@ -40,6 +43,8 @@ Policy = config.Policy
 
 Reason = outcome.Reason
 Outcome = outcome.Outcome
+Repack = allocrepack.Repack
+Move = allocrepack.Move
 
 Rejection = allocindex.Rejection
 """Why an allocation given in the snapshot holds nothing (`Allocator.rejected`)."""
@@ -142,6 +147,10 @@ class Allocator:
         self._nodes = _by_name(snapshot.nodes)
         self._dirty = False
         self._selectors: allocselectors.Selectors | None = None
+        # Refusals the what-if found no repack for, by (plans, nodes, shapes known), while nothing held changes: a
+        # pending pod refused again and again (each scheduling cycle, each retry of a replay) costs one lookup. The
+        # plans are kept so that their ids stay theirs.
+        self._unrepackable: dict[tuple[object, ...], tuple[allocplans.Plan, ...]] = {}
         self._build(snapshot.allocated_claims, check=snapshot.check_allocated)
         self._rejected = self._index.rejected
 
@@ -165,9 +174,43 @@ class Allocator:
                 return Outcome(node=None, allocations=None, reasons=refused)
             answer, taken = self._allocate(claims, nodes)
             if answer.allocations is not None:
+                self._unrepackable.clear()
                 for claim, allocation, indices in zip(claims, answer.allocations, taken, strict=True):
                     self._ledger.record(claim, allocation, indices)
             return answer
+
+    def repack(
+        self,
+        claims: Sequence[model.ResourceClaim],
+        *,
+        nodes: Sequence[str] | None = None,
+        max_moves: int = allocrepack.MAX_MOVES,
+        max_candidates: int = allocrepack.MAX_CANDIDATES,
+    ) -> Repack | None:
+        """What if held claims moved: the fewest held claims (then the fewest devices) that, released, let `claims`
+        fit jointly on one of `nodes` (None: any node), each with a new place that fits at the same time, so that a
+        consolidation could move them rather than only evict them. None when no plan is found within the bound or the
+        claims cannot be allocated at all (compile errors, a claim already holding devices); a plan without moves
+        when they fit as things are.
+
+        The bound: at most `max_candidates` held claims are considered, those holding devices on the `max_candidates`
+        candidate nodes closest to taking the claims (nodes with enough candidates of their first request's first
+        alternative before the others, then the most such devices free first), fewest devices first within a node; and
+        at most `max_moves` of them move at once, so at most C(n, 1) + ... + C(n, max_moves) sets are tried. If
+        releasing every candidate at once does not let the claims fit, no set of them can, and nothing more is tried.
+        For each set, released together: the claims are placed first and then each moved claim (largest first) anywhere
+        it fits, else the moved claims first and then the claims, else all of them jointly on one node (complete for
+        that node). The moved claims' new places ignore where their pods may run (the allocator knows no pods).
+
+        Deterministic (the same inventory and holdings give the same answer). Leaves the allocator as it was: every
+        trial placement is given back and every released claim restored before it returns, whatever happens."""
+        with self._lock:
+            self._refresh()
+            if not claims or self._ledger.refused(claims):
+                return None
+            return self._trial(claims, nodes, ()) or self._repack(
+                claims, nodes, max_moves=max_moves, max_candidates=max_candidates
+            )
 
     def consider(self, claims: Sequence[model.ResourceClaim]) -> None:
         """Make the request shapes of claims that are expected to come (pending claims) known,
@@ -186,6 +229,7 @@ class Allocator:
             holding = self._ledger.pop(claim)
             if holding is None:
                 return False
+            self._unrepackable.clear()
             if not self._dirty:
                 self._ledger.apply(holding, -1)
             return True
@@ -203,6 +247,7 @@ class Allocator:
             self.release(key)
             if claim.allocation is None:
                 return
+            self._unrepackable.clear()
             self._ledger.hold(claim, claim.allocation, stale=self._dirty)
 
     def contested(self, claim: str) -> str | None:
@@ -310,14 +355,16 @@ class Allocator:
             if claim.allocation is None or claim.key in index.rejected:
                 continue
             self._ledger.enter(claim, claim.allocation)
+        self._unrepackable.clear()
         self._dirty = False
 
     # --- the search ------------------------------------------------------------------------
 
     def _allocate(
-        self, claims: Sequence[model.ResourceClaim], nodes: Sequence[str] | None
+        self, claims: Sequence[model.ResourceClaim], nodes: Sequence[str] | None, *, explain: bool = True
     ) -> tuple[Outcome, list[list[int]]]:
-        """Search and commit in the core; on success also the device index of every result."""
+        """Search and commit in the core; on success also the device index of every result. Without `explain` a
+        failure comes without reasons (the what-if's trials need only whether it fits)."""
         if not claims:
             return Outcome(node=None, allocations=()), []
         plans = [self._compiler.plan(claim.spec) for claim in claims]
@@ -337,18 +384,23 @@ class Allocator:
         if status == _alloc.CEL_ERROR:
             reason = allocreasons.cel_error(claims, plans, alt=alts[0], device=devices[0])
             return Outcome(node=None, allocations=None, reasons=(reason,)), []
+        if status != _alloc.OK and not explain:
+            return Outcome(node=None, allocations=None), []
         if status != _alloc.OK:
             explained = allocreasons.explain(
                 claims,
                 plans,
                 core=self._core,
                 index=self._index,
+                compiler=self._compiler,
                 status=status,
                 stats=stats,
                 node_array=node_array,
                 all_nodes=self._all_nodes,
                 limit=self._limit,
             )
+            if status == _alloc.NO_FIT:
+                explained += self._repack_reason(claims, nodes)
             return Outcome(node=None, allocations=None, reasons=explained), []
         return allocresults.build(
             claims,
@@ -372,3 +424,195 @@ class Allocator:
         if isinstance(nodes, tuple):
             self._last_nodes = (nodes, found)
         return found
+
+    # --- the what-if -------------------------------------------------------------------------
+
+    def _repack_reason(self, claims: Sequence[model.ResourceClaim], nodes: Sequence[str] | None) -> tuple[Reason, ...]:
+        """The reason that names a repack of at most `allocrepack.MAX_MOVES` moves admitting the refused `claims`, if
+        the what-if finds one. Information only: nothing moves."""
+        plans = tuple(self._compiler.plan(claim.spec) for claim in claims)
+        key = (*(id(p) for p in plans), None if nodes is None else tuple(nodes), len(self._compiler.shapes))
+        if key in self._unrepackable:
+            return ()
+        plan = self._repack(claims, nodes, max_moves=allocrepack.MAX_MOVES, max_candidates=allocrepack.MAX_CANDIDATES)
+        if plan is None or not plan.moves:
+            if len(self._unrepackable) >= _MAX_PLANS:
+                self._unrepackable.clear()
+            self._unrepackable[key] = plans
+            return ()
+        them = "it" if len(claims) == 1 else "them"
+        return (Reason(claims[0].key, None, f"a repack would admit {them}: {plan.describe()}"),)
+
+    def _repack(
+        self, claims: Sequence[model.ResourceClaim], nodes: Sequence[str] | None, *, max_moves: int, max_candidates: int
+    ) -> Repack | None:
+        """`repack` under the lock, on refreshed tables, for claims that do not fit as things are."""
+        plans = [self._compiler.plan(claim.spec) for claim in claims]
+        if any(plan.errors for plan in plans):
+            return None
+        candidates = self._candidates(plans, nodes, limit=max_candidates)
+        if not candidates or not self._released_fit(claims, nodes, candidates):
+            return None
+        for subset in allocrepack.subsets(candidates, max_moves=max_moves):
+            found = self._trial(claims, nodes, subset)
+            if found is not None:
+                return found
+        return None
+
+    def _candidates(
+        self, plans: Sequence[allocplans.Plan], nodes: Sequence[str] | None, *, limit: int
+    ) -> list[allocrepack.Candidate]:
+        """The held claims the what-if may move, best first, at most `limit` (see `repack`)."""
+        node_array = self._all_nodes if nodes is None else self._node_array(nodes)
+        alt = next((options[0] for plan in plans for options in plan.requests if options), None)
+        if alt is None or not node_array:
+            return []
+        need = 1 if alt.all_mode else alt.count
+        total = self._core.free_per_node(alt.shape.shape_id, admin=True, nodes=node_array)
+        free = self._core.free_per_node(alt.shape.shape_id, admin=False, nodes=node_array)
+        # Nodes with too few such devices come last rather than not at all: another alternative may fit there.
+        ranked = sorted(range(len(node_array)), key=lambda i: (total[i] < need, -free[i], i))
+        # Each of the `limit` best nodes that holds anything gives a candidate, and candidates are taken best node
+        # first, so farther nodes could only fill in for best nodes that hold nothing: they are not looked at.
+        rank_of: dict[int, int] = {}  # device -> rank of the best ranked node that sees it
+        index = self._index
+        for rank, i in enumerate(ranked[:limit]):
+            node = node_array[i]
+            for k in range(index.node_off[node], index.node_off[node + 1]):
+                rank_of.setdefault(index.node_dev[k], rank)
+        unseen = limit
+        scored = []
+        get = rank_of.get
+        for key, holding in self._ledger.items():
+            best = unseen
+            for d, _ in holding.devices:
+                best = min(best, get(d, unseen))
+            if best < unseen:
+                scored.append((best, len(holding.devices), key))
+        return [allocrepack.Candidate(key, devices, rank) for rank, devices, key in heapq.nsmallest(limit, scored)]
+
+    def _released_fit(
+        self,
+        claims: Sequence[model.ResourceClaim],
+        nodes: Sequence[str] | None,
+        candidates: Sequence[allocrepack.Candidate],
+    ) -> bool:
+        """Whether `claims` fit with every candidate released: if not, no set of them lets them fit."""
+        released = self._release_all(candidates)
+        try:
+            return self._fits(claims, nodes)
+        finally:
+            for holding in released:
+                self._ledger.restore(holding)
+
+    def _trial(
+        self,
+        claims: Sequence[model.ResourceClaim],
+        nodes: Sequence[str] | None,
+        subset: Sequence[allocrepack.Candidate],
+    ) -> Repack | None:
+        """The plan that moves exactly `subset`, if one of the orders in `repack` finds new places for all; the
+        ledger and the core are restored before it returns."""
+        released = self._release_all(subset)
+        try:
+            # Placing more never frees anything: if the claims do not fit alone now, no order of this set helps.
+            if subset and not self._fits(claims, nodes):
+                return None
+            # Larger claims are harder to place: they go first.
+            moved = [h.claim for h in sorted(released, key=lambda h: (-len(h.devices), h.claim.key))]
+            orders: list[list[tuple[Sequence[model.ResourceClaim], Sequence[str] | None]]] = [
+                [(claims, nodes), *(([claim], None) for claim in moved)],
+                [*(([claim], None) for claim in moved), (claims, nodes)],
+            ]
+            if moved:
+                orders.append([((*claims, *moved), nodes)])
+            for order in orders:
+                placed = self._place(order)
+                if placed is not None:
+                    return self._plan(claims, released, placed)
+            return None
+        finally:
+            for holding in released:
+                self._ledger.restore(holding)
+
+    def _fits(self, claims: Sequence[model.ResourceClaim], nodes: Sequence[str] | None) -> bool:
+        """Whether `claims` fit jointly on one of `nodes` as things are: a search that holds nothing."""
+        plans = [self._compiler.plan(claim.spec) for claim in claims]
+        encoded = plans[0].encoded if len(plans) == 1 else allocplans.encode(plans)
+        assert encoded is not None
+        node_array = None if nodes is None else self._node_array(nodes)
+        status = self._core.search(encoded, node_array, limit=self._limit, commit=False)[0]
+        return status == _alloc.OK
+
+    def _release_all(self, subset: Sequence[allocrepack.Candidate]) -> list[allocledger.Holding]:
+        released = []
+        for candidate in subset:
+            holding = self._ledger.pop(candidate.claim_id)
+            assert holding is not None
+            self._ledger.apply(holding, -1)
+            released.append(holding)
+        return released
+
+    def _place(
+        self, steps: Sequence[tuple[Sequence[model.ResourceClaim], Sequence[str] | None]]
+    ) -> dict[str, tuple[model.AllocationResult, str | None]] | None:
+        """Allocate each step's claims in turn (each step jointly on one of its nodes), then give every placement
+        back: by claim key, each allocation and node, or None when a step does not fit."""
+        placed: list[str] = []
+        found: dict[str, tuple[model.AllocationResult, str | None]] = {}
+        try:
+            for group, where in steps:
+                answer, taken = self._allocate(group, where, explain=False)
+                if answer.allocations is None:
+                    return None
+                for claim, allocation, indices in zip(group, answer.allocations, taken, strict=True):
+                    self._ledger.record(claim, allocation, indices)
+                    placed.append(claim_id(claim))
+                    found[claim.key] = (allocation, answer.node)
+            return found
+        finally:
+            for key in reversed(placed):
+                holding = self._ledger.pop(key)
+                assert holding is not None
+                self._ledger.apply(holding, -1)
+
+    def _plan(
+        self,
+        claims: Sequence[model.ResourceClaim],
+        released: Sequence[allocledger.Holding],
+        placed: Mapping[str, tuple[model.AllocationResult, str | None]],
+    ) -> Repack:
+        moves = []
+        for holding in released:
+            assert holding.allocation is not None
+            after, node = placed[holding.claim.key]
+            moves.append(
+                allocrepack.Move(
+                    claim=holding.claim.key,
+                    claim_id=claim_id(holding.claim),
+                    before=holding.allocation,
+                    before_node=self._node_holding(holding),
+                    after=after,
+                    after_node=node,
+                )
+            )
+        return Repack(
+            moves=tuple(moves),
+            node=placed[claims[0].key][1],
+            allocations=tuple(placed[claim.key][0] for claim in claims),
+        )
+
+    def _node_holding(self, holding: allocledger.Holding) -> str | None:
+        """The one node that sees every device the holding takes, else the one its allocation's selector names."""
+        devices = {d for d, _ in holding.devices}
+        index = self._index
+        seeing = [
+            name
+            for node, name in enumerate(index.node_names)
+            if name is not None
+            and devices <= {index.node_dev[k] for k in range(index.node_off[node], index.node_off[node + 1])}
+        ]
+        if len(seeing) == 1:
+            return seeing[0]
+        assert holding.allocation is not None
+        return allocrepack.node_of(holding.allocation)

@@ -58,6 +58,10 @@ class Ledger:
     def __iter__(self) -> Iterator[Holding]:
         return iter(self._holdings.values())
 
+    def items(self) -> Iterator[tuple[str, Holding]]:
+        """(claim id, holding) pairs, in the order the holdings were added."""
+        return iter(self._holdings.items())
+
     def get(self, key: str) -> Holding | None:
         return self._holdings.get(key)
 
@@ -123,6 +127,12 @@ class Ledger:
     def pop(self, key: str) -> Holding | None:
         """Remove the claim's holding from the ledger (its usage stays in the core: `apply`)."""
         return self._holdings.pop(key, None)
+
+    def restore(self, holding: Holding) -> None:
+        """Put back a holding `pop` removed and `apply(holding, -1)` gave back, taking its usage again: the ledger and
+        the core are as before the pop."""
+        self._holdings[claim_id(holding.claim)] = holding
+        self.apply(holding, 1)
 
     def apply(self, holding: Holding, sign: int) -> None:
         """Add (1) or give back (-1) what a holding takes, in the device counts and in the core."""

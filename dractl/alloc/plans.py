@@ -312,6 +312,10 @@ class Compiler:
             shape.shape_id = self._core.add_shape(bytes(mask), selectable, err=err)
         return shape
 
+    def attribute_name(self, attr_id: int) -> str:
+        """The qualified name of a constraint attribute registered as `attr_id`."""
+        return next(name for name, found in self._attrs.items() if found == attr_id)
+
     def _attribute(self, qualified: str) -> int:
         """Register a constraint attribute: per device the interned ids of its values
         (a scalar is a one-element set; versions compare by their text)."""

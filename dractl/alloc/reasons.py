@@ -4,7 +4,10 @@ Part of the allocator (`dractl.alloc`): from the core's per-alternative statisti
 search, one reason per request that something is known to stop (too few free devices, a
 counter, capacity or constraint refusal, All mode, the claim limit), else one per request and
 a claim-level reason that they only fail together; the pool problems of the candidate nodes;
-the selector error a search met. Reads the core's usage (`Core.count_free`), changes nothing.
+the selector error a search met. Where enough devices are free in all but no one node (or, for a
+`matchAttribute` constraint, no one value of its attribute on a node) has as many as a request
+needs, the reason says so and names the best node: fragmentation, not a shortage. Reads the
+core's usage (`Core.count_free`, `Core.free_per_node`, `Core.free_on`), changes nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ def explain(
     *,
     core: _alloc.Core,
     index: allocindex.Index,
+    compiler: allocplans.Compiler,
     status: int,
     stats: Sequence[Sequence[int]],
     node_array: array.array[int] | None,
@@ -59,7 +63,7 @@ def explain(
     # The core numbers constraints across all claims of the call, in claim order.
     constraint_base = 0
     for claim, plan in zip(claims, plans, strict=True):
-        for options in plan.requests:
+        for r, options in enumerate(plan.requests):
             rows = [
                 _alt_message(
                     alt,
@@ -69,6 +73,11 @@ def explain(
                     plan=plan,
                     constraint_base=constraint_base,
                     nodes=nodes,
+                    matched=[
+                        compiler.attribute_name(attr)
+                        for kind, attr, _, members in plan.constraints
+                        if kind == _alloc.MATCH and (r, i) in members
+                    ],
                 )
                 for i, alt in enumerate(options)
             ]
@@ -106,8 +115,10 @@ def _alt_message(
     plan: allocplans.Plan,
     constraint_base: int,
     nodes: array.array[int],
+    matched: Sequence[str],
 ) -> tuple[bool, str]:
-    """The reason text for one alternative, and whether it is known to stop the claim."""
+    """The reason text for one alternative, and whether it is known to stop the claim. `matched`: the attributes of
+    the `matchAttribute` constraints over the alternative."""
     shape = alt.shape
     free = core.count_free(shape.shape_id, admin=alt.admin, nodes=nodes)
     parts = [f"device class {alt.class_name} matches {shape.class_matches} device{_s(shape.class_matches)}"]
@@ -118,6 +129,9 @@ def _alt_message(
         parts.append(f"{shape.fitting - shape.candidates} of those have a taint the request does not tolerate")
     need = "all of them" if alt.all_mode else f"{alt.count} needed"
     parts.append(f"{free} of those are free on the candidate nodes ({need})")
+    fragmented = _fragmented(alt, core=core, index=index, nodes=nodes, free=free, matched=matched)
+    if fragmented is not None:
+        parts.append(fragmented)
     if row[_alloc.STAT_COUNTER]:
         driver, pool, counter_set, counter = index.counter_names[row[_alloc.STAT_LAST_COUNTER]]
         parts.append(f"counter {counter} of counter set {counter_set} in pool {driver}/{pool} ran out")
@@ -149,7 +163,63 @@ def _alt_message(
             _alloc.STAT_SIZE,
         )
     )
-    return refused or free < max(alt.count, 1), "; ".join(parts)
+    return refused or fragmented is not None or free < max(alt.count, 1), "; ".join(parts)
+
+
+def _fragmented(
+    alt: allocplans.Alt,
+    *,
+    core: _alloc.Core,
+    index: allocindex.Index,
+    nodes: array.array[int],
+    free: int,
+    matched: Sequence[str],
+) -> str | None:
+    """Why `free` devices, enough in all, still cannot serve the alternative: no candidate node has `alt.count`
+    free, or, for each `matchAttribute` attribute in `matched`, no node has that many free sharing one value of it.
+    Names the best node (the first of the most free) and what it has. None when the devices are too few in all, the
+    alternative takes one device or all of them, or some node (and value) has enough: the search's own statistics
+    then tell the rest. Runs only when a search failed."""
+    count = alt.count
+    if alt.all_mode or count < 2 or free < count:
+        return None
+    shape = alt.shape.shape_id
+    per_node = core.free_per_node(shape, admin=alt.admin, nodes=nodes)
+    best = max(range(len(nodes)), key=lambda i: (per_node[i], -i))
+    if per_node[best] < count:
+        return f"no node has {count} free: the best, {_node(index, nodes[best])}, has {per_node[best]}"
+    for qualified in matched:
+        top: tuple[int, str, str] | None = None  # (free, node, value)
+        for i, node in enumerate(nodes):
+            if per_node[i] < count:
+                continue
+            # Values are told apart as the constraint tells them: by kind, and versions by their text.
+            groups: dict[tuple[str, object], tuple[int, str]] = {}
+            for d in core.free_on(shape, admin=alt.admin, node=node):
+                attribute = allocindex.lookup_attribute(index.devices[d], qualified)
+                if attribute is None:
+                    continue
+                texts = attribute.texts or tuple(str(v) for v in attribute.values)
+                for value, text in zip(attribute.values, texts, strict=True):
+                    key = (attribute.kind.value, text if attribute.kind is model.AttributeKind.VERSION else value)
+                    n = groups.get(key, (0, text))[0]
+                    groups[key] = (n + 1, text)
+            for n, text in groups.values():
+                if top is None or n > top[0]:
+                    top = (n, _node(index, node), text)
+        if top is None:
+            return f"no node has {count} free with attribute {qualified} (matchAttribute)"
+        if top[0] < count:
+            return (
+                f"no node has {count} free with one value of {qualified} (matchAttribute): the best, {top[1]} "
+                f"({qualified} {top[2]}), has {top[0]}"
+            )
+    return None
+
+
+def _node(index: allocindex.Index, node: int) -> str:
+    name = index.node_names[node]
+    return "the only node" if name is None else name
 
 
 def cel_error(

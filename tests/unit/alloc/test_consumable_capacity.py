@@ -204,10 +204,12 @@ def test_exclude_multi_allocatable_device_by_class_selector() -> None:
 
 
 def test_not_allocate_multi_allocatable_device_which_already_dedicated() -> None:
-    """A dedicated allocation of a multi-allocatable device blocks sharing."""
+    """A dedicated allocation of a multi-allocatable device blocks sharing; the what-if sees that the holder,
+    allocated anew by its spec, would share the device too."""
     assert reasons(allocator([rslice(shared())], allocated=[held("x", "device-1")]).allocate([claim()])) == (
         "req-0: device class class-a matches 1 device; 1 pass the request's selectors; 1 of those are free "
-        "on the candidate nodes (1 needed)"
+        "on the candidate nodes (1 needed)\n"
+        "None: a repack would admit it: move default/x (device-1 on node-1 -> device-1 on node-1)"
     )
 
 

@@ -103,7 +103,8 @@ def test_partitionable_devices_overallocated_capacity_pool() -> None:
     assert reasons(outcome) == (
         "req-0: device class class-a matches 3 devices; 3 pass the request's selectors; 1 of those are "
         "free on the candidate nodes (1 needed); counter memory of counter set set-1 in pool "
-        "driver-a/node-1 ran out"
+        "driver-a/node-1 ran out\n"
+        "None: a repack would admit it: move default/x (device-1, device-2 on node-1 -> device-3 on node-1)"
     )
 
 

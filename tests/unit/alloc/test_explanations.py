@@ -5,6 +5,8 @@ from __future__ import annotations
 from support.alloc_inputs import ONE_DEVICE_TWO_CLAIMS, allocator, claim, distinct, held, match, reasons, request
 from support.devices import counter_set, device, device_class, devices, partitioned, rslice
 
+from dractl import alloc
+
 
 def test_counts_per_request() -> None:
     """The reason counts class matches, selector passes and free devices, and names the request."""
@@ -18,12 +20,15 @@ def test_counts_per_request() -> None:
     outcome = allocator(slices, allocated=[held("x", "device-1")]).allocate(
         [claim("c", request("gpu", "class-a", 'device.attributes["driver-a"].ok', count=2))]
     )
-    (reason,) = outcome.reasons
+    reason, repack = outcome.reasons
     assert reason.claim == "default/c" and reason.request == "gpu"
     assert (
         reason.message
         == "device class class-a matches 3 devices; 2 pass the request's selectors; 1 of those are free on the "
         "candidate nodes (2 needed)"
+    )
+    assert repack == alloc.Reason(
+        "default/c", None, "a repack would admit it: move default/x (device-1 on node-1 -> device-3 on node-1)"
     )
 
 

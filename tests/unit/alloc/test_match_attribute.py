@@ -19,22 +19,24 @@ def test_with_constraint() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "a1", "a2"),
+    ("name", "a1", "a2", "best"),
     [
-        ("with-constraint-non-existent-attribute", {"numa": 1}, {}),
-        ("with-constraint-not-matching-int-attribute", {"numa": 1}, {"numa": 2}),
-        ("with-constraint-not-matching-string-attribute", {"numa": "a"}, {"numa": "b"}),
-        ("with-constraint-not-matching-bool-attribute", {"numa": True}, {"numa": False}),
-        ("with-constraint-not-matching-version-attribute", {"numa": "v:1.0.0"}, {"numa": "v:2.0.0"}),
-        ("types-differ", {"numa": 1}, {"numa": "1"}),
+        ("with-constraint-non-existent-attribute", {"numa": 1}, {}, "1"),
+        ("with-constraint-not-matching-int-attribute", {"numa": 1}, {"numa": 2}, "1"),
+        ("with-constraint-not-matching-string-attribute", {"numa": "a"}, {"numa": "b"}, "a"),
+        ("with-constraint-not-matching-bool-attribute", {"numa": True}, {"numa": False}, "True"),
+        ("with-constraint-not-matching-version-attribute", {"numa": "v:1.0.0"}, {"numa": "v:2.0.0"}, "1.0.0"),
+        ("types-differ", {"numa": 1}, {"numa": "1"}, "1"),
     ],
 )
-def test_not_matching(name: str, a1: dict[str, object], a2: dict[str, object]) -> None:
-    """Differing (or missing) values fail the constraint, and the reason names it."""
+def test_not_matching(name: str, a1: dict[str, object], a2: dict[str, object], best: str) -> None:
+    """Differing (or missing) values fail the constraint, and the reason names it and the best value's count."""
     outcome = allocator(two(a1, a2)).allocate([claim("c", request(count=2), constraints=[match("driver-a/numa")])])
     assert reasons(outcome) == (
         "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 2 of those are "
-        "free on the candidate nodes (2 needed); constraint matchAttribute driver-a/numa could not be met"
+        "free on the candidate nodes (2 needed); no node has 2 free with one value of driver-a/numa "
+        f"(matchAttribute): the best, node-1 (driver-a/numa {best}), has 1; constraint matchAttribute driver-a/numa "
+        "could not be met"
     )
     assert any("matchAttribute driver-a/numa" in r.message for r in outcome.reasons)
 
@@ -63,7 +65,8 @@ def test_version_compares_as_text() -> None:
         )
     ) == (
         "req-0: device class class-a matches 2 devices; 2 pass the request's selectors; 2 of those are "
-        "free on the candidate nodes (2 needed); constraint matchAttribute driver-a/v could not be met"
+        "free on the candidate nodes (2 needed); no node has 2 free with one value of driver-a/v (matchAttribute): "
+        "the best, node-1 (driver-a/v 1.0.0), has 1; constraint matchAttribute driver-a/v could not be met"
     )
 
 

@@ -37,7 +37,8 @@ def test_state_is_clean_after_the_limit() -> None:
         "constraints are too hard to satisfy together (raise the search limit or simplify the "
         "constraints)\n"
         "req-0: device class class-a matches 30 devices; 30 pass the request's selectors; 30 of those are "
-        "free on the candidate nodes (16 needed); constraint matchAttribute driver-a/j could not be met"
+        "free on the candidate nodes (16 needed); no node has 16 free with one value of driver-a/j (matchAttribute): "
+        "the best, node-1 (driver-a/j 0), has 15; constraint matchAttribute driver-a/j could not be met"
     )
     assert len(picked(a.allocate([claim("c1", request(count=30))]))[0]) == 30
 

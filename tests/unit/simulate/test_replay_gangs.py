@@ -148,6 +148,9 @@ def test_a_pod_joining_a_gang_that_runs_goes_to_its_rack() -> None:
     assert outcome.reasons == (
         "gpus: device class gpu.example.com matches 40 devices; 40 pass the request's selectors; 0 of those are "
         "free on the candidate nodes (8 needed)",
+        # The allocator's what-if knows no gangs: its hint would move the other member out of the rack.
+        "a repack would admit it: move ml/p0-gpus-kx9nx (gpu-0, gpu-1, gpu-2, gpu-3, gpu-4, gpu-5, gpu-6, gpu-7 on a1 "
+        "-> gpu-0, gpu-1, gpu-2, gpu-3, gpu-4, gpu-5, gpu-6, gpu-7 on b1)",
     )
 
 

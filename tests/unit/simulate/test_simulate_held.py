@@ -407,4 +407,9 @@ def test_the_api_state_is_trusted_unless_checking_is_asked_for() -> None:
             "device class gpu.example.com matches 4 devices; 4 pass the request's selectors; 0 of those are free "
             "on the candidate nodes (1 needed)",
         ),
+        alloc.Reason(
+            "default/fresh",
+            None,
+            "a repack would admit it: move default/second (gpu-0, gpu-1 on node-a -> gpu-0, gpu-1 on node-b)",
+        ),
     )
