@@ -48,12 +48,12 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import controller  # benchmarks/controller.py: the control plane, contenders and claim checks this shares
+import controller  # benchmarks/controller.py (it puts tests/ on sys.path): the contenders and claim checks it shares
+import controlplane  # tests/controlplane.py: the same control plane the tests start
+import yaml
+from support import kube_objects  # tests/support/kube_objects.py: the API objects the tests create
 
-controlplane = controller.controlplane
-kube_objects = controller.kube_objects
-client = controller.client
-informer = controller.informer
+from dractl.kube import client, informer
 
 NAMESPACE = "bench"
 RACK_LABEL = "dractl.io/rack"
@@ -97,7 +97,7 @@ def node_name(index: int) -> str:
 
 def populate(api: client.Client, *, nodes: int, racks: int) -> dict[str, str]:
     """Device classes, the namespaces with their templates, and the racked nodes with their slices; node -> rack."""
-    for document in controller.yaml.safe_load_all((controller.EXAMPLES / "00-deviceclasses.yaml").read_text()):
+    for document in yaml.safe_load_all((controller.EXAMPLES / "00-deviceclasses.yaml").read_text()):
         if document:
             api.create(client.DEVICE_CLASSES, document)
     kube_objects.make_namespace(api, NAMESPACE)
@@ -264,9 +264,7 @@ def check(
     two claims; every gang whole in one rack or not bound at all. Pure."""
     problems: list[str] = []
     by_name = {claim["metadata"]["name"]: claim for claim in claims}
-    by_owner = {
-        ref.get("uid"): claim for claim in claims for ref in claim["metadata"].get("ownerReferences") or () if ref
-    }
+    by_owner = {ref.get("uid"): claim for claim in claims for ref in claim["metadata"].get("ownerReferences") or ()}
     gpus = {name: gang.gpus for gang in gangs for name in gang.pod_names()}
     nodes_of: dict[str, list[str]] = collections.defaultdict(list)  # gang -> nodes of its bound pods
     for item in pods:
@@ -356,6 +354,8 @@ class Figures:
 def run(
     contender: controller.Contender, *, nodes: int, racks: int, gangs: Sequence[Gang], settle: float, timeout: float
 ) -> Figures:
+    """One run on a control plane of its own: the cluster, the contender, the warm-up, the race, then the figures and
+    the check of what the API server holds at the end."""
     with controlplane.running() as plane:
         api = client.connect(plane.kubeconfig)
         try:
