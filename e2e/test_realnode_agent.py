@@ -235,6 +235,40 @@ def test_a_gpu_allocated_to_two_claims_is_refused_to_the_second_and_its_pod_says
     scenarios.remove_namespace(api, namespace)
 
 
+def test_a_two_pod_gang_sharing_its_pod_groups_claim_runs_and_both_containers_see_its_gpu(
+    cluster: realcluster.RealCluster, agent: controlplane.Process
+) -> None:
+    """Guards a PodGroup's own claim (KEP-5729) on a real node: a 2-pod gang (scheduling.k8s.io/v1alpha2, minCount 2)
+    whose pods share the group's claim, made from a template once for the group and reserved for the PodGroup, runs:
+    the agent prepares it for both pods and both containers see its one GPU."""
+    api = cluster.api
+    namespace = "gang-claim"
+    kube_objects.make_namespace(api, namespace)
+    api.create(client.RESOURCE_CLAIM_TEMPLATES, kube_objects.template("one-gpu", namespace=namespace))
+    group = {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": "train", "namespace": namespace},
+        "spec": {
+            "schedulingPolicy": {"gang": {"minCount": 2}},
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+        },
+    }
+    api.create(client.POD_GROUPS, group)
+    for name in ("worker-0", "worker-1"):
+        pod = scenarios.workload_pod(name, namespace=namespace, claims={"gpu": kube_objects.from_template("one-gpu")})
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "train"}
+        api.create(client.PODS, pod)
+    scenarios.wait_running(api, namespace, count=2)
+    (claim,) = api.list(client.RESOURCE_CLAIMS, namespace=namespace).items
+    assert [ref["resource"] for ref in claim["status"]["reservedFor"]] == ["podgroups"], claim["status"]
+    gpu = scenarios.uuids(scenarios.allocated(api, claim))
+    assert len(gpu) == 1
+    for name in ("worker-0", "worker-1"):
+        assert scenarios.visible_devices(scenarios.wait_environment(api, namespace, name)) == gpu, name
+    scenarios.remove_namespace(api, namespace)
+
+
 def test_a_stopped_node_leaves_no_process_mount_cgroup_or_sysctl_change(
     cluster: realcluster.RealCluster, real_images: list[node_images.Image]
 ) -> None:

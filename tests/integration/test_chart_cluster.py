@@ -452,6 +452,7 @@ CONTROLLER_UNREACHED = {
     ("", "pods", "get"): "a pod that changed between the scheduler's decision and its Binding (read live only then)",
     ("", "events", "patch"): "the same Event twice in one process (the scheduler warns only when its message changes)",
     ("resource.k8s.io", "resourceclaimtemplates", "get"): "a template the claim controller's cache does not hold yet",
+    ("scheduling.k8s.io", "podgroups", "get"): "a live read of a PodGroup before deleting a duplicate of its claim",
     ("scheduling.x-k8s.io", "podgroups", "list"): "scheduler-plugins' PodGroup CRD, not installed in this cluster",
     ("scheduling.x-k8s.io", "podgroups", "watch"): "scheduler-plugins' PodGroup CRD, not installed in this cluster",
 }
@@ -558,8 +559,8 @@ def test_the_controller_runs_with_its_accounts_rbac_and_needs_all_of_it(
     cluster: Cluster, tmp_path: pathlib.Path
 ) -> None:
     """Guards: `dractl controller --controllers claims,scheduler` under the chart's controller account leads (Lease
-    in the release namespace), makes a pod's claim, allocates it, binds the pod, reports an unschedulable pod, and
-    deallocates and deletes the claim of a finished pod, with no 403; every rule of its ClusterRole and Role is used
+    in the release namespace), makes a PodGroup's claim and records it, makes a pod's claim, allocates it, binds the
+    pod, reports an unschedulable pod, and deallocates and deletes the claim of a finished pod, with no 403; every rule of its ClusterRole and Role is used
     except the ones CONTROLLER_UNREACHED names."""
     admin = cluster.admin
     _publish_fake_node(admin, "node-c", tmp_path)
@@ -577,6 +578,22 @@ def test_the_controller_runs_with_its_accounts_rbac_and_needs_all_of_it(
         "--log-format=json",
     ]
     with _dractl(args, log=tmp_path / "controller.log") as controller:
+        group = {
+            "apiVersion": "scheduling.k8s.io/v1alpha2",
+            "kind": "PodGroup",
+            "metadata": {"name": "train", "namespace": namespace},
+            "spec": {
+                "schedulingPolicy": {"gang": {"minCount": 2}},
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            },
+        }
+        admin.create(kube_client.POD_GROUPS, group)
+        controlplane.wait_until(
+            lambda: (admin.get(kube_client.POD_GROUPS, "train", namespace=namespace).get("status") or {}).get(
+                "resourceClaimStatuses"
+            ),
+            what=f"dractl made PodGroup {namespace}/train's claim and recorded it ({controller.log})",
+        )
         bound = admin.create(kube_client.PODS, _pod("bound", namespace))
         admin.create(kube_client.PODS, _pod("nowhere", namespace, nodeSelector={"gpu": "none"}))
 
