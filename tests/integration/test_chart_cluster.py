@@ -560,8 +560,8 @@ def test_the_controller_runs_with_its_accounts_rbac_and_needs_all_of_it(
 ) -> None:
     """Guards: `dractl controller --controllers claims,scheduler` under the chart's controller account leads (Lease
     in the release namespace), makes a PodGroup's claim and records it, makes a pod's claim, allocates it, binds the
-    pod, reports an unschedulable pod, and deallocates and deletes the claim of a finished pod, with no 403; every rule of its ClusterRole and Role is used
-    except the ones CONTROLLER_UNREACHED names."""
+    pod, reports an unschedulable pod, and deallocates and deletes the claim of a finished pod, with no 403; every
+    rule of its ClusterRole and Role is used except the ones CONTROLLER_UNREACHED names."""
     admin = cluster.admin
     _publish_fake_node(admin, "node-c", tmp_path)
     namespace = f"controller-{uuid.uuid4().hex[:6]}"
