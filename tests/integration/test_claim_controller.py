@@ -6,18 +6,16 @@ be injected; the tests set up objects (and play the scheduler) with a direct cli
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import controlplane
 import faultproxy
-import prometheus_client
 import pytest
 from support import kube_objects
 
 from dractl.controller import claims as controller
-from dractl.kube import client, workqueue
+from dractl.kube import client
 from dractl.model import podclaims
 
 pytestmark = pytest.mark.timeout(180)
@@ -60,29 +58,6 @@ def _generated(api: client.Client, namespace: str, name: str, pod: dict[str, Any
     api.create(
         client.RESOURCE_CLAIMS, kube_objects.claim(name, namespace=namespace, annotations=annotations, owner=pod)
     )
-
-
-@pytest.fixture
-def make_controller(
-    proxied_client: client.Client, namespace: str
-) -> Iterator[Callable[[], controller.ClaimController]]:
-    """Starts claim controllers on the test namespace through the fault proxy (fast backoff).
-
-    At the end of the test each is stopped (last started first, each even when stopping another failed), before
-    the client it uses is closed; `stop()` joins their threads with a timeout.
-    """
-    with contextlib.ExitStack() as started:
-
-        def make() -> controller.ClaimController:
-            queue = workqueue.WorkQueue(backoff=workqueue.ExponentialBackoff(base=0.02, cap=0.5))
-            made = controller.ClaimController(
-                proxied_client, namespace=namespace, queue=queue, registry=prometheus_client.CollectorRegistry()
-            )
-            made.start()
-            started.callback(made.stop)
-            return made
-
-        yield make
 
 
 def _cache_current(ctl: controller.ClaimController, namespace: str, pod: str, claim: str) -> bool:

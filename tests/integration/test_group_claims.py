@@ -7,18 +7,16 @@ The controller talks through the fault proxy, so its writes are counted; the tes
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import controlplane
 import faultproxy
-import prometheus_client
 import pytest
 from support import kube_objects
 
 from dractl.controller import claims as controller
-from dractl.kube import client, workqueue
+from dractl.kube import client
 from dractl.model import podclaims
 
 pytestmark = pytest.mark.timeout(180)
@@ -26,26 +24,6 @@ pytestmark = pytest.mark.timeout(180)
 SHARED = {"name": "shared", "resourceClaimTemplateName": "gpu-template"}
 OWN = kube_objects.from_template("gpu-template", pod_claim="own")
 FINALIZER = controller.DELETE_PROTECTION_FINALIZER
-
-
-@pytest.fixture
-def make_controller(
-    proxied_client: client.Client, namespace: str
-) -> Iterator[Callable[[], controller.ClaimController]]:
-    """Starts claim controllers on the test namespace through the fault proxy (fast backoff), each stopped at the
-    end of the test before the client it uses is closed."""
-    with contextlib.ExitStack() as started:
-
-        def make() -> controller.ClaimController:
-            queue = workqueue.WorkQueue(backoff=workqueue.ExponentialBackoff(base=0.02, cap=0.5))
-            made = controller.ClaimController(
-                proxied_client, namespace=namespace, queue=queue, registry=prometheus_client.CollectorRegistry()
-            )
-            made.start()
-            started.callback(made.stop)
-            return made
-
-        yield make
 
 
 def _template(api: client.Client, namespace: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,20 +45,6 @@ def _reserved(claim: dict[str, Any]) -> list[str]:
 
 
 @pytest.fixture
-def group(kube_client: client.Client, namespace: str, scheduler_name: str) -> Iterator[Group]:
-    """The test's namespace and node group (nodes and slices removed at the end), with the example DeviceClasses."""
-    node_group.ensure_device_classes(kube_client)
-    made = Group(kube_client, namespace=namespace, scheduler_name=scheduler_name)
-    yield made
-    made.cleanup()
-
-
-@pytest.fixture
-def scheduler_name() -> str:
-    return f"dractl-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
 def make_scheduler(proxied_client: client.Client, scheduler_name: str) -> Iterator[Callable[..., sched.Scheduler]]:
     """Starts schedulers (through the fault proxy, fast backoff unless told) for the test's scheduler name.
 
@@ -81,18 +66,6 @@ def make_scheduler(proxied_client: client.Client, scheduler_name: str) -> Iterat
             return made
 
         yield make
-
-
-@pytest.fixture
-def claim_controller(kube_client: client.Client, namespace: str) -> Iterator[claims_ctl.ClaimController]:
-    """dractl's claim lifecycle controller on the test namespace (it makes the claims from templates)."""
-    queue = workqueue.WorkQueue(backoff=workqueue.ExponentialBackoff(base=0.02, cap=0.5))
-    made = claims_ctl.ClaimController(
-        kube_client, namespace=namespace, queue=queue, registry=prometheus_client.CollectorRegistry()
-    )
-    made.start()
-    yield made
-    made.stop()
 
 
 def test_a_pod_with_a_template_claim_for_one_gpu_is_allocated_and_bound(

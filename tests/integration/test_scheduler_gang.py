@@ -9,7 +9,6 @@ needs N nodes. The scheduler watches the PodGroup APIs the server serves (discov
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,20 +27,6 @@ pytestmark = pytest.mark.timeout(240)
 
 Group = node_group.Group
 TWO_GPUS = kube_objects.claim_spec(count=2)
-
-
-@pytest.fixture
-def scheduler_name() -> str:
-    return f"dractl-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def group(kube_client: client.Client, namespace: str, scheduler_name: str) -> Iterator[Group]:
-    """The test's namespace and node group (nodes and slices removed at the end), with the example DeviceClasses."""
-    node_group.ensure_device_classes(kube_client)
-    made = Group(kube_client, namespace=namespace, scheduler_name=scheduler_name)
-    yield made
-    made.cleanup()
 
 
 @pytest.fixture
@@ -64,18 +49,6 @@ def make_scheduler(proxied_client: client.Client, scheduler_name: str) -> Iterat
             return made
 
         yield make
-
-
-@pytest.fixture
-def claim_controller(kube_client: client.Client, namespace: str) -> Iterator[claims_ctl.ClaimController]:
-    """dractl's claim lifecycle controller on the test namespace (it frees the claims of deleted pods)."""
-    queue = workqueue.WorkQueue(backoff=workqueue.ExponentialBackoff(base=0.02, cap=0.5))
-    made = claims_ctl.ClaimController(
-        kube_client, namespace=namespace, queue=queue, registry=prometheus_client.CollectorRegistry()
-    )
-    made.start()
-    yield made
-    made.stop()
 
 
 def _racks(group: Group, *racks: str) -> list[str]:
