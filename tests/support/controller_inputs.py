@@ -42,21 +42,12 @@ def pod(
 ) -> controller.PodState:
     """A pod with template entries (`templates`: pod claim -> template) and direct ones (pod claim -> claim),
     joining the `scheduling.k8s.io` PodGroup `group` when given."""
-    entries = [
-        model.PodResourceClaim(name=key, resource_claim_template_name=value) for key, value in (templates or {}).items()
-    ]
-    entries += [model.PodResourceClaim(name=key, resource_claim_name=value) for key, value in (direct or {}).items()]
-    meta = model.ObjectMeta(
-        name=name,
-        namespace="ns",
-        uid=uid or f"uid-{name}",
-        resource_version="7",
-        deletion_timestamp="2026-01-01T00:00:00Z" if deleting else None,
-    )
+    entries = _entries(templates, direct)
+    meta = _meta(name, uid=uid, resource_version="7", deleting=deleting)
     return controller.PodState(
         pod=model.Pod(
             meta=meta,
-            resource_claims=tuple(entries),
+            resource_claims=entries,
             node_name=node,
             pod_group=model.PodGroupRef(name=group, api=model.PodGroupApi.WORKLOAD) if group else None,
         ),
@@ -75,19 +66,10 @@ def group(
     deleting: bool = False,
 ) -> controller.GroupState:
     """A v1alpha2 PodGroup with template entries (entry -> template) and direct ones (entry -> claim)."""
-    entries = [
-        model.PodResourceClaim(name=key, resource_claim_template_name=value) for key, value in (templates or {}).items()
-    ]
-    entries += [model.PodResourceClaim(name=key, resource_claim_name=value) for key, value in (direct or {}).items()]
-    meta = model.ObjectMeta(
-        name=name,
-        namespace="ns",
-        uid=uid or f"uid-{name}",
-        resource_version="5",
-        deletion_timestamp="2026-01-01T00:00:00Z" if deleting else None,
-    )
+    entries = _entries(templates, direct)
+    meta = _meta(name, uid=uid, resource_version="5", deleting=deleting)
     return controller.GroupState(
-        group=model.PodGroup(meta=meta, api=model.PodGroupApi.WORKLOAD, resource_claims=tuple(entries)),
+        group=model.PodGroup(meta=meta, api=model.PodGroupApi.WORKLOAD, resource_claims=entries),
         claim_statuses=dict(recorded or {}),
     )
 
@@ -146,3 +128,27 @@ def claim(
 
 def by_name(*claims: model.ResourceClaim) -> dict[str, model.ResourceClaim]:
     return {item.meta.name: item for item in claims}
+
+
+def _entries(
+    templates: Mapping[str, str] | None, direct: Mapping[str, str] | None
+) -> tuple[model.PodResourceClaim, ...]:
+    """`resourceClaims` entries: from templates (entry -> template), then direct ones (entry -> claim). Pure."""
+    return (
+        *(
+            model.PodResourceClaim(name=key, resource_claim_template_name=value)
+            for key, value in (templates or {}).items()
+        ),
+        *(model.PodResourceClaim(name=key, resource_claim_name=value) for key, value in (direct or {}).items()),
+    )
+
+
+def _meta(name: str, *, uid: str, resource_version: str, deleting: bool) -> model.ObjectMeta:
+    """Metadata in namespace `ns`, the uid `uid-<name>` unless given, being deleted when `deleting`. Pure."""
+    return model.ObjectMeta(
+        name=name,
+        namespace="ns",
+        uid=uid or f"uid-{name}",
+        resource_version=resource_version,
+        deletion_timestamp="2026-01-01T00:00:00Z" if deleting else None,
+    )

@@ -44,6 +44,14 @@ def _pod(name: str, *, group: str, gpus: str = "gpus", shared: bool = False) -> 
     }
 
 
+def _rack_blocker() -> dict[str, Any]:
+    """A pod `s0` of no gang, pinned to rack r2."""
+    blocker = _pod("s0", group="none")
+    del blocker["spec"]["schedulingGroup"]
+    blocker["spec"]["nodeSelector"] = {"rack": "r2"}
+    return blocker
+
+
 def _depart(kind: str, name: str) -> dict[str, Any]:
     return {"kind": kind, "name": name, "namespace": "ml"}
 
@@ -101,9 +109,7 @@ def test_a_gang_that_does_not_fit_is_refused_as_one_and_admitted_after_a_departu
     """Guards: a 3-pod gang of 8-GPU pods where no rack has 3 free nodes holds nothing, is refused once with the
     gang's line (one REJECT for the gang, its 3 claims counted), and is placed whole in one rack once a pod there
     departs."""
-    blocker = _pod("s0", group="none")
-    del blocker["spec"]["schedulingGroup"]
-    blocker["spec"]["nodeSelector"] = {"rack": "r2"}
+    blocker = _rack_blocker()
     tr = _trace(
         [
             {"at": 0, "arrive": blocker},
@@ -341,9 +347,7 @@ def test_a_gang_is_planned_once_it_gathers_and_again_only_after_departures(monke
         return original(*args, **kwargs)
 
     monkeypatch.setattr(gang_module, "plan", counting)
-    blocker = _pod("s0", group="none")
-    del blocker["spec"]["schedulingGroup"]
-    blocker["spec"]["nodeSelector"] = {"rack": "r2"}
+    blocker = _rack_blocker()
     tr = _trace(
         [
             {"at": 0, "arrive": blocker},
